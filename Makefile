@@ -1,0 +1,41 @@
+# accord: `make demo` and `make test` work on a fresh machine (they install what they need).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed-stamp
+
+export ACCORD_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/accord
+export ACCORD_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
+
+.PHONY: venv services test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+services:
+	bash deploy/services.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# pytest exits 5 when it ran no test; make treats that as a failure like any other.
+test: venv services
+	$(BIN)/pytest -q
+
+demo: venv services
+	$(BIN)/accord migrate
+	$(BIN)/accord demo
+
+bench: venv services
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) var

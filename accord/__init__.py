@@ -1,0 +1,3 @@
+"""The composition root: CLI, settings, telemetry, metrics, ops view and the demo workflow."""
+
+__all__: list[str] = []

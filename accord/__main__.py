@@ -1,0 +1,5 @@
+import sys
+
+from accord.cli import main
+
+sys.exit(main())

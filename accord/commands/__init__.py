@@ -1,0 +1,18 @@
+"""One module per `accord` subcommand; each exposes ``register(subparsers)``.
+
+The order of COMMANDS is the order `accord --help` lists them.
+"""
+
+COMMANDS = (
+    "migrate",
+    "relay",
+    "consume",
+    "worker",
+    "status",
+    "demo",
+    "repair",
+    "reconcile",
+    "replay",
+    "metrics_serve",
+    "gc_objects",
+)

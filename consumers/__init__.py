@@ -1,0 +1,3 @@
+"""Consumption: the inbox (reserve in the caller's transaction) and the consumer runtime."""
+
+__all__: list[str] = []

@@ -1,0 +1,61 @@
+"""Small PostgreSQL helpers shared by every module: the transaction contract and connecting."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from schemas.errors import NotInTransaction, ServiceUnavailable
+
+
+def require_transaction(tx: Any) -> None:
+    """Raise NotInTransaction unless ``tx`` is an asyncpg connection inside an open transaction."""
+    is_in = getattr(tx, "is_in_transaction", None)
+    if is_in is None or not is_in():
+        raise NotInTransaction()
+
+
+async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """Open one connection; a refused or unreachable server becomes ServiceUnavailable."""
+    try:
+        return await asyncpg.connect(dsn, **kwargs)
+    except (OSError, asyncpg.CannotConnectNowError) as exc:
+        raise ServiceUnavailable(service="postgresql", detail=str(exc)) from exc
+
+
+async def ensure_database(dsn: str) -> bool:
+    """Create the DSN's database if it does not exist (via the ``postgres`` database); True if made.
+
+    Used by `accord migrate` so a fresh machine needs no manual createdb.
+    """
+    try:
+        conn = await connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        pass
+    else:
+        await conn.close()
+        return False
+    params = urlsplit(dsn)
+    name = params.path.lstrip("/")
+    admin = await connect(urlunsplit(params._replace(path="/postgres")))
+    try:
+        quoted = await admin.fetchval("SELECT quote_ident($1)", name)
+        try:
+            await admin.execute(f"CREATE DATABASE {quoted}")
+        except asyncpg.DuplicateDatabaseError:
+            return False
+        return True
+    finally:
+        await admin.close()
+
+
+async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
+    """Open a pool; a refused or unreachable server becomes ServiceUnavailable."""
+    try:
+        pool = await asyncpg.create_pool(dsn, **kwargs)
+    except (OSError, asyncpg.CannotConnectNowError) as exc:
+        raise ServiceUnavailable(service="postgresql", detail=str(exc)) from exc
+    assert pool is not None
+    return pool

@@ -1,0 +1,114 @@
+"""The base of every accord error, and the errors the shared contracts raise.
+
+Each package (``relay``, ``consumers``, ``jobs``) grows its own subtree under
+:class:`AccordError` in its own ``errors.py``; this module holds the root and the
+errors of the contracts everyone shares::
+
+    AccordError
+    ├── NotInTransaction          a durable write was given no open transaction
+    ├── ConfigError               settings that cannot work
+    ├── ServiceUnavailable        PostgreSQL or RabbitMQ did not answer
+    ├── MigrationError            the schema ledger and the code disagree
+    │   ├── MigrationTampered     an applied file changed after it was applied
+    │   ├── SchemaBehind          the database lacks migrations the code needs
+    │   └── SchemaAhead           the database has migrations this code does not know
+    └── EventError                an event is not acceptable (see schemas.events)
+        ├── UnknownEventType      no such type, or no such version of it
+        ├── InvalidEvent          fails its catalog model, or carries bad values
+        ├── PayloadTooLarge       over the configured size limit
+        └── MalformedMessage      a wire message that cannot be decoded
+
+Every error's docstring is its default message; structured fields ride along as
+attributes so logs carry identifiers and typed reasons, never payloads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AccordError(Exception):
+    """accord failed."""
+
+    reason: str = "error"
+
+    def __init__(self, message: str | None = None, **fields: Any) -> None:
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+        text = message or (self.__doc__ or self.__class__.__name__).strip().splitlines()[0]
+        if fields:
+            text = f"{text} ({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+        super().__init__(text)
+
+
+class NotInTransaction(AccordError):
+    """A durable write needs the caller's open transaction; none was given."""
+
+    reason = "not_in_transaction"
+
+
+class ConfigError(AccordError):
+    """The configuration cannot work."""
+
+    reason = "config"
+
+
+class ServiceUnavailable(AccordError):
+    """A required service (PostgreSQL or RabbitMQ) did not answer."""
+
+    reason = "service_unavailable"
+
+
+class MigrationError(AccordError):
+    """The migration ledger and the code disagree."""
+
+    reason = "migration"
+
+
+class MigrationTampered(MigrationError):
+    """An applied migration file changed after it was applied; refusing to continue."""
+
+    reason = "migration_tampered"
+
+
+class SchemaBehind(MigrationError):
+    """The database schema is older than this code; run `accord migrate`."""
+
+    reason = "schema_behind"
+
+
+class SchemaAhead(MigrationError):
+    """The database has migrations this code does not know; deploy newer code."""
+
+    reason = "schema_ahead"
+
+
+class EventError(AccordError):
+    """The event is not acceptable."""
+
+    reason = "invalid_event"
+
+
+class UnknownEventType(EventError):
+    """No such event type or version in the catalog."""
+
+    reason = "unknown_type"
+
+
+class InvalidEvent(EventError):
+    """The event fails its catalog model or carries values accord refuses."""
+
+    reason = "invalid_event"
+
+
+class PayloadTooLarge(EventError):
+    """The event payload is larger than the configured limit."""
+
+    reason = "oversize"
+
+
+class MalformedMessage(EventError):
+    """The wire message cannot be decoded into an event."""
+
+    reason = "malformed"

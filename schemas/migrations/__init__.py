@@ -1,0 +1,1 @@
+"""Forward-only SQL migrations, applied in version order by schemas.migrate."""

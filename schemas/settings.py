@@ -1,0 +1,42 @@
+"""Settings: one frozen object, built once from the environment by the composition root.
+
+Nothing else in accord reads ``os.environ``; modules receive the values they need.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/accord"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+class Settings(BaseSettings):
+    """accord's configuration (environment prefix ``ACCORD_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ACCORD_", frozen=True, extra="ignore")
+
+    pg_dsn: str = DEFAULT_PG_DSN
+    amqp_url: str = DEFAULT_AMQP_URL
+    # Broker topology names; tests give each run its own prefix.
+    topology_prefix: str = "accord"
+    max_payload_bytes: int = Field(default=256 * 1024, gt=0)
+    relay_batch: int = Field(default=200, gt=0)
+    relay_in_flight: int = Field(default=256, gt=0)
+    relay_publish_timeout_s: float = Field(default=10.0, gt=0)
+    relay_lease_s: float = Field(default=30.0, gt=0)
+    relay_poll_s: float = Field(default=1.0, gt=0)
+    relay_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    inbox_replay_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    consumer_prefetch: int = Field(default=64, gt=0)
+    job_lease_s: float = Field(default=60.0, gt=0)
+    journal_dir: str = "var/journal"
+    ledger_path: str = "var/authority.ledger"
+    object_dir: str = "var/objects"
+    metrics_port: int = Field(default=0, ge=0)
+
+
+def load_settings() -> Settings:
+    """Read the environment once; call only from the composition root."""
+    return Settings()

@@ -1,0 +1,41 @@
+"""Shared test helpers: service discovery, scale knobs, unique names."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+SOAK = os.environ.get("ACCORD_SOAK", "") not in ("", "0")
+IN_CI = os.environ.get("CI", "") not in ("", "0", "false")
+
+
+def scaled(default: int, soak: int) -> int:
+    """The size of a scenario: small by default, big under ACCORD_SOAK=1."""
+    return soak if SOAK else default
+
+
+def unique(prefix: str = "t") -> str:
+    """A short name unique to this test run: database, exchange and queue names."""
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def unavailable(reason: str) -> None:
+    """Skip locally with a reason; in CI a missing service is a failure, never a skip."""
+    if IN_CI:
+        pytest.fail(f"required service unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def docker_answers() -> bool:
+    """True only when a Docker engine responds (the testcontainers fallback)."""
+    if shutil.which("docker") is None:
+        return False
+    try:
+        done = subprocess.run(["docker", "info"], capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

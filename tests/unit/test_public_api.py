@@ -1,0 +1,39 @@
+"""Pin each package's public ``__all__``: changing the public surface is a deliberate edit."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+EXPECTED: dict[str, set[str]] = {
+    "schemas": {
+        "AccordError",
+        "ConfigError",
+        "EventError",
+        "InvalidEvent",
+        "MalformedMessage",
+        "MigrationError",
+        "MigrationTampered",
+        "NotInTransaction",
+        "PayloadTooLarge",
+        "SchemaAhead",
+        "SchemaBehind",
+        "ServiceUnavailable",
+        "Settings",
+        "UnknownEventType",
+    },
+    "relay": set(),
+    "consumers": set(),
+    "jobs": set(),
+    "jobs.runner": set(),
+    "accord": set(),
+}
+
+
+@pytest.mark.parametrize("package", sorted(EXPECTED))
+def test_public_all_is_pinned(package: str) -> None:
+    module = importlib.import_module(package)
+    assert set(module.__all__) == EXPECTED[package]
+    for name in module.__all__:
+        assert hasattr(module, name), f"{package}.__all__ names missing {name}"
