@@ -15,12 +15,19 @@ from schemas.errors import (
     ServiceUnavailable,
     UnknownEventType,
 )
+from schemas.events import Catalog, Event, EventType
 from schemas.settings import Settings
+from schemas.topology import Topology, WorkflowQueue
+from schemas.wire import Inbound, WireMessage
 
 __all__ = [
     "AccordError",
+    "Catalog",
     "ConfigError",
+    "Event",
     "EventError",
+    "EventType",
+    "Inbound",
     "InvalidEvent",
     "MalformedMessage",
     "MigrationError",
@@ -31,5 +38,8 @@ __all__ = [
     "SchemaBehind",
     "ServiceUnavailable",
     "Settings",
+    "Topology",
     "UnknownEventType",
+    "WireMessage",
+    "WorkflowQueue",
 ]

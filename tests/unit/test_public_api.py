@@ -9,6 +9,13 @@ import pytest
 EXPECTED: dict[str, set[str]] = {
     "schemas": {
         "AccordError",
+        "Catalog",
+        "Event",
+        "EventType",
+        "Inbound",
+        "Topology",
+        "WireMessage",
+        "WorkflowQueue",
         "ConfigError",
         "EventError",
         "InvalidEvent",

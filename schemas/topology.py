@@ -1,0 +1,112 @@
+"""Broker topology as data (DESIGN.md §5), declared idempotently or checked passively.
+
+One topic exchange for events; per workflow class one durable quorum queue bound by
+versioned event type, with an explicit ``x-delivery-limit`` and a dead-letter exchange
+that routes to the class's poison queue. Names derive from one prefix so a test or a
+deployment owns its own namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+
+DEFAULT_DELIVERY_LIMIT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowQueue:
+    """One workflow class: its queue, the event types bound to it, its poison queue."""
+
+    workflow: str
+    event_types: tuple[str, ...]  # versioned types, e.g. ("report.accepted.v1",)
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    prefix: str
+    workflows: tuple[WorkflowQueue, ...] = field(default_factory=tuple)
+
+    @property
+    def exchange(self) -> str:
+        return f"{self.prefix}.events"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.prefix}.dlx"
+
+    def queue(self, workflow: str) -> str:
+        return f"{self.prefix}.wf.{workflow}"
+
+    def poison_queue(self, workflow: str) -> str:
+        return f"{self.prefix}.wf.{workflow}.poison"
+
+    def workflow(self, name: str) -> WorkflowQueue:
+        for wf in self.workflows:
+            if wf.workflow == name:
+                return wf
+        raise KeyError(name)
+
+    def queue_arguments(self, wf: WorkflowQueue) -> dict[str, Any]:
+        return {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": wf.delivery_limit,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-routing-key": wf.workflow,
+        }
+
+    def names(self) -> tuple[list[str], list[str]]:
+        """(exchanges, queues) this topology declares — for cleanup and checks."""
+        queues = [
+            q
+            for wf in self.workflows
+            for q in (self.queue(wf.workflow), self.poison_queue(wf.workflow))
+        ]
+        return [self.exchange, self.dead_letter_exchange], queues
+
+
+def demo_topology(prefix: str = "accord", delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> Topology:
+    """The demo's topology: the report workflow and a projection of published reports."""
+    return Topology(
+        prefix,
+        (
+            WorkflowQueue("report", ("report.accepted.v1",), delivery_limit),
+            WorkflowQueue("report_projection", ("report.published.v1",), delivery_limit),
+        ),
+    )
+
+
+async def declare(
+    channel: aio_pika.abc.AbstractChannel, topology: Topology, *, passive: bool = False
+) -> Mapping[str, aio_pika.abc.AbstractQueue]:
+    """Declare (or, with ``passive``, check) everything; safe to repeat. Returns queues by class."""
+    events = await channel.declare_exchange(
+        topology.exchange, aio_pika.ExchangeType.TOPIC, durable=True, passive=passive
+    )
+    dlx = await channel.declare_exchange(
+        topology.dead_letter_exchange, aio_pika.ExchangeType.DIRECT, durable=True, passive=passive
+    )
+    queues: dict[str, aio_pika.abc.AbstractQueue] = {}
+    for wf in topology.workflows:
+        poison = await channel.declare_queue(
+            topology.poison_queue(wf.workflow),
+            durable=True,
+            passive=passive,
+            arguments=None if passive else {"x-queue-type": "quorum"},
+        )
+        queue = await channel.declare_queue(
+            topology.queue(wf.workflow),
+            durable=True,
+            passive=passive,
+            arguments=None if passive else topology.queue_arguments(wf),
+        )
+        if not passive:
+            await poison.bind(dlx, routing_key=wf.workflow)
+            for event_type in wf.event_types:
+                await queue.bind(events, routing_key=event_type)
+        queues[wf.workflow] = queue
+    return queues
