@@ -45,8 +45,14 @@ start_amqp() {
     echo "services: RabbitMQ is down and rabbitmq-server is missing (apt-get install rabbitmq-server)" >&2
     return 1
   }
-  echo "services: starting RabbitMQ"
-  rabbitmq-server -detached || true
+  if rabbitmqctl -q --timeout 10 ping >/dev/null 2>&1; then
+    # The Erlang node runs but the broker application is stopped (rabbitmqctl stop_app).
+    echo "services: starting the RabbitMQ application"
+    rabbitmqctl -q start_app || true
+  else
+    echo "services: starting RabbitMQ"
+    rabbitmq-server -detached || true
+  fi
 }
 
 wait_for() {
