@@ -1,0 +1,117 @@
+"""Result objects: content addressing, immutability, crash-safe writes and garbage collection."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.runner.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
+from jobs.runner.objects import LocalDirStore, ObjectStore, collect_garbage, key_for
+
+HOUR = 3600.0
+
+
+def age(store: LocalDirStore, key: str, seconds: float) -> None:
+    """Pretend the object was last put ``seconds`` ago."""
+    then = time.time() - seconds
+    os.utime(store.root / key[7:9] / key, (then, then))
+
+
+def test_keys_are_content_addresses(tmp_path: Path) -> None:
+    store: ObjectStore = LocalDirStore(tmp_path / "objects")
+    key = store.put(b"report body")
+    assert key == "sha256-" + hashlib.sha256(b"report body").hexdigest() == key_for(b"report body")
+    assert store.get(key) == b"report body"
+    assert store.exists(key)
+    other = store.put(b"")
+    assert other != key and store.get(other) == b""
+    assert sorted(i.key for i in store.iter()) == sorted([key, other])
+
+
+def test_a_second_put_is_a_no_op_that_refreshes_age(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    key = store.put(b"x" * 1000)
+    path = tmp_path / key[7:9] / key
+    inode = path.stat().st_ino
+    age(store, key, HOUR)
+    assert store.put(b"x" * 1000) == key
+    assert path.stat().st_ino == inode  # not rewritten
+    assert path.stat().st_mtime > time.time() - 60  # but young again: GC will not take it
+    assert [p.name for p in path.parent.iterdir()] == [key]  # no temp files left
+
+
+def test_objects_are_immutable_files(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    key = store.put(b"final")
+    path = tmp_path / key[7:9] / key
+    assert path.stat().st_mode & 0o222 == 0
+    if os.geteuid() != 0:  # root ignores permission bits
+        with pytest.raises(PermissionError):
+            path.open("wb")
+
+
+def test_bad_keys_missing_and_corrupt_objects(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    key = store.put(b"good")
+    for bad in ("sha256-XYZ", "../etc/passwd", "sha256-" + "A" * 64, key + "0"):
+        with pytest.raises(ObjectKeyInvalid):
+            store.get(bad)
+    missing = key_for(b"never stored")
+    assert not store.exists(missing)
+    with pytest.raises(ObjectNotFound):
+        store.get(missing)
+    path = tmp_path / key[7:9] / key
+    path.chmod(0o644)
+    path.write_bytes(b"evil")
+    with pytest.raises(ObjectCorrupt):
+        store.get(key)
+
+
+def test_iter_skips_temporary_files_and_strays(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    key = store.put(b"a")
+    (tmp_path / key[7:9] / f".{key}.abc.tmp").write_bytes(b"half")
+    (tmp_path / "README").write_text("not an object")
+    assert [i.key for i in store.iter()] == [key]
+    assert list(LocalDirStore(tmp_path / "absent").iter()) == []
+
+
+def test_gc_keeps_referenced_and_young_objects(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    old_ref = store.put(b"old, referenced")
+    old_unref = store.put(b"old, unreferenced")
+    young_unref = store.put(b"young, unreferenced")
+    young_ref = store.put(b"young, referenced")
+    age(store, old_ref, 2 * HOUR)
+    age(store, old_unref, 2 * HOUR)
+    deleted = collect_garbage(store, {old_ref, young_ref}, older_than_s=HOUR)
+    assert deleted == [old_unref]
+    assert not store.exists(old_unref)
+    for kept in (old_ref, young_unref, young_ref):
+        assert store.exists(kept)
+    assert collect_garbage(store, {old_ref, young_ref}, older_than_s=HOUR) == []
+    # Zero retention: everything unreferenced goes.
+    deleted = collect_garbage(store, {old_ref}, older_than_s=0)
+    assert sorted(deleted) == sorted([young_unref, young_ref])
+    assert [i.key for i in store.iter()] == [old_ref]
+
+
+def test_gc_spares_an_object_put_again_after_the_listing(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    key = store.put(b"reused")
+    age(store, key, 2 * HOUR)
+    cutoff = time.time() - HOUR
+    store.put(b"reused")  # a new job stores the same bytes between listing and delete
+    assert store.delete(key, unless_put_after=cutoff) is False
+    assert store.get(key) == b"reused"
+    assert store.delete(key) is True  # control: an unconditional delete removes it
+    assert not store.exists(key) and store.delete(key) is False
+
+
+def test_gc_rejects_negative_retention(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        collect_garbage(LocalDirStore(tmp_path), set(), older_than_s=-1)
