@@ -1,3 +1,67 @@
 """Ownership and effects: the SQL jobs module, the single claimant, and its fences."""
 
-__all__: list[str] = []
+from jobs.errors import (
+    EffectAlreadyBegun,
+    EffectConflict,
+    EffectError,
+    EffectNotPending,
+    EffectsDisabled,
+    EffectsUnresolved,
+    FenceLost,
+    InvalidLeaseLength,
+    JobConflict,
+    JobNotFound,
+    JobsError,
+    RegistrationError,
+    WorkflowNotDrained,
+    WorkflowNotRegistered,
+    WorkflowOwnedElsewhere,
+)
+from jobs.fence import locked
+from jobs.models import (
+    Cancellation,
+    Effect,
+    EffectState,
+    Health,
+    JobState,
+    JobView,
+    Lease,
+    Registration,
+    Rescued,
+    RescueReport,
+    Submitted,
+)
+from jobs.store import Callback, Store, submit
+
+__all__ = [
+    "Callback",
+    "Cancellation",
+    "Effect",
+    "EffectAlreadyBegun",
+    "EffectConflict",
+    "EffectError",
+    "EffectNotPending",
+    "EffectState",
+    "EffectsDisabled",
+    "EffectsUnresolved",
+    "FenceLost",
+    "Health",
+    "InvalidLeaseLength",
+    "JobConflict",
+    "JobNotFound",
+    "JobState",
+    "JobView",
+    "JobsError",
+    "Lease",
+    "Registration",
+    "RegistrationError",
+    "RescueReport",
+    "Rescued",
+    "Store",
+    "Submitted",
+    "WorkflowNotDrained",
+    "WorkflowNotRegistered",
+    "WorkflowOwnedElsewhere",
+    "locked",
+    "submit",
+]

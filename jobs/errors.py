@@ -1,0 +1,132 @@
+"""The jobs module's errors, rooted at :class:`JobsError`::
+
+    AccordError
+    └── JobsError                     the jobs module refused
+        ├── JobConflict               same operation submitted with another digest
+        ├── JobNotFound               no such job
+        ├── InvalidLeaseLength        a lease must be finite and positive
+        ├── FenceLost                 the caller no longer holds the job (reason = failing field)
+        ├── EffectError               an effect record refuses the transition
+        │   ├── EffectsDisabled       the workflow class is not registered with effects enabled
+        │   ├── EffectAlreadyBegun    the key's latest record is not failed_before_dispatch
+        │   ├── EffectConflict        the key was begun with another intent digest
+        │   ├── EffectNotPending      no pending record of this attempt to finish
+        │   └── EffectsUnresolved     publish refused while an effect is pending or unknown
+        └── RegistrationError         the workflow class's queue owner does not allow this
+            ├── WorkflowNotRegistered no queue owner is registered for the class
+            ├── WorkflowOwnedElsewhere another queue owner serves the class
+            └── WorkflowNotDrained    the owner cannot change while work is open
+
+``FenceLost.reason`` is the first lease field that no longer matches: ``missing``,
+``tenant``, ``operation``, ``generation``, ``owner``, ``attempt``, ``state``, ``epoch``,
+``frozen``, ``lease_expired`` (or ``row_count`` if the guarded update touched no row).
+"""
+
+from __future__ import annotations
+
+from schemas.errors import AccordError
+
+#: Every reason the SQL fence (jobs.fence) can give, in the order it checks them.
+FENCE_REASONS = (
+    "missing",
+    "tenant",
+    "operation",
+    "generation",
+    "owner",
+    "attempt",
+    "state",
+    "epoch",
+    "frozen",
+    "lease_expired",
+    "row_count",
+)
+
+
+class JobsError(AccordError):
+    """The jobs module refused."""
+
+    reason = "jobs"
+
+
+class JobConflict(JobsError):
+    """The operation was already submitted with another digest."""
+
+    reason = "job_conflict"
+
+
+class JobNotFound(JobsError):
+    """No such job."""
+
+    reason = "job_not_found"
+
+
+class InvalidLeaseLength(JobsError):
+    """A lease must be finite and positive (and at most a day)."""
+
+    reason = "invalid_lease"
+
+
+class FenceLost(JobsError):
+    """The caller no longer holds this job; its write-back was refused."""
+
+    reason = "fence_lost"
+
+
+class EffectError(JobsError):
+    """The effect record refuses this transition."""
+
+    reason = "effect"
+
+
+class EffectsDisabled(EffectError):
+    """External effects are not enabled for this workflow class."""
+
+    reason = "effects_disabled"
+
+
+class EffectAlreadyBegun(EffectError):
+    """This effect key was already begun and did not fail before dispatch."""
+
+    reason = "effect_already_begun"
+
+
+class EffectConflict(EffectError):
+    """This effect key was begun with another intent digest."""
+
+    reason = "effect_conflict"
+
+
+class EffectNotPending(EffectError):
+    """This attempt has no pending record of this effect key to finish."""
+
+    reason = "effect_not_pending"
+
+
+class EffectsUnresolved(EffectError):
+    """An effect of this job is pending or unknown; it cannot be published as succeeded."""
+
+    reason = "effects_unresolved"
+
+
+class RegistrationError(JobsError):
+    """The workflow class's registration does not allow this."""
+
+    reason = "registration"
+
+
+class WorkflowNotRegistered(RegistrationError):
+    """No queue owner is registered for this workflow class; refusing to serve it."""
+
+    reason = "workflow_not_registered"
+
+
+class WorkflowOwnedElsewhere(RegistrationError):
+    """Another queue owner serves this workflow class; refusing to serve it."""
+
+    reason = "workflow_owned_elsewhere"
+
+
+class WorkflowNotDrained(RegistrationError):
+    """The workflow class still has queued, running or unknown work; transfer it explicitly."""
+
+    reason = "workflow_not_drained"

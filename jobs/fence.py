@@ -1,0 +1,49 @@
+"""The fence: the one check every write-back of a lease passes, on a locked job row.
+
+Invariant: a write-back commits only if, at that moment and on the locked row, the job is
+still ``running`` under this exact lease (tenant, operation, generation, owner, attempt id,
+the tenant's current authority epoch, authority not frozen, lease unexpired by the database
+clock). The check and the lock are one SQL function (``jobs.fence``), so a plain SELECT
+followed by an UPDATE (a lost update under READ COMMITTED) cannot creep in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs import sql
+from jobs.errors import FENCE_REASONS, FenceLost
+from jobs.models import Lease
+from schemas.db import require_transaction
+
+
+def fence_lost(lease: Lease, reason: str) -> FenceLost:
+    """The FenceLost error for ``lease`` failing on ``reason`` (the first mismatching field)."""
+    if reason not in FENCE_REASONS:
+        raise AssertionError(f"unexpected fence status {reason!r}")
+    return FenceLost(
+        reason=reason,
+        job_id=lease.job_id,
+        operation_id=lease.operation_id,
+        expected_generation=lease.generation,
+        attempt_id=str(lease.attempt_id),
+    )
+
+
+async def locked(tx: Any, lease: Lease) -> None:
+    """Runs in the caller's transaction; never commits. Locks the job row until the caller's
+    transaction ends and raises FenceLost (naming the field) unless ``lease`` still holds it.
+    """
+    require_transaction(tx)
+    reason = await tx.fetchval(sql.FENCE, *lease.fence_args())
+    if reason is not None:
+        raise fence_lost(lease, reason)
+
+
+async def succeed(tx: Any, lease: Lease) -> str | None:
+    """Runs in the caller's transaction; never commits. Fences again and marks the job
+    succeeded; returns None, or the refusal (a fence reason or ``unresolved_effect``).
+    """
+    require_transaction(tx)
+    status: str | None = await tx.fetchval(sql.SUCCEED, *lease.fence_args())
+    return status

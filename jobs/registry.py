@@ -1,0 +1,80 @@
+"""Registration: each workflow class is served by exactly one queue owner.
+
+Invariant: ``jobs.workflows`` names one owner per class and only that owner's claims return
+work (the claim reads the registration row FOR KEY SHARE). The owner changes only when the
+class is drained (no queued, running, unknown or held work) or through an explicit transfer,
+which keeps every job and effect record (their identities) and revokes the running leases so
+that the old owner's workers can no longer write back; rescue returns that work to the queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs import sql
+from jobs.errors import WorkflowNotDrained, WorkflowNotRegistered, WorkflowOwnedElsewhere
+from jobs.models import Registration
+from schemas.db import require_transaction
+
+
+async def registration(conn: Any, workflow: str) -> Registration | None:
+    """Read-only: the workflow class's registration, if any."""
+    row = await conn.fetchrow(sql.REGISTRATION, workflow)
+    return None if row is None else Registration.from_record(row)
+
+
+def check_owner(found: Registration | None, workflow: str, owner: str) -> Registration:
+    """Raise unless ``owner`` is the registered queue owner of ``workflow``."""
+    if found is None:
+        raise WorkflowNotRegistered(workflow=workflow, owner=owner)
+    if found.owner != owner:
+        raise WorkflowOwnedElsewhere(workflow=workflow, owner=owner, registered_owner=found.owner)
+    return found
+
+
+async def require(conn: Any, workflow: str, owner: str) -> Registration:
+    """Read-only: raise WorkflowNotRegistered / WorkflowOwnedElsewhere unless ``owner``
+    serves ``workflow``. Workers and every other claimant call this before starting."""
+    return check_owner(await registration(conn, workflow), workflow, owner)
+
+
+async def open_work(tx: Any, workflow: str) -> dict[str, int]:
+    """Counts of the class's jobs that are not finished (queued, running, unknown, held)."""
+    return {row["state"]: row["n"] for row in await tx.fetch(sql.OPEN_WORK, workflow)}
+
+
+async def register(tx: Any, workflow: str, owner: str, *, effects_enabled: bool) -> Registration:
+    """Runs in the caller's transaction; never commits. Registers ``owner`` for ``workflow``
+    (idempotent; sets the effects flag). Raises WorkflowNotDrained if another owner holds a
+    class with open work: use ``transfer`` for that.
+    """
+    require_transaction(tx)
+    await tx.execute(sql.REGISTER, workflow, owner, effects_enabled)
+    current = Registration.from_record(await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow))
+    if current.owner != owner:
+        busy = await open_work(tx, workflow)
+        if busy:
+            raise WorkflowNotDrained(workflow=workflow, owner=current.owner, open=busy)
+    await tx.execute(sql.UPDATE_REGISTRATION, workflow, owner, effects_enabled)
+    return Registration(workflow, owner, effects_enabled)
+
+
+async def transfer(
+    tx: Any, workflow: str, from_owner: str, to_owner: str, *, effects_enabled: bool | None
+) -> Registration:
+    """Runs in the caller's transaction; never commits. Moves ``workflow`` from
+    ``from_owner`` to ``to_owner`` with all its work: jobs keep their ids, operations,
+    generations and effect records; running leases are revoked (their fence then fails with
+    ``lease_expired``) and rescue requeues that work for the new owner. Waits for claims in
+    flight. Raises WorkflowNotRegistered / WorkflowOwnedElsewhere if ``from_owner`` is not
+    the current owner.
+    """
+    require_transaction(tx)
+    row = await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow)
+    current = check_owner(
+        None if row is None else Registration.from_record(row), workflow, from_owner
+    )
+    enabled = current.effects_enabled if effects_enabled is None else effects_enabled
+    await tx.execute(sql.UPDATE_REGISTRATION, workflow, to_owner, enabled)
+    await tx.execute(sql.REVOKE_LEASES, workflow)
+    return Registration(workflow, to_owner, enabled)

@@ -1,0 +1,98 @@
+"""SQL owned by the jobs module. Values only as $n parameters.
+
+The fenced paths call the PL/pgSQL functions of migration 0004 so that the isolationtester
+specs in tests/isolation run the very statements the store runs. Fence parameters are always
+the eight lease fields in ``Lease.fence_args()`` order ($1..$8).
+"""
+
+# Submit one operation idempotently (tenant row upserted); returns the job and its digest.
+SUBMIT = "SELECT job_id, created, state, digest FROM jobs.submit($1, $2, $3, $4, $5::jsonb, $6)"
+
+# Claim up to $4 due jobs of workflow $1 for registered owner $2 with a lease of $3 seconds.
+CLAIM = (
+    "SELECT job_id, tenant, workflow, operation_id, owner, attempt_id, generation, epoch,"
+    " lease_expires_at, payload FROM jobs.claim($1, $2, $3, $4)"
+)
+
+# The fence: lock the job row; NULL while the lease holds, else the failing field.
+FENCE = "SELECT jobs.fence($1, $2, $3, $4, $5, $6, $7, $8)"
+
+# Renew the caller's unexpired lease by $9 seconds from the database clock.
+RENEW = "SELECT status, lease_expires_at FROM jobs.renew($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+
+# The publish's second fence and the transition to succeeded.
+SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
+
+# Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
+FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+
+# Record effect $9 pending with intent digest $10 before dispatch (fenced).
+BEGIN_EFFECT = (
+    "SELECT status, seq, recorded_digest"
+    " FROM jobs.begin_effect($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+)
+
+# Record the outcome $10 (receipt $11) of effect $9's pending record (fenced).
+FINISH_EFFECT = "SELECT jobs.finish_effect($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+
+# Return up to $1 abandoned running jobs to queued/poison/unknown (backoff base $2, cap $3).
+RESCUE = "SELECT job_id, tenant, state, generation FROM jobs.rescue($1, $2, $3)"
+
+# Cancel queued or running job $1 with reason $2.
+CANCEL = "SELECT changed, state, generation, unresolved FROM jobs.cancel($1, $2)"
+
+# Advance tenant $1's authority epoch; returns the new epoch.
+ROTATE_EPOCH = "SELECT jobs.rotate_epoch($1)"
+
+# Freeze ($2 = true) or thaw tenant $1's authority; returns its epoch.
+SET_FROZEN = "SELECT jobs.set_frozen($1, $2)"
+
+# The tenant's authority row.
+TENANT = "SELECT tenant, epoch, frozen FROM jobs.tenants WHERE tenant = $1"
+
+# One job, for operators.
+JOB = (
+    "SELECT job_id, tenant, workflow, operation_id, state, generation, attempts, max_attempts,"
+    " last_error FROM jobs.jobs WHERE job_id = $1"
+)
+
+# Every effect record of one job, in begin order.
+EFFECTS = (
+    "SELECT job_id, effect_key, seq, intent_digest, state, receipt, attempt_id, generation"
+    " FROM jobs.effects WHERE job_id = $1 ORDER BY effect_key, seq"
+)
+
+# The registration of workflow $1 (no lock).
+REGISTRATION = "SELECT workflow, owner, effects_enabled FROM jobs.workflows WHERE workflow = $1"
+
+# The registration of workflow $1, locked against claims (they hold it FOR KEY SHARE).
+REGISTRATION_FOR_UPDATE = (
+    "SELECT workflow, owner, effects_enabled FROM jobs.workflows WHERE workflow = $1 FOR UPDATE"
+)
+
+# Register workflow $1 to owner $2 with effects $3 if no one has registered it yet.
+REGISTER = (
+    "INSERT INTO jobs.workflows (workflow, owner, effects_enabled) VALUES ($1, $2, $3)"
+    " ON CONFLICT (workflow) DO NOTHING"
+)
+
+# Set workflow $1's owner $2 and effects flag $3 (caller holds the row lock).
+UPDATE_REGISTRATION = (
+    "UPDATE jobs.workflows SET owner = $2, effects_enabled = $3, updated_at = now()"
+    " WHERE workflow = $1"
+)
+
+# Open work of workflow $1 by state: anything but a finished job keeps its owner.
+OPEN_WORK = (
+    "SELECT state, count(*) AS n FROM jobs.jobs"
+    " WHERE workflow = $1 AND state IN ('queued', 'running', 'unknown', 'held') GROUP BY state"
+)
+
+# Revoke the running leases of workflow $1 (an owner transfer): rescue returns the work.
+REVOKE_LEASES = (
+    "UPDATE jobs.jobs SET lease_expires_at = least(lease_expires_at, clock_timestamp()),"
+    " updated_at = now() WHERE workflow = $1 AND state = 'running'"
+)
+
+# Health: the database clock and the number of registered workflow classes (read-only).
+PROBE = "SELECT now() AS database_now, (SELECT count(*) FROM jobs.workflows) AS workflows"

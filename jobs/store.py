@@ -1,0 +1,292 @@
+"""The jobs store: submit in the caller's transaction, and the single claimant's short
+transactions (claim, renew, publish, effects, fail, rescue, cancel, authority, registration).
+
+Invariant: a job has at most one holder at a time, and only the holder of the current lease
+can write back; each write-back passes the fence (``jobs.fence``) on the locked row and
+checks the affected row count. Claim, rescue and cancel advance the generation, so a worker
+that lost its job, however plausible its result, can no longer publish. Rescue (this module,
+nobody else) is the only loop that returns abandoned running work to the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from jobs import fence, registry, sql
+from jobs.errors import (
+    EffectAlreadyBegun,
+    EffectConflict,
+    EffectNotPending,
+    EffectsDisabled,
+    EffectsUnresolved,
+    InvalidLeaseLength,
+    JobConflict,
+    JobNotFound,
+)
+from jobs.models import (
+    Cancellation,
+    Effect,
+    EffectState,
+    Health,
+    JobState,
+    JobView,
+    Lease,
+    Registration,
+    Rescued,
+    RescueReport,
+    Submitted,
+)
+from schemas.db import require_transaction
+
+#: A publish callback: database-only work in the publish transaction (no external I/O).
+Callback = Callable[[Any], Awaitable[None]]
+
+MAX_LEASE_S = 86_400.0
+
+
+def _lease_seconds(lease_s: float) -> float:
+    if not (math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
+        raise InvalidLeaseLength(lease_s=lease_s)
+    return float(lease_s)
+
+
+async def submit(
+    tx: Any,
+    *,
+    tenant: str,
+    workflow: str,
+    operation_id: str,
+    digest: str,
+    payload: dict[str, Any] | None = None,
+    max_attempts: int = 5,
+) -> Submitted:
+    """Runs in the caller's transaction; never commits. Creates the job for (tenant,
+    workflow, operation id) or returns the existing one untouched, whatever its state.
+    Raises JobConflict (with both digests) if the operation exists with another digest.
+    """
+    require_transaction(tx)
+    row = await tx.fetchrow(
+        sql.SUBMIT, tenant, workflow, operation_id, digest, json.dumps(payload or {}), max_attempts
+    )
+    if row["digest"] != digest:
+        raise JobConflict(
+            job_id=row["job_id"],
+            operation_id=operation_id,
+            existing_digest=row["digest"],
+            submitted_digest=digest,
+        )
+    return Submitted(job_id=row["job_id"], created=row["created"], state=JobState(row["state"]))
+
+
+def _published(lease: Lease, status: str | None) -> None:
+    """Raise the publish refusal named by ``status`` (None: published)."""
+    if status == "unresolved_effect":
+        raise EffectsUnresolved(job_id=lease.job_id, operation_id=lease.operation_id)
+    if status is not None:
+        raise fence.fence_lost(lease, status)
+
+
+class Store:
+    """The single claimant over an asyncpg pool; each method is one short transaction."""
+
+    #: The fence helper, for publish callbacks: ``await Store.locked(tx, lease)``.
+    locked = staticmethod(fence.locked)
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 300.0,
+    ) -> None:
+        self._pool = pool
+        self._backoff = (backoff_base_s, backoff_max_s)
+
+    # -- claiming ------------------------------------------------------------------------
+
+    async def claim(
+        self, workflow: str, owner: str, *, lease_s: float, limit: int = 1
+    ) -> list[Lease]:
+        """One short transaction: claims up to ``limit`` due jobs (SKIP LOCKED). Returns []
+        when no work is due; raises WorkflowNotRegistered / WorkflowOwnedElsewhere when
+        ``owner`` does not serve ``workflow`` (checked in the claim itself, re-read on empty).
+        """
+        seconds = _lease_seconds(lease_s)
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(sql.CLAIM, workflow, owner, seconds, limit)
+            if not rows:
+                await registry.require(conn, workflow, owner)
+        return [Lease.from_record(row) for row in rows]
+
+    async def renew(self, lease: Lease, lease_s: float) -> Lease:
+        """Extends the caller's own unexpired lease from the database clock; raises FenceLost
+        otherwise (an expired lease is never revived)."""
+        seconds = _lease_seconds(lease_s)
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.RENEW, *lease.fence_args(), seconds)
+        if row["status"] is not None:
+            raise fence.fence_lost(lease, row["status"])
+        return Lease(
+            job_id=lease.job_id,
+            tenant=lease.tenant,
+            workflow=lease.workflow,
+            operation_id=lease.operation_id,
+            owner=lease.owner,
+            attempt_id=lease.attempt_id,
+            generation=lease.generation,
+            epoch=lease.epoch,
+            lease_expires_at=row["lease_expires_at"],
+            payload=lease.payload,
+        )
+
+    async def publish(self, lease: Lease, callback: Callback | None = None) -> None:
+        """One transaction: fence → database-only ``callback(tx)`` → fence again →
+        succeeded. Raises FenceLost (nothing the callback wrote survives) or
+        EffectsUnresolved (an effect is pending or unknown). Without a callback the fence
+        and the transition are one statement, which is its own transaction.
+        """
+        async with self._pool.acquire() as conn:
+            if callback is None:
+                _published(lease, await conn.fetchval(sql.SUCCEED, *lease.fence_args()))
+                return
+            async with conn.transaction():
+                await fence.locked(conn, lease)
+                await callback(conn)
+                # Raised inside the transaction, so the callback's writes roll back.
+                _published(lease, await fence.succeed(conn, lease))
+
+    async def fail(self, lease: Lease, reason: str, *, retry: bool) -> JobState:
+        """Fenced: gives the job up. Returns its new state: queued (retry, with backoff),
+        poison (attempts used up), failed (no retry) or unknown (an effect forbids a rerun)."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.FAIL, *lease.fence_args(), reason, retry, *self._backoff)
+        if row["status"] is not None:
+            raise fence.fence_lost(lease, row["status"])
+        return JobState(row["state"])
+
+    # -- effects ---------------------------------------------------------------------------
+
+    async def begin_effect(self, lease: Lease, key: str, intent_digest: str) -> int:
+        """Fenced: records effect ``key`` as pending before dispatch; returns its record's
+        seq. Only a recorded failed_before_dispatch lets the same key begin again."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.BEGIN_EFFECT, *lease.fence_args(), key, intent_digest)
+        status = row["status"]
+        ids: dict[str, Any] = {"job_id": lease.job_id, "effect_key": key}
+        if status is None:
+            seq: int = row["seq"]
+            return seq
+        if status == "effects_disabled":
+            raise EffectsDisabled(workflow=lease.workflow, **ids)
+        if status.startswith("already_"):
+            raise EffectAlreadyBegun(state=status.removeprefix("already_"), **ids)
+        if status == "intent_conflict":
+            raise EffectConflict(
+                recorded_digest=row["recorded_digest"], intent_digest=intent_digest, **ids
+            )
+        raise fence.fence_lost(lease, status)
+
+    async def finish_effect(
+        self, lease: Lease, key: str, outcome: EffectState, *, receipt: str | None = None
+    ) -> None:
+        """Fenced: records the outcome of this attempt's pending record of ``key``
+        (succeeded, failed_before_dispatch or unknown). A finished outcome never changes."""
+        outcome = EffectState(outcome)
+        if outcome is EffectState.PENDING:
+            raise ValueError("finish_effect needs a finished outcome, not pending")
+        async with self._pool.acquire() as conn:
+            status = await conn.fetchval(
+                sql.FINISH_EFFECT, *lease.fence_args(), key, str(outcome), receipt
+            )
+        if status == "not_pending":
+            raise EffectNotPending(job_id=lease.job_id, effect_key=key)
+        if status is not None:
+            raise fence.fence_lost(lease, status)
+
+    # -- rescue and cancel -------------------------------------------------------------------
+
+    async def rescue(self, limit: int = 100) -> RescueReport:
+        """One short transaction: returns up to ``limit`` running jobs whose lease expired (or
+        whose epoch was rotated) to queued, poison or unknown, each with generation + 1."""
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(sql.RESCUE, limit, *self._backoff)
+        return RescueReport(tuple(Rescued.from_record(row) for row in rows))
+
+    async def cancel(self, job_id: int, *, reason: str) -> Cancellation:
+        """One short transaction: cancels queued or running work (generation + 1, no lease),
+        keeping every effect record. Raises JobNotFound."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.CANCEL, job_id, reason)
+        if row is None:
+            raise JobNotFound(job_id=job_id)
+        return Cancellation(
+            job_id=job_id,
+            changed=row["changed"],
+            state=JobState(row["state"]),
+            generation=row["generation"],
+            unresolved_effects=row["unresolved"],
+        )
+
+    # -- authority ----------------------------------------------------------------------------
+
+    async def rotate_epoch(self, tenant: str) -> int:
+        """One short transaction: advances the tenant's authority epoch and waits for fenced
+        write-backs in flight; afterwards every lease under the old epoch fails its fence."""
+        async with self._pool.acquire() as conn:
+            epoch: int = await conn.fetchval(sql.ROTATE_EPOCH, tenant)
+        return epoch
+
+    async def freeze(self, tenant: str) -> None:
+        """Freezes the tenant's authority: no claim, no write-back passes the fence."""
+        async with self._pool.acquire() as conn:
+            await conn.fetchval(sql.SET_FROZEN, tenant, True)
+
+    async def unfreeze(self, tenant: str) -> None:
+        """Thaws the tenant's authority."""
+        async with self._pool.acquire() as conn:
+            await conn.fetchval(sql.SET_FROZEN, tenant, False)
+
+    # -- registration -----------------------------------------------------------------------
+
+    async def register_workflow(
+        self, workflow: str, owner: str, *, effects_enabled: bool = False
+    ) -> Registration:
+        """Registers ``owner`` as the one queue owner of ``workflow`` (see jobs.registry)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await registry.register(conn, workflow, owner, effects_enabled=effects_enabled)
+
+    async def require_registration(self, workflow: str, owner: str) -> Registration:
+        """Raises WorkflowNotRegistered / WorkflowOwnedElsewhere unless ``owner`` serves it."""
+        async with self._pool.acquire() as conn:
+            return await registry.require(conn, workflow, owner)
+
+    async def transfer_workflow(
+        self, workflow: str, from_owner: str, to_owner: str, *, effects_enabled: bool | None = None
+    ) -> Registration:
+        """Moves the class and all its work to ``to_owner`` (see jobs.registry.transfer)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await registry.transfer(
+                conn, workflow, from_owner, to_owner, effects_enabled=effects_enabled
+            )
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def job(self, job_id: int) -> JobView:
+        """Read-only: one job with every effect record it ever had. Raises JobNotFound."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.JOB, job_id)
+            if row is None:
+                raise JobNotFound(job_id=job_id)
+            effects = tuple(Effect.from_record(e) for e in await conn.fetch(sql.EFFECTS, job_id))
+        return JobView.from_record(row, effects)
+
+    async def probe(self) -> Health:
+        """Health: a read-only transaction that never claims work."""
+        async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+            row = await conn.fetchrow(sql.PROBE)
+        return Health(database_now=row["database_now"], workflows=row["workflows"])

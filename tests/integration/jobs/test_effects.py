@@ -1,0 +1,151 @@
+"""Effect records: pending before dispatch, one begin per key unless it failed before
+dispatch, outcomes that never change, and what rescue, cancel and claim make of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import (
+    EffectAlreadyBegun,
+    EffectConflict,
+    EffectNotPending,
+    EffectsDisabled,
+    EffectState,
+    EffectsUnresolved,
+    FenceLost,
+    JobState,
+)
+from tests.integration.jobs.conftest import OWNER, WORKFLOW, Jobs
+
+
+async def test_begin_records_pending_and_a_second_begin_is_refused(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    assert await jobs.store.begin_effect(lease, "charge", "i1") == 1
+    view = await jobs.store.job(job_id)
+    assert [(e.effect_key, e.state) for e in view.effects] == [("charge", EffectState.PENDING)]
+    with pytest.raises(EffectAlreadyBegun) as info:
+        await jobs.store.begin_effect(lease, "charge", "i1")
+    assert info.value.fields["state"] == "pending"
+    await jobs.store.finish_effect(lease, "charge", EffectState.SUCCEEDED, receipt="r-1")
+    with pytest.raises(EffectAlreadyBegun):
+        await jobs.store.begin_effect(lease, "charge", "i1")
+    with pytest.raises(EffectNotPending):
+        await jobs.store.finish_effect(lease, "charge", EffectState.UNKNOWN)
+    await jobs.store.publish(lease)
+    view = await jobs.store.job(job_id)
+    assert view.state is JobState.SUCCEEDED and view.effects[0].receipt == "r-1"
+
+
+async def test_only_failed_before_dispatch_permits_another_begin(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "mail", "i1")
+    await jobs.store.finish_effect(lease, "mail", EffectState.FAILED_BEFORE_DISPATCH)
+    assert await jobs.store.begin_effect(lease, "mail", "i1") == 2  # control
+    await jobs.store.begin_effect(lease, "sms", "x")
+    await jobs.store.finish_effect(lease, "sms", EffectState.FAILED_BEFORE_DISPATCH)
+    with pytest.raises(EffectConflict) as conflict:  # a retry must carry the same intent
+        await jobs.store.begin_effect(lease, "sms", "y")
+    assert conflict.value.fields["recorded_digest"] == "x"
+    await jobs.store.finish_effect(lease, "mail", EffectState.UNKNOWN)
+    with pytest.raises(EffectAlreadyBegun) as info:
+        await jobs.store.begin_effect(lease, "mail", "i1")
+    assert info.value.fields["state"] == "unknown"
+    records = (await jobs.store.job(job_id)).effects
+    mail = [(e.seq, e.state) for e in records if e.effect_key == "mail"]
+    assert mail == [(1, EffectState.FAILED_BEFORE_DISPATCH), (2, EffectState.UNKNOWN)]
+
+
+async def test_effects_are_disabled_by_default(jobs: Jobs) -> None:
+    await jobs.store.register_workflow("quiet", OWNER)
+    await jobs.submit("a", workflow="quiet")
+    lease = (await jobs.store.claim("quiet", OWNER, lease_s=30))[0]
+    with pytest.raises(EffectsDisabled):
+        await jobs.store.begin_effect(lease, "charge", "i1")
+    await jobs.store.register_workflow("quiet", OWNER, effects_enabled=True)
+    assert await jobs.store.begin_effect(lease, "charge", "i1") == 1
+
+
+async def test_effect_write_backs_pass_the_fence(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k1", "i")  # control
+    await jobs.expire(job_id)
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.begin_effect(lease, "k2", "i")
+    assert info.value.reason == "lease_expired"
+    with pytest.raises(FenceLost):
+        await jobs.store.finish_effect(lease, "k1", EffectState.SUCCEEDED)
+    # the pending record stays as the evidence
+    assert [e.state for e in (await jobs.store.job(job_id)).effects] == [EffectState.PENDING]
+
+
+async def test_publish_is_refused_while_an_effect_is_unresolved(jobs: Jobs) -> None:
+    await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    with pytest.raises(EffectsUnresolved):
+        await jobs.store.publish(lease)
+    await jobs.store.finish_effect(lease, "k", EffectState.SUCCEEDED)
+    await jobs.store.publish(lease)  # resolved: allowed
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (None, JobState.UNKNOWN),  # still pending
+        (EffectState.UNKNOWN, JobState.UNKNOWN),
+        (EffectState.SUCCEEDED, JobState.UNKNOWN),  # done, never redone
+        (EffectState.FAILED_BEFORE_DISPATCH, JobState.QUEUED),  # nothing left the building
+    ],
+)
+async def test_rescue_never_retries_work_with_an_effect(
+    jobs: Jobs, outcome: EffectState | None, expected: JobState
+) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    if outcome is not None:
+        await jobs.store.finish_effect(lease, "k", outcome)
+    await jobs.expire(job_id)
+    report = await jobs.store.rescue()
+    assert report.ids(expected) == [job_id]
+    claimed = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30)
+    assert [le.job_id for le in claimed] == ([job_id] if expected is JobState.QUEUED else [])
+
+
+async def test_claim_skips_queued_work_with_a_blocking_effect(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    # An administrative requeue that ignored the effect (not an API; a direct write):
+    await jobs.pool.execute(
+        "UPDATE jobs.jobs SET state = 'queued', lease_expires_at = NULL WHERE job_id = $1",
+        job_id,
+    )
+    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
+
+
+async def test_fail_with_an_effect_never_requeues(jobs: Jobs) -> None:
+    await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    await jobs.store.finish_effect(lease, "k", EffectState.SUCCEEDED)
+    assert await jobs.store.fail(lease, "after effect", retry=True) is JobState.UNKNOWN
+    await jobs.submit("b")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    assert await jobs.store.fail(lease, "lost", retry=False) is JobState.UNKNOWN
+
+
+async def test_canceled_job_still_reports_its_unresolved_effect(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    done = await jobs.store.cancel(job_id, reason="operator")
+    assert done.changed and done.state is JobState.CANCELED and done.unresolved_effects
+    view = await jobs.store.job(job_id)
+    assert view.needs_reconciliation and view.effects[0].state is EffectState.PENDING
+    with pytest.raises(FenceLost):  # the canceled worker cannot record the outcome
+        await jobs.store.finish_effect(lease, "k", EffectState.SUCCEEDED)

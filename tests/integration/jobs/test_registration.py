@@ -1,0 +1,78 @@
+"""Registration: exactly one queue owner per workflow class, in the database."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import (
+    FenceLost,
+    JobState,
+    WorkflowNotDrained,
+    WorkflowNotRegistered,
+    WorkflowOwnedElsewhere,
+)
+from tests.integration.jobs.conftest import OWNER, WORKFLOW, Jobs
+
+
+async def test_claimants_for_unregistered_or_foreign_classes_refuse(jobs: Jobs) -> None:
+    await jobs.submit("a")
+    reg = await jobs.store.require_registration(WORKFLOW, OWNER)  # control
+    assert reg.owner == OWNER and reg.effects_enabled
+    with pytest.raises(WorkflowNotRegistered, match="No queue owner is registered"):
+        await jobs.store.require_registration("nobody-serves-this", OWNER)
+    with pytest.raises(WorkflowOwnedElsewhere) as info:
+        await jobs.store.require_registration(WORKFLOW, "celery")
+    assert info.value.fields["registered_owner"] == OWNER
+    # the claim itself refuses too, and takes nothing
+    with pytest.raises(WorkflowOwnedElsewhere):
+        await jobs.store.claim(WORKFLOW, "celery", lease_s=30)
+    with pytest.raises(WorkflowNotRegistered):
+        await jobs.store.claim("nobody-serves-this", OWNER, lease_s=30)
+    assert await jobs.state(await jobs.submit("a")) == "queued"
+
+
+async def test_effects_are_off_unless_registered_on(jobs: Jobs) -> None:
+    reg = await jobs.store.register_workflow("plain", "svc")
+    assert not reg.effects_enabled
+    again = await jobs.store.register_workflow("plain", "svc")  # idempotent
+    assert again == reg
+
+
+async def test_owner_change_needs_a_drained_class(jobs: Jobs) -> None:
+    await jobs.store.register_workflow("w2", "old")
+    await jobs.store.register_workflow("w2", "new")  # control: nothing open, allowed
+    await jobs.store.register_workflow("w2", "old")
+    job_id = await jobs.submit("a", workflow="w2")
+    with pytest.raises(WorkflowNotDrained) as info:
+        await jobs.store.register_workflow("w2", "new")
+    assert info.value.fields["open"] == {"queued": 1}
+    lease = (await jobs.store.claim("w2", "old", lease_s=30))[0]
+    await jobs.store.publish(lease)
+    assert await jobs.state(job_id) == "succeeded"
+    await jobs.store.register_workflow("w2", "new")  # drained again
+
+
+async def test_transfer_carries_the_work_and_fences_out_the_old_owner(jobs: Jobs) -> None:
+    await jobs.store.register_workflow("w3", "old", effects_enabled=True)
+    queued = await jobs.submit("q", workflow="w3")
+    running = await jobs.submit("r", workflow="w3")
+    await jobs.pool.execute(
+        "UPDATE jobs.jobs SET run_after = now() + interval '1 hour' WHERE job_id = $1", queued
+    )
+    old_lease = (await jobs.store.claim("w3", "old", lease_s=300))[0]
+    assert old_lease.job_id == running
+    with pytest.raises(WorkflowOwnedElsewhere):
+        await jobs.store.transfer_workflow("w3", "someone", "new")
+    reg = await jobs.store.transfer_workflow("w3", "old", "new")
+    assert reg.owner == "new" and reg.effects_enabled
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(old_lease)
+    assert info.value.reason == "lease_expired"
+    with pytest.raises(WorkflowOwnedElsewhere):
+        await jobs.store.claim("w3", "old", lease_s=30)
+    assert (await jobs.store.rescue()).requeued == [running]
+    new_lease = (await jobs.store.claim("w3", "new", lease_s=30))[0]
+    assert new_lease.job_id == running and new_lease.operation_id == "r"
+    await jobs.store.publish(new_lease)
+    view = await jobs.store.job(queued)
+    assert view.state is JobState.QUEUED and view.operation_id == "q"

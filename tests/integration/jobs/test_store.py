@@ -1,0 +1,274 @@
+"""The store's short transactions on real PostgreSQL: claim, fence, renew, publish, fail,
+rescue, cancel, authority. Every refusal is preceded by its allowed control."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import asyncpg
+import pytest
+
+from jobs import (
+    FenceLost,
+    InvalidLeaseLength,
+    JobNotFound,
+    JobState,
+    Lease,
+    Store,
+)
+from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
+
+
+async def results_row(tx: asyncpg.Connection, lease: Lease) -> None:
+    """A publish callback: the fenced manifest row."""
+    await Store.locked(tx, lease)  # callbacks may re-check the fence; it is re-entrant
+    await tx.execute(
+        "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
+        " VALUES ($1, $2, $3, 'sha256:x')",
+        lease.job_id,
+        lease.tenant,
+        f"results/{lease.job_id}/{lease.attempt_id}",
+    )
+
+
+def publisher(lease: Lease):  # type: ignore[no-untyped-def]
+    async def callback(tx: asyncpg.Connection) -> None:
+        await results_row(tx, lease)
+
+    return callback
+
+
+async def test_claim_sets_a_fresh_lease_from_the_database_clock(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one(lease_s=30)
+    row = await jobs.pool.fetchrow(
+        "SELECT *, lease_expires_at - now() AS left FROM jobs.jobs WHERE job_id = $1", job_id
+    )
+    assert (lease.job_id, lease.owner, lease.generation, lease.epoch) == (job_id, OWNER, 1, 1)
+    assert row["state"] == "running" and row["attempt_id"] == lease.attempt_id
+    assert row["attempts"] == 1 and 25 < row["left"].total_seconds() <= 30
+    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []  # nothing else is due
+    with pytest.raises(InvalidLeaseLength):
+        await jobs.store.claim(WORKFLOW, OWNER, lease_s=float("inf"))
+    with pytest.raises(InvalidLeaseLength):
+        await jobs.store.claim(WORKFLOW, OWNER, lease_s=0)
+
+
+async def test_batch_claim_takes_distinct_due_jobs_in_order(jobs: Jobs) -> None:
+    ids = [await jobs.submit(f"op{i}") for i in range(5)]
+    first = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=3)
+    second = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=3)
+    assert [le.job_id for le in first] == ids[:3]
+    assert [le.job_id for le in second] == ids[3:]
+    assert len({le.attempt_id for le in first + second}) == 5
+
+
+async def test_publish_then_every_later_write_back_is_refused(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.publish(lease, publisher(lease))  # control
+    assert await jobs.state(job_id) == "succeeded"
+    assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.results") == 1
+    for attempt in (
+        jobs.store.publish(lease, publisher(lease)),
+        jobs.store.renew(lease, 30),
+        jobs.store.fail(lease, "late", retry=True),
+    ):
+        with pytest.raises(FenceLost) as info:
+            await attempt
+        assert info.value.reason == "state"
+
+
+async def test_publish_without_callback_is_one_fenced_statement(jobs: Jobs) -> None:
+    await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.publish(lease)
+    with pytest.raises(FenceLost):
+        await jobs.store.publish(lease)
+
+
+async def test_refused_publish_keeps_nothing_the_callback_wrote(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+
+    async def expire_then_write(tx: asyncpg.Connection) -> None:
+        await results_row(tx, lease)
+        # The lease runs out while the callback works: the second fence must see it.
+        await tx.execute(
+            "UPDATE jobs.jobs SET lease_expires_at = clock_timestamp() WHERE job_id = $1", job_id
+        )
+
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(lease, expire_then_write)
+    assert info.value.reason == "lease_expired"
+    assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.results") == 0
+    assert await jobs.state(job_id) == "running"
+
+
+async def test_fence_names_the_field_that_no_longer_matches(jobs: Jobs) -> None:
+    await jobs.submit("a")
+    lease = await jobs.claim_one()
+    cases = {
+        "tenant": {"tenant": "other"},
+        "operation": {"operation_id": "b"},
+        "generation": {"generation": lease.generation + 1},
+        "owner": {"owner": "someone-else"},
+        "epoch": {"epoch": lease.epoch + 1},
+        "missing": {"job_id": -1},
+    }
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        await Store.locked(conn, lease)  # control
+    for reason, change in cases.items():
+        forged = dataclasses.replace(lease, **change)  # type: ignore[arg-type]
+        async with jobs.pool.acquire() as conn, conn.transaction():
+            with pytest.raises(FenceLost) as info:
+                await Store.locked(conn, forged)
+        assert info.value.reason == reason
+        assert info.value.fields["expected_generation"] == forged.generation
+
+
+async def test_renew_extends_only_an_unexpired_current_lease(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one(lease_s=5)
+    renewed = await jobs.store.renew(lease, 60)  # control
+    assert renewed.lease_expires_at > lease.lease_expires_at
+    assert renewed.attempt_id == lease.attempt_id and renewed.generation == lease.generation
+    await jobs.expire(job_id)
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.renew(renewed, 60)
+    assert info.value.reason == "lease_expired"
+    assert await jobs.pool.fetchval(
+        "SELECT lease_expires_at < now() FROM jobs.jobs WHERE job_id = $1", job_id
+    )
+
+
+async def test_expired_then_reclaimed_the_old_worker_cannot_publish(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    old = await jobs.claim_one()
+    await jobs.expire(job_id)
+    report = await jobs.store.rescue()
+    assert report.requeued == [job_id]
+    new = await jobs.claim_one()
+    assert new.generation == old.generation + 2  # rescue +1, claim +1
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(old, publisher(old))
+    assert info.value.reason == "generation"
+    await jobs.store.publish(new, publisher(new))
+    assert await jobs.pool.fetchval("SELECT object_key FROM jobs.results") == (
+        f"results/{job_id}/{new.attempt_id}"
+    )
+
+
+async def test_rescue_leaves_live_leases_alone_and_counts_attempts(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a", max_attempts=2)
+    await jobs.claim_one()
+    assert (await jobs.store.rescue()).rescued == ()  # control: an unexpired lease stays
+    await jobs.expire(job_id)
+    assert (await jobs.store.rescue()).requeued == [job_id]
+    await jobs.claim_one()
+    await jobs.expire(job_id)
+    assert (await jobs.store.rescue()).poisoned == [job_id]
+    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
+    view = await jobs.store.job(job_id)
+    assert view.state is JobState.POISON and view.attempts == 2
+    assert view.last_error == "lease_expired"
+
+
+async def test_rescue_backoff_delays_the_retry(jobs: Jobs) -> None:
+    store = Store(jobs.pool, backoff_base_s=3600, backoff_max_s=7200)
+    job_id = await jobs.submit("a")
+    await jobs.claim_one()
+    await jobs.expire(job_id)
+    assert (await store.rescue()).requeued == [job_id]
+    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
+    assert await jobs.pool.fetchval(
+        "SELECT run_after > now() + interval '59 minutes' FROM jobs.jobs WHERE job_id = $1",
+        job_id,
+    )
+
+
+async def test_fail_retry_failed_and_poison(jobs: Jobs) -> None:
+    a = await jobs.submit("a", max_attempts=2)
+    lease = await jobs.claim_one()
+    assert await jobs.store.fail(lease, "boom", retry=True) is JobState.QUEUED
+    lease = await jobs.claim_one()
+    assert await jobs.store.fail(lease, "boom", retry=True) is JobState.POISON
+    b = await jobs.submit("b")
+    lease = await jobs.claim_one()
+    assert await jobs.store.fail(lease, "bad input", retry=False) is JobState.FAILED
+    assert (await jobs.store.job(a)).last_error == "boom"
+    assert (await jobs.store.job(b)).state is JobState.FAILED
+
+
+async def test_cancel_queued_and_running_work(jobs: Jobs) -> None:
+    queued = await jobs.submit("q")
+    running = await jobs.submit("r")
+    await jobs.pool.execute(
+        "UPDATE jobs.jobs SET run_after = now() + interval '1 hour' WHERE job_id = $1", queued
+    )
+    lease = await jobs.claim_one()
+    assert lease.job_id == running
+    done = await jobs.store.cancel(running, reason="operator")
+    assert done.changed and done.state is JobState.CANCELED
+    assert done.generation == lease.generation + 1 and not done.unresolved_effects
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(lease, publisher(lease))
+    assert info.value.reason == "generation"
+    assert (await jobs.store.cancel(queued, reason="operator")).changed
+    again = await jobs.store.cancel(queued, reason="operator")
+    assert not again.changed and again.state is JobState.CANCELED
+    with pytest.raises(JobNotFound):
+        await jobs.store.cancel(-1, reason="operator")
+
+
+async def test_cancel_never_changes_a_finished_job(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.store.publish(lease)
+    done = await jobs.store.cancel(job_id, reason="late")
+    assert not done.changed and done.state is JobState.SUCCEEDED
+    assert done.generation == lease.generation
+
+
+async def test_rotation_invalidates_every_lease_under_the_old_epoch(jobs: Jobs) -> None:
+    a = await jobs.submit("a")
+    await jobs.submit("b")
+    other = await jobs.submit("c", tenant="other")
+    la, lb, lc = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=3)
+    await jobs.store.publish(la)  # control: before rotation the lease holds
+    assert await jobs.store.rotate_epoch(TENANT) == 2
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.renew(lb, 30)
+    assert info.value.reason == "epoch"
+    await jobs.store.publish(lc)  # another tenant's authority is untouched
+    # rescue returns stale-epoch work at once, without waiting for the lease to run out
+    report = await jobs.store.rescue()
+    assert report.requeued == [lb.job_id]
+    again = await jobs.claim_one()
+    assert again.job_id == lb.job_id and again.epoch == 2
+    await jobs.store.publish(again)
+    assert {await jobs.state(j) for j in (a, lb.job_id, other)} == {"succeeded"}
+
+
+async def test_frozen_authority_is_not_claimed_and_fails_the_fence(jobs: Jobs) -> None:
+    a = await jobs.submit("a")
+    lease = await jobs.claim_one()
+    await jobs.submit("b")
+    await jobs.store.freeze(TENANT)
+    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(lease)
+    assert info.value.reason == "frozen"
+    await jobs.store.unfreeze(TENANT)
+    await jobs.store.publish(lease)
+    assert await jobs.state(a) == "succeeded"
+    assert len(await jobs.store.claim(WORKFLOW, OWNER, lease_s=30)) == 1
+
+
+async def test_probe_never_claims_work(jobs: Jobs) -> None:
+    job_id = await jobs.submit("a")
+    before = await jobs.pool.fetchrow("SELECT * FROM jobs.jobs WHERE job_id = $1", job_id)
+    health = await jobs.store.probe()
+    assert health.workflows == 1
+    after = await jobs.pool.fetchrow("SELECT * FROM jobs.jobs WHERE job_id = $1", job_id)
+    assert dict(before) == dict(after)
