@@ -1,0 +1,286 @@
+"""One batch of deliveries: admit, apply in one transaction, commit, then settle each message.
+
+Invariant: a message is acknowledged only after the transaction holding its inbox row
+(and its handler's effect) committed; a crash between commit and ack only causes a
+redelivery, which the inbox turns into an acknowledged duplicate. Every message of a
+batch is its own inbox decision: the fast path applies the whole batch in one
+transaction; if anything in it fails, the batch is rolled back and applied again with a
+savepoint per message, so a failing message rolls back only itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+
+from consumers import inbox, poison
+from consumers.errors import ConnectionLost, DigestMismatch, InboxConflict, TenantMismatch
+from consumers.handlers import Handler, Handlers
+from consumers.inbox import Consumer, Delivery, InboxOutcome
+from schemas import telemetry, wire
+from schemas.events import Event
+
+log = logging.getLogger("consumers")
+
+ANY_TENANT = "*"
+AfterCommit = Callable[[], None]
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters of settled deliveries (for tests, benchmarks and logs)."""
+
+    new: int = 0
+    duplicate: int = 0
+    poisoned: int = 0
+    retried: int = 0
+    commits: int = 0
+
+
+@dataclass(slots=True)
+class Item:
+    """One delivery on its way through a batch."""
+
+    message: aio_pika.abc.AbstractIncomingMessage
+    delivery: Delivery
+    span: Span
+    event: Event | None = None
+    digest: str | None = None
+    handler: Handler | None = None
+    outcome: InboxOutcome | None = None
+    permanent: BaseException | None = None
+    transient: BaseException | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BatchProcessor:
+    """Applies batches for one workflow class's consumer."""
+
+    consumer: Consumer
+    handlers: Handlers
+    tenants: frozenset[str]
+    queue: str
+    delivery_limit: int
+    tracer: trace.Tracer
+    after_commit: AfterCommit | None = None
+    stats: Stats = field(default_factory=Stats)
+
+    async def process(
+        self, conn: Any, messages: Sequence[aio_pika.abc.AbstractIncomingMessage]
+    ) -> None:
+        """Apply and settle a batch: commit, then ack; poison records, then reject."""
+        items = [self.admit(m) for m in messages]
+        try:
+            ready = [i for i in items if i.permanent is None]
+            if ready:
+                await self._apply(conn, ready)
+                self.stats.commits += 1
+                if self.after_commit is not None:
+                    self.after_commit()
+            await self._settle(conn, items)
+        finally:
+            for item in items:
+                item.span.end()
+
+    def admit(self, message: aio_pika.abc.AbstractIncomingMessage) -> Item:
+        """Parse and judge one message before any transaction; permanent errors are noted."""
+        headers = dict(message.headers or {})
+        raw_count = headers.get("x-delivery-count", 0)
+        count = raw_count if isinstance(raw_count, int) and raw_count >= 0 else 0
+        raw_publish = headers.get("publish-id")
+        delivery = Delivery(
+            publish_id=raw_publish if isinstance(raw_publish, str) else None,
+            redelivered=bool(message.redelivered),
+            delivery_count=count,
+        )
+        trace_carrier = {k: v for k, v in headers.items() if isinstance(v, str)}
+        span = self.tracer.start_span(
+            f"process {self.queue}",
+            kind=SpanKind.CONSUMER,
+            links=telemetry.links_from(
+                {k: v for k, v in trace_carrier.items() if k in ("traceparent", "tracestate")}
+            ),
+            attributes={
+                telemetry.ATTR_SYSTEM: telemetry.SYSTEM,
+                telemetry.ATTR_OPERATION_TYPE: "process",
+                telemetry.ATTR_OPERATION_NAME: "process",
+                telemetry.ATTR_DESTINATION: self.queue,
+                telemetry.ATTR_CONSUMER_GROUP: self.consumer.name,
+                telemetry.ATTR_ROUTING_KEY: message.routing_key or "",
+                telemetry.ATTR_MESSAGE_ID: message.message_id or "",
+                telemetry.ATTR_REDELIVERED: delivery.redelivered,
+                telemetry.ATTR_DELIVERY_COUNT: delivery.delivery_count,
+            },
+        )
+        item = Item(message=message, delivery=delivery, span=span)
+        try:
+            self._judge(item, wire.from_amqp(message.body, headers, message.content_type))
+        except poison.PERMANENT_ERRORS as exc:
+            item.permanent = exc
+        return item
+
+    def _judge(self, item: Item, inbound: wire.Inbound) -> None:
+        event = inbound.event
+        item.event = event
+        item.span.set_attribute(telemetry.ATTR_TENANT, event.tenant)
+        item.span.set_attribute(telemetry.ATTR_OPERATION_ID, event.operation_id)
+        if ANY_TENANT not in self.tenants and event.tenant not in self.tenants:
+            raise TenantMismatch(tenant=event.tenant, consumer=self.consumer.name)
+        self.consumer.catalog.validate(event, producing=False)
+        item.handler = self.handlers.get(event)
+        item.digest = self.consumer.catalog.digest(event)
+        if inbound.digest is not None and inbound.digest != item.digest:
+            raise DigestMismatch(
+                tenant=event.tenant,
+                operation_id=event.operation_id,
+                wire_digest=inbound.digest,
+                computed_digest=item.digest,
+            )
+
+    async def _apply(self, conn: Any, ready: list[Item]) -> None:
+        """Fast path: the batch in one transaction. On any failure, again per savepoint."""
+        try:
+            async with conn.transaction():
+                for item in ready:
+                    item.outcome = await self._reserve_and_handle(conn, item)
+            return
+        except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
+            _raise_if_lost(conn, exc)
+            for item in ready:
+                item.outcome = None
+            if len(ready) == 1:  # it was that message's own failure: no need to redo
+                _classify(conn, ready[0], exc)
+                return
+        try:
+            async with conn.transaction():
+                for item in ready:
+                    await self._apply_one(conn, item)
+        except Exception as exc:  # noqa: BLE001 - the commit failed: every message is retried
+            _raise_if_lost(conn, exc)
+            for item in ready:
+                if item.permanent is None:
+                    item.outcome, item.transient = None, exc
+
+    async def _apply_one(self, conn: Any, item: Item) -> None:
+        """One message under its own savepoint: only its own failure is rolled back."""
+        try:
+            async with conn.transaction():
+                item.outcome = await self._reserve_and_handle(conn, item)
+        except Exception as exc:  # noqa: BLE001 - classified: permanent, transient or lost
+            _classify(conn, item, exc)
+
+    async def _reserve_and_handle(self, conn: Any, item: Item) -> InboxOutcome:
+        assert item.event is not None and item.handler is not None
+        fresh = await inbox.reserve(
+            conn, self.consumer, item.event, item.delivery, digest=item.digest
+        )
+        if not fresh:
+            return InboxOutcome.DUPLICATE
+        await item.handler(conn, item.event)
+        return InboxOutcome.NEW
+
+    async def _settle(self, conn: Any, items: list[Item]) -> None:
+        """After the commit: ack applied and duplicate messages, requeue or poison the rest."""
+        doomed: list[Item] = []
+        for item in items:
+            if item.outcome is not None:
+                item.span.set_attribute(telemetry.ATTR_INBOX_OUTCOME, str(item.outcome))
+            if item.permanent is not None:
+                doomed.append(item)
+            elif item.transient is not None:
+                if item.delivery.delivery_count >= self.delivery_limit:
+                    doomed.append(item)  # the broker would dead-letter it on this return
+                else:
+                    await item.message.nack(requeue=True)
+                    self.stats.retried += 1
+                    log.info("retry %s", _ids(item, item.transient))
+            elif item.outcome is InboxOutcome.NEW:
+                await item.message.ack()
+                self.stats.new += 1
+            elif item.outcome is InboxOutcome.DUPLICATE:
+                await item.message.ack()
+                self.stats.duplicate += 1
+        if doomed:
+            await self._poison(conn, doomed)
+
+    async def _poison(self, conn: Any, doomed: list[Item]) -> None:
+        """Poison records in one short transaction, committed before any reject."""
+        records = [self._record(item) for item in doomed]
+        async with conn.transaction():
+            for item, record in zip(doomed, records, strict=True):
+                await poison.record_poison(conn, record)
+                if item.outcome is InboxOutcome.CONFLICT and item.event is not None:
+                    await inbox.record_delivery(
+                        conn, self.consumer, item.event, item.delivery, InboxOutcome.CONFLICT
+                    )
+        for item, record in zip(doomed, records, strict=True):
+            await item.message.reject(requeue=False)
+            self.stats.poisoned += 1
+            item.span.set_attribute("accord.poison.reason", str(record.reason))
+            item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
+            log.warning("poison reason=%s %s", record.reason, _ids(item, None))
+
+    def _record(self, item: Item) -> poison.PoisonRecord:
+        if item.permanent is not None:
+            reason, detail = poison.reason_for(item.permanent), poison.error_detail(item.permanent)
+        else:
+            assert item.transient is not None
+            reason = poison.PoisonReason.RETRIES_EXHAUSTED
+            detail = {"error": type(item.transient).__name__, "limit": self.delivery_limit}
+        size, sha = poison.body_fingerprint(item.message.body)
+        event = item.event
+        return poison.PoisonRecord(
+            consumer=self.consumer.name,
+            queue=self.queue,
+            reason=reason,
+            detail=detail,
+            headers=poison.summarize_headers(item.message.headers),
+            body_size=size,
+            body_sha256=sha,
+            redelivered=item.delivery.redelivered,
+            delivery_count=item.delivery.delivery_count,
+            tenant=event.tenant if event else None,
+            operation_id=event.operation_id if event else None,
+            event_id=str(event.event_id) if event else None,
+            event_type=event.ce_type if event else None,
+            message_id=item.message.message_id,
+            publish_id=item.delivery.publish_id,
+        )
+
+
+def _classify(conn: Any, item: Item, exc: Exception) -> None:
+    """Permanent errors poison the message; anything else from the (foreign) handler code is
+    transient and retried, bounded by the queue's delivery limit; it is never dropped."""
+    _raise_if_lost(conn, exc)
+    if isinstance(exc, poison.PERMANENT_ERRORS):
+        item.permanent = exc
+        if isinstance(exc, InboxConflict):
+            item.outcome = InboxOutcome.CONFLICT
+    else:
+        item.transient = exc
+
+
+def _raise_if_lost(conn: Any, exc: BaseException) -> None:
+    """A failure on a closed connection is a lost connection, not a message's fault."""
+    if conn.is_closed():
+        raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
+
+
+def _ids(item: Item, exc: BaseException | None) -> str:
+    event = item.event
+    parts = [
+        f"message_id={item.message.message_id}",
+        f"delivery_count={item.delivery.delivery_count}",
+    ]
+    if event is not None:
+        parts += [f"tenant={event.tenant}", f"operation_id={event.operation_id}"]
+    if exc is not None:
+        parts.append(f"error={type(exc).__name__}")
+    return " ".join(parts)

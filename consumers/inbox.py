@@ -1,0 +1,188 @@
+"""The inbox: one reserved semantic operation per (tenant, consumer, operation id).
+
+Invariant: an inbox row exists if and only if its consumer's effect for that operation
+committed, because ``reserve`` writes the row in the caller's transaction, the same one
+that applies the effect (the "tracking record" of eventsourcing). A redelivery finds the
+row and is skipped; the same operation with another digest, or the same event id under
+another operation or digest, is an ``InboxConflict``. Ids are tenant-scoped: the same
+operation id under two tenants is two operations.
+
+Retention: rows are kept for the replay window after ``GREATEST(first_seen_at,
+occurred_at)``, plus a safety margin, and pruned in bounded batches. ``reserve`` refuses
+a *new* event older than the window (``ReplayTooOld``) using the database clock, so an
+event whose row was pruned can never be mistaken for a new one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from consumers import sql
+from consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
+from schemas.db import require_transaction
+from schemas.events import Catalog, Event
+
+# Pruning keeps rows this much longer than the window: a reserve whose transaction began
+# just before a prune must still find the row it collides with.
+PRUNE_MARGIN_S = 300.0
+_RESERVE_ATTEMPTS = 3
+
+
+class InboxOutcome(StrEnum):
+    """What the inbox decided for one delivery (mirrors ``deliveries_outcome_check``)."""
+
+    NEW = "new"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """An inbox identity: the consumer's name (its workflow class) and how it judges events."""
+
+    name: str
+    catalog: Catalog
+    replay_window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The identity of one delivery, recorded apart from the operation it carries.
+
+    ``delivery_count`` is the broker's ``x-delivery-count`` (0 on a first delivery).
+    """
+
+    publish_id: str | None = None
+    redelivered: bool = False
+    delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """A stored inbox row's identity (the part the conflict check compares)."""
+
+    operation_id: str
+    event_id: uuid.UUID
+    digest: str
+
+    @classmethod
+    def from_record(cls, record: Any) -> InboxRow:
+        return cls(record["operation_id"], record["event_id"], record["digest"])
+
+
+async def reserve(
+    tx: Any, consumer: Consumer, event: Event, delivery: Delivery, *, digest: str | None = None
+) -> bool:
+    """Runs in the caller's transaction; never commits. True: newly reserved, apply the effect.
+
+    False: already applied (a duplicate; its delivery is logged), skip the effect.
+    Raises InboxConflict (with both digests) when the operation or the event id comes back
+    with another meaning, and ReplayTooOld for a new event older than the replay window.
+    After either error the caller must roll back (at least to its savepoint).
+    ``digest`` may be passed when already computed with ``consumer.catalog``.
+    """
+    require_transaction(tx)
+    digest = digest or consumer.catalog.digest(event)
+    for _ in range(_RESERVE_ATTEMPTS):
+        row = await tx.fetchrow(
+            sql.RESERVE,
+            event.tenant,
+            consumer.name,
+            event.operation_id,
+            event.event_id,
+            digest,
+            event.type,
+            event.version,
+            event.occurred_at,
+            consumer.replay_window_s,
+            delivery.publish_id,
+            delivery.redelivered,
+            delivery.delivery_count,
+        )
+        if row["fresh"]:
+            return True
+        found = [
+            InboxRow.from_record(r)
+            for r in await tx.fetch(
+                sql.COLLISIONS, event.tenant, consumer.name, event.operation_id, event.event_id
+            )
+        ]
+        if found:
+            _check_same_meaning(consumer, event, digest, found)
+            await record_delivery(tx, consumer, event, delivery, InboxOutcome.DUPLICATE)
+            return False
+        if row["too_old"]:
+            raise ReplayTooOld(
+                tenant=event.tenant,
+                consumer=consumer.name,
+                operation_id=event.operation_id,
+                event_id=str(event.event_id),
+                occurred_at=event.occurred_at.isoformat(),
+                window_s=consumer.replay_window_s,
+            )
+        # Neither inserted nor found: the colliding row was pruned between the two
+        # statements. Decide again on a fresh snapshot.
+    raise TransientFailure(
+        "the inbox row kept changing under reserve",
+        tenant=event.tenant,
+        operation_id=event.operation_id,
+    )
+
+
+def _check_same_meaning(
+    consumer: Consumer, event: Event, digest: str, found: list[InboxRow]
+) -> None:
+    for stored in found:
+        same_operation = stored.operation_id == event.operation_id
+        if same_operation and stored.digest == digest:
+            # Same operation, same meaning. A matching event id row, if any, is this row.
+            continue
+        raise InboxConflict(
+            tenant=event.tenant,
+            consumer=consumer.name,
+            operation_id=event.operation_id,
+            event_id=str(event.event_id),
+            stored_operation_id=stored.operation_id,
+            stored_event_id=str(stored.event_id),
+            stored_digest=stored.digest,
+            incoming_digest=digest,
+        )
+
+
+async def record_delivery(
+    tx: Any, consumer: Consumer, event: Event, delivery: Delivery, outcome: InboxOutcome
+) -> None:
+    """Runs in the caller's transaction; never commits. Logs one delivery and its outcome."""
+    require_transaction(tx)
+    await tx.execute(
+        sql.RECORD_DELIVERY,
+        event.tenant,
+        consumer.name,
+        event.operation_id,
+        event.event_id,
+        delivery.publish_id,
+        delivery.redelivered,
+        delivery.delivery_count,
+        str(outcome),
+    )
+
+
+async def prune(tx: Any, *, window_s: float, limit: int = 1000) -> tuple[int, int]:
+    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` expired rows
+    from the inbox and from the delivery log; returns (inbox rows, delivery rows) deleted.
+
+    Callers loop, one short transaction per batch, until both counts are below ``limit``.
+    """
+    require_transaction(tx)
+    horizon = window_s + PRUNE_MARGIN_S
+    inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit)
+    deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit)
+    return _count(inbox), _count(deliveries)
+
+
+def _count(status: str) -> int:
+    """The row count of an asyncpg command status such as ``DELETE 42``."""
+    return int(status.rsplit(" ", 1)[-1])

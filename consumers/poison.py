@@ -1,0 +1,178 @@
+"""Poison records: a message that can never be applied, kept as typed evidence.
+
+A poison record holds a typed reason, the identifiers that could be read, a summary of
+the headers and the body's size and SHA-256, never the raw payload. The runtime writes
+it in its own short transaction and only then rejects the message to the dead-letter
+queue, so every dead-lettered message it decided on has its record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from consumers import sql
+from consumers.errors import PermanentFailure
+from schemas.db import require_transaction
+from schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
+
+
+class PoisonReason(StrEnum):
+    """Why a message was poisoned (mirrors ``poison_reason_check``)."""
+
+    MALFORMED = "malformed"
+    MALFORMED_JSON = "malformed_json"
+    DUPLICATE_KEY = "duplicate_key"
+    NON_FINITE_NUMBER = "non_finite_number"
+    BODY_NOT_OBJECT = "body_not_object"
+    MISSING_HEADER = "missing_header"
+    BAD_HEADER = "bad_header"
+    DUPLICATE_HEADER = "duplicate_header"
+    BAD_SPECVERSION = "bad_specversion"
+    BAD_CONTENT_TYPE = "bad_content_type"
+    BAD_ATTRIBUTE = "bad_attribute"
+    UNKNOWN_TYPE = "unknown_type"
+    UNKNOWN_VERSION = "unknown_version"
+    INVALID_EVENT = "invalid_event"
+    NO_HANDLER = "no_handler"
+    DIGEST_MISMATCH = "digest_mismatch"
+    TENANT_MISMATCH = "tenant_mismatch"
+    CONFLICT = "conflict"
+    TOO_OLD = "too_old"
+    REJECTED = "rejected"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+
+
+PERMANENT_ERRORS = (PermanentFailure, MalformedMessage, UnknownEventType, InvalidEvent)
+
+# Header values worth keeping in the summary: identifiers, never free text.
+_KEPT = frozenset(
+    {"id", "type", "source", "specversion", "time", "tenantid", "operationid", "authepoch",
+     "opdigest", "publish-id", "traceparent", "x-delivery-count", "x-first-death-reason"}
+)  # fmt: skip
+_VALUE_LIMIT = 128
+
+
+def reason_for(exc: BaseException) -> PoisonReason:
+    """The typed poison reason of a permanent error."""
+    if isinstance(exc, MalformedMessage):
+        problem = getattr(exc, "problem", "")
+        try:
+            return PoisonReason(problem)
+        except ValueError:
+            return PoisonReason.MALFORMED
+    if isinstance(exc, UnknownEventType):
+        return (
+            PoisonReason.UNKNOWN_VERSION
+            if getattr(exc, "known_versions", None)
+            else PoisonReason.UNKNOWN_TYPE
+        )
+    if isinstance(exc, InvalidEvent):
+        return PoisonReason.INVALID_EVENT
+    try:
+        return PoisonReason(getattr(exc, "reason", ""))
+    except ValueError:
+        return PoisonReason.REJECTED
+
+
+def summarize_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
+    """Header names with identifier values (truncated); other values only by type and size."""
+    summary: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        bare = name.lower()
+        for prefix in ("ce-", "cloudevents_", "cloudevents:"):
+            if bare.startswith(prefix):
+                bare = bare[len(prefix) :]
+                break
+        if bare in _KEPT and isinstance(value, str | bytes | int | bool):
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            summary[name] = text[:_VALUE_LIMIT]
+        else:
+            summary[name] = f"<{type(value).__name__}>"
+    return summary
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonRecord:
+    """One poisoned message as stored (identifiers may be absent when they could not be read)."""
+
+    consumer: str
+    queue: str
+    reason: PoisonReason
+    detail: dict[str, Any]
+    headers: dict[str, str]
+    body_size: int
+    body_sha256: str
+    redelivered: bool = False
+    delivery_count: int = 0
+    tenant: str | None = None
+    operation_id: str | None = None
+    event_id: str | None = None
+    event_type: str | None = None
+    message_id: str | None = None
+    publish_id: str | None = None
+
+    @classmethod
+    def from_record(cls, record: Any) -> PoisonRecord:
+        return cls(
+            consumer=record["consumer"],
+            queue=record["queue"],
+            reason=PoisonReason(record["reason"]),
+            detail=json.loads(record["detail"]),
+            headers=json.loads(record["headers"]),
+            body_size=record["body_size"],
+            body_sha256=record["body_sha256"],
+            redelivered=record["redelivered"],
+            delivery_count=record["delivery_count"],
+            tenant=record["tenant"],
+            operation_id=record["operation_id"],
+            event_id=record["event_id"],
+            event_type=record["event_type"],
+            message_id=record["message_id"],
+            publish_id=record["publish_id"],
+        )
+
+
+def error_detail(exc: BaseException) -> dict[str, Any]:
+    """An error's structured fields (identifiers and digests), JSON-safe, for the record."""
+    fields = getattr(exc, "fields", None)
+    if not isinstance(fields, dict):
+        # InvalidEvent carries a field *named* ``fields``, which shadows the dict of fields.
+        fields = {k: v for k, v in vars(exc).items() if not k.startswith("_")}
+    detail: dict[str, Any] = {"error": type(exc).__name__}
+    for key, value in fields.items():
+        detail[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+    return detail
+
+
+def body_fingerprint(body: bytes) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a body: what a poison record keeps instead of the payload."""
+    return len(body), hashlib.sha256(body).hexdigest()
+
+
+async def record_poison(tx: Any, record: PoisonRecord) -> int:
+    """Runs in the caller's transaction; never commits. Stores one poison record; returns its id."""
+    require_transaction(tx)
+    poison_id: int = await tx.fetchval(
+        sql.INSERT_POISON,
+        record.consumer,
+        record.queue,
+        str(record.reason),
+        json.dumps(record.detail, default=str),
+        record.tenant,
+        record.operation_id,
+        record.event_id,
+        record.event_type,
+        record.message_id,
+        record.publish_id,
+        record.redelivered,
+        record.delivery_count,
+        json.dumps(record.headers),
+        record.body_size,
+        record.body_sha256,
+    )
+    return poison_id

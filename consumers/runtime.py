@@ -1,0 +1,245 @@
+"""The consumer runtime: one process consuming one workflow class's quorum queue.
+
+Per message: parse → one transaction {reserve, handler} → commit → then ack (see
+consumers.batch). Manual acks with a bounded prefetch; several messages per transaction,
+each its own inbox decision. One task group per session: the consume callback feeds a
+bounded stream, ``concurrency`` workers (one PostgreSQL connection each) apply batches,
+a watcher turns a closed broker connection into ConnectionLost, a pruner keeps the inbox
+within its retention. A lost connection ends the session; the runtime reconnects, and
+the broker redelivers whatever was not acknowledged. ``stop()`` (SIGTERM) drains: stop
+consuming, finish the buffered messages, commit, ack, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import aiormq
+import anyio
+import asyncpg
+from anyio import CancelScope
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry import trace
+
+from consumers import inbox
+from consumers.batch import AfterCommit, BatchProcessor, Stats
+from consumers.errors import ConnectionLost
+from consumers.handlers import Handlers
+from consumers.inbox import Consumer
+from schemas import telemetry, topology
+from schemas.db import create_pool
+from schemas.errors import ConfigError, ServiceUnavailable
+from schemas.events import Catalog
+
+log = logging.getLogger("consumers")
+
+Message = aio_pika.abc.AbstractIncomingMessage
+# Failures that end a session and are retried by reconnecting, never by skipping messages.
+RECONNECTABLE: tuple[type[BaseException], ...] = (
+    ConnectionLost,
+    ServiceUnavailable,
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    aiormq.exceptions.AMQPConnectionError,
+    aiormq.exceptions.AMQPChannelError,
+    aiormq.exceptions.ChannelInvalidStateError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """How one consumer runs. ``tenants`` must be explicit: the tenants this consumer serves
+    (``{"*"}`` to serve every tenant, written out on purpose); any other tenant is poison."""
+
+    workflow: str
+    tenants: frozenset[str]
+    replay_window_s: float = 7 * 24 * 3600.0
+    prefetch: int = 64
+    batch_max: int = 64
+    concurrency: int = 2
+    drain_timeout_s: float = 30.0
+    reconnect_delay_s: float = 1.0
+    connect_timeout_s: float = 10.0
+    prune_interval_s: float = 60.0
+    prune_batch: int = 1000
+    declare: bool = True  # declare the topology at start; False: check it passively
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise ConfigError(
+                "a consumer must be told which tenants it serves", workflow=self.workflow
+            )
+        if min(self.prefetch, self.batch_max, self.concurrency) < 1:
+            raise ConfigError("prefetch, batch_max and concurrency must be positive")
+
+
+@dataclass
+class ConsumerRuntime:
+    """Consumes one workflow class; ``await run()`` until ``stop()`` (or SIGTERM)."""
+
+    config: RuntimeConfig
+    amqp_url: str
+    pg_dsn: str
+    topology: topology.Topology
+    catalog: Catalog
+    handlers: Handlers
+    after_commit: AfterCommit | None = None
+    tracer: trace.Tracer | None = None
+    stats: Stats = field(default_factory=Stats)
+    sessions: int = 0
+
+    def __post_init__(self) -> None:
+        workflow = self.topology.workflow(self.config.workflow)
+        self._queue_name = self.topology.queue(workflow.workflow)
+        self._processor = BatchProcessor(
+            consumer=Consumer(self.config.workflow, self.catalog, self.config.replay_window_s),
+            handlers=self.handlers,
+            tenants=self.config.tenants,
+            queue=self._queue_name,
+            delivery_limit=workflow.delivery_limit,
+            tracer=self.tracer or telemetry.tracer(),
+            after_commit=self.after_commit,
+            stats=self.stats,
+        )
+        self._stopping = anyio.Event()
+        self.consuming = anyio.Event()
+
+    def stop(self) -> None:
+        """Ask the runtime to drain and return: stop consuming, finish, ack, close."""
+        self._stopping.set()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Consume until stopped; reconnect after a lost connection. SIGTERM/SIGINT drain."""
+        async with anyio.create_task_group() as tg:
+            if handle_signals:
+                tg.start_soon(self._on_signals, tg.cancel_scope)
+            while not self._stopping.is_set():
+                try:
+                    await self._session()
+                except BaseException as exc:  # only reconnectable failures are handled
+                    if not _reconnectable(exc):
+                        raise
+                    log.warning("session ended, reconnecting: %s", _describe(exc))
+                    with anyio.move_on_after(self.config.reconnect_delay_s):
+                        await self._stopping.wait()
+            tg.cancel_scope.cancel()
+
+    async def _on_signals(self, scope: CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self._stopping.is_set():
+                    log.warning("second signal %s: stopping without draining", signum)
+                    scope.cancel()
+                    return
+                log.info("signal %s: draining", signum)
+                self.stop()
+
+    async def _session(self) -> None:
+        cfg = self.config
+        connection = await aio_pika.connect(self.amqp_url, timeout=cfg.connect_timeout_s)
+        try:
+            pool = await create_pool(
+                self.pg_dsn, min_size=cfg.concurrency + 1, max_size=cfg.concurrency + 1
+            )
+            try:
+                await self._consume(connection, pool)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await pool.close()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await connection.close()
+
+    async def _consume(self, connection: aio_pika.abc.AbstractConnection, pool: Any) -> None:
+        cfg = self.config
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=cfg.prefetch)
+        queues = await topology.declare(channel, self.topology, passive=not cfg.declare)
+        queue = queues[cfg.workflow]
+        send, receive = anyio.create_memory_object_stream[Message](max_buffer_size=cfg.prefetch)
+        self.sessions += 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, connection)
+            tg.start_soon(self._prune_loop, pool)
+            async with anyio.create_task_group() as workers, receive:
+                for _ in range(cfg.concurrency):
+                    workers.start_soon(self._work, pool, receive.clone())
+                tag = await queue.consume(_feeder(send), no_ack=False)
+                self.consuming.set()
+                await self._stopping.wait()
+                log.info("draining %s", self._queue_name)
+                workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
+                await queue.cancel(tag)
+                send.close()
+            tg.cancel_scope.cancel()
+
+    async def _work(self, pool: Any, receive: MemoryObjectReceiveStream[Message]) -> None:
+        async with receive, pool.acquire() as conn:
+            while True:
+                try:
+                    batch = [await receive.receive()]
+                except anyio.EndOfStream:
+                    return
+                while len(batch) < self.config.batch_max:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await self._processor.process(conn, batch)
+
+    async def _watch(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        """End the session when the broker connection closes under us."""
+        lost = anyio.Event()
+        connection.close_callbacks.add(lambda *_: lost.set())
+        await lost.wait()
+        raise ConnectionLost(service="rabbitmq")
+
+    async def _prune_loop(self, pool: Any) -> None:
+        while True:
+            async with pool.acquire() as conn:
+                while True:
+                    async with conn.transaction():
+                        counts = await inbox.prune(
+                            conn,
+                            window_s=self.config.replay_window_s,
+                            limit=self.config.prune_batch,
+                        )
+                    if max(counts) < self.config.prune_batch:
+                        break
+            await anyio.sleep(self.config.prune_interval_s)
+
+
+def _feeder(send: MemoryObjectSendStream[Message]) -> Any:
+    async def on_message(message: Message) -> None:
+        try:
+            # Never blocks: the stream holds ``prefetch`` messages, the broker sends no more.
+            send.send_nowait(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
+            await message.nack(requeue=True)  # draining: give it back untouched
+
+    return on_message
+
+
+def _leaves(exc: BaseException) -> Sequence[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _reconnectable(exc: BaseException) -> bool:
+    leaves = _leaves(exc)
+    return bool(leaves) and all(isinstance(leaf, RECONNECTABLE) for leaf in leaves)
+
+
+def _describe(exc: BaseException) -> str:
+    return ", ".join(sorted({type(leaf).__name__ for leaf in _leaves(exc)}))

@@ -1,0 +1,74 @@
+"""SQL owned by the consumers package. Values only as $n parameters; never SQL built from values."""
+
+# Reserve an operation and log its delivery as 'new' in one round trip. The too-old verdict
+# uses the statement's clock, so a row pruned by retention can never come back as new.
+RESERVE = """
+WITH verdict AS (
+    SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => $9::float8)
+        AS too_old
+), reserved AS (
+    INSERT INTO consumers.inbox
+        (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM verdict WHERE NOT verdict.too_old
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), delivered AS (
+    INSERT INTO consumers.deliveries
+        (tenant, consumer, operation_id, event_id, publish_id, redelivered, delivery_count,
+         outcome)
+    SELECT $1, $2, $3, $4, $10, $11, $12, 'new' FROM reserved
+)
+SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, (SELECT too_old FROM verdict) AS too_old
+"""
+
+# The inbox rows that collide with an incoming event: its operation, or its event id.
+# Two lookups (one per unique index) rather than an OR that would scan the consumer's rows.
+COLLISIONS = """
+SELECT operation_id, event_id, digest
+FROM consumers.inbox
+WHERE tenant = $1 AND consumer = $2 AND operation_id = $3
+UNION
+SELECT operation_id, event_id, digest
+FROM consumers.inbox
+WHERE tenant = $1 AND consumer = $2 AND event_id = $4
+"""
+
+# Log one delivery's identity and inbox outcome (duplicates, and conflicts with poison).
+RECORD_DELIVERY = """
+INSERT INTO consumers.deliveries
+    (tenant, consumer, operation_id, event_id, publish_id, redelivered, delivery_count, outcome)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+"""
+
+# Delete one bounded batch of inbox rows past the retention horizon (oldest first).
+PRUNE_INBOX = """
+WITH doomed AS (
+    SELECT ctid FROM consumers.inbox
+    WHERE GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => $1::float8)
+    ORDER BY GREATEST(first_seen_at, occurred_at)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM consumers.inbox AS i USING doomed WHERE i.ctid = doomed.ctid
+"""
+
+# Delete one bounded batch of delivery log rows past the retention horizon (oldest first).
+PRUNE_DELIVERIES = """
+WITH doomed AS (
+    SELECT id FROM consumers.deliveries
+    WHERE received_at < now() - make_interval(secs => $1::float8)
+    ORDER BY received_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM consumers.deliveries AS d USING doomed WHERE d.id = doomed.id
+"""
+
+# Record one poisoned message: typed reason, identifiers, header summary, body size and hash.
+INSERT_POISON = """
+INSERT INTO consumers.poison
+    (consumer, queue, reason, detail, tenant, operation_id, event_id, event_type, message_id,
+     publish_id, redelivered, delivery_count, headers, body_size, body_sha256)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $14, $15)
+RETURNING id
+"""
