@@ -1,18 +1,77 @@
-"""`accord gc-objects`: remove unreferenced result objects (placeholder)."""
+"""`accord gc-objects [--retention-s S] [--dir D]`: remove unreferenced result objects.
+
+An object is kept while a ``jobs.results`` row names it, and while it is younger than the
+retention whatever the rows say: a worker puts its result object *before* the fenced publish
+that references it commits, so the retention must exceed the longest put-to-publish time
+(a job's whole run, at worst). Re-putting existing content restarts an object's clock.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
+import anyio
+import asyncpg
+
+from accord import runtime
+from jobs.runner.objects import LocalDirStore, collect_garbage
+from schemas import migrate
+from schemas.db import connect
+from schemas.errors import SchemaBehind
 from schemas.settings import Settings
+
+DEFAULT_RETENTION_S = 24 * 3600.0
+
+# Every object key a published result references: the collector's keep set.
+REFERENCED_KEYS = "SELECT object_key FROM jobs.results"
+
+
+def _retention(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("retention must be >= 0 seconds")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("gc-objects", help="remove unreferenced result objects")
+    parser.add_argument(
+        "--retention-s",
+        type=_retention,
+        default=DEFAULT_RETENTION_S,
+        help="keep every object put within this many seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dir", default=None, help="the object directory (default: settings object_dir)"
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord gc-objects: not implemented yet", file=sys.stderr)
-    return 2
+    root = Path(args.dir or settings.object_dir)
+    return int(runtime.run(_main, settings.pg_dsn, root, float(args.retention_s)))
+
+
+async def _main(dsn: str, root: Path, retention_s: float) -> int:
+    try:
+        conn = await connect(dsn)
+    except asyncpg.InvalidCatalogNameError as exc:
+        raise SchemaBehind("the database does not exist yet; run `accord migrate`") from exc
+    try:
+        await migrate.require_current(conn)
+        referenced = {row["object_key"] for row in await conn.fetch(REFERENCED_KEYS)}
+    finally:
+        await conn.close()
+    # The keep set is read before the listing: an object referenced after this read is
+    # either in the set already or younger than the retention (see the module docstring).
+    deleted = await anyio.to_thread.run_sync(
+        collect_garbage, LocalDirStore(root), referenced, retention_s
+    )
+    for key in deleted:
+        print(f"deleted {key}")
+    print(
+        f"gc-objects: deleted {len(deleted)} unreferenced objects older than {retention_s:g}s"
+        f" from {root} ({len(referenced)} referenced)"
+    )
+    return 0

@@ -1,3 +1,63 @@
 """The worker loop, effect execution and the append-only runner journal."""
 
-__all__: list[str] = []
+from jobs.runner.errors import (
+    JournalBroken,
+    JournalCorrupt,
+    JournalError,
+    JournalHeaderInvalid,
+    JournalLocked,
+    JournalRecordInvalid,
+    JournalRunnerMismatch,
+    JournalTornTail,
+    ObjectCorrupt,
+    ObjectKeyInvalid,
+    ObjectNotFound,
+    ObjectStoreError,
+)
+from jobs.runner.journal import Defect, Journal, JournalScan, Repair, Tail, scan_journal
+from jobs.runner.journal_records import (
+    Claim,
+    EffectBegin,
+    EffectOutcome,
+    EffectRef,
+    Publish,
+    RecordType,
+    UnrecordedEffect,
+    parse_record,
+    unrecorded_effects,
+)
+from jobs.runner.objects import LocalDirStore, ObjectInfo, ObjectStore, collect_garbage
+
+__all__: list[str] = [
+    "Claim",
+    "Defect",
+    "EffectBegin",
+    "EffectOutcome",
+    "EffectRef",
+    "Journal",
+    "JournalBroken",
+    "JournalCorrupt",
+    "JournalError",
+    "JournalHeaderInvalid",
+    "JournalLocked",
+    "JournalRecordInvalid",
+    "JournalRunnerMismatch",
+    "JournalScan",
+    "JournalTornTail",
+    "LocalDirStore",
+    "ObjectCorrupt",
+    "ObjectInfo",
+    "ObjectKeyInvalid",
+    "ObjectNotFound",
+    "ObjectStore",
+    "ObjectStoreError",
+    "Publish",
+    "RecordType",
+    "Repair",
+    "Tail",
+    "UnrecordedEffect",
+    "collect_garbage",
+    "parse_record",
+    "scan_journal",
+    "unrecorded_effects",
+]

@@ -1,21 +1,26 @@
 """The records a worker writes to its journal, and the restart check built on them.
 
 Each record names the claim it was written under (tenant, job id, attempt id, generation), so
-the journal alone says which attempt did what. They are wire data: frozen pydantic models,
-tolerant of fields a newer minor version adds. :func:`unrecorded_effects` is the check a
-worker runs on restart: effects it began whose outcome the database never recorded are the
-ones that need reconciliation (the journal outcome, when present, is local evidence for it).
+the journal alone says which attempt did what; effect records also carry the ``seq`` of their
+``jobs.effects`` row, so ``(job_id, effect_key, seq)`` names one begin exactly as the database
+does, and outcomes use the database's own :class:`jobs.models.EffectState`. They are wire
+data: frozen pydantic models, tolerant of fields a newer minor version adds.
+:func:`unrecorded_effects` is the check a worker runs on restart: effects it began whose
+outcome the database never recorded are the ones that need reconciliation (the journal
+outcome, when present, is local evidence for it).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from jobs.models import EffectState
 from jobs.runner.errors import JournalRecordInvalid
 
 
@@ -26,20 +31,12 @@ class RecordType(StrEnum):
     PUBLISH = "publish"
 
 
-class EffectResult(StrEnum):
-    """How an effect ended, as the worker saw it (DESIGN §7: anything not explicit is unknown)."""
-
-    SUCCESS = "success"
-    FAILED_BEFORE_DISPATCH = "failed_before_dispatch"
-    UNKNOWN = "unknown"
-
-
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     tenant: str = Field(min_length=1)
-    job_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    job_id: int = Field(ge=1)
+    attempt_id: uuid.UUID
     generation: int = Field(ge=0)
 
 
@@ -54,7 +51,9 @@ class EffectBegin(_Record):
 
     type: Literal[RecordType.EFFECT_BEGIN] = RecordType.EFFECT_BEGIN
     effect_key: str = Field(min_length=1)
+    seq: int = Field(ge=1)  # the begin's number within (job, effect key): jobs.effects.seq
     idempotency_key: str | None = None
+    intent_digest: str | None = None
 
 
 class EffectOutcome(_Record):
@@ -62,9 +61,17 @@ class EffectOutcome(_Record):
 
     type: Literal[RecordType.EFFECT_OUTCOME] = RecordType.EFFECT_OUTCOME
     effect_key: str = Field(min_length=1)
-    outcome: EffectResult
+    seq: int = Field(ge=1)
+    outcome: EffectState
     receipt: str | None = None
     detail: str | None = None
+
+    @field_validator("outcome")
+    @classmethod
+    def _finished(cls, value: EffectState) -> EffectState:
+        if value is EffectState.PENDING:
+            raise ValueError("an outcome is never pending")
+        return value
 
 
 class Publish(_Record):
@@ -92,11 +99,11 @@ def parse_record(record: Mapping[str, Any]) -> Claim | EffectBegin | EffectOutco
 
 @dataclass(frozen=True, slots=True)
 class EffectRef:
-    """One dispatch of an effect: the effect key within its job, under one attempt."""
+    """One begin of an effect: the primary key of its ``jobs.effects`` row."""
 
-    job_id: str
+    job_id: int
     effect_key: str
-    attempt_id: str
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +116,7 @@ class UnrecordedEffect:
 
     @property
     def ref(self) -> EffectRef:
-        return EffectRef(self.begin.job_id, self.begin.effect_key, self.begin.attempt_id)
+        return EffectRef(self.begin.job_id, self.begin.effect_key, self.begin.seq)
 
 
 def unrecorded_effects(
@@ -117,10 +124,9 @@ def unrecorded_effects(
 ) -> list[UnrecordedEffect]:
     """Effects begun in ``records`` whose outcome is not in ``recorded``, in journal order.
 
-    Pure. ``recorded`` holds the refs whose outcome the database holds (any outcome,
-    including unknown). When one ref was begun several times (a retry after
-    failed-before-dispatch), only its last begin counts, with the outcome written after it.
-    Records of other types are skipped; a malformed effect record raises JournalRecordInvalid.
+    Pure. ``recorded`` holds the refs of the ``jobs.effects`` rows whose state is no longer
+    ``pending`` (any outcome, including unknown). Records of other types are skipped; a
+    malformed effect record raises JournalRecordInvalid.
     """
     begun: dict[EffectRef, UnrecordedEffect] = {}
     effect_types = {RecordType.EFFECT_BEGIN.value, RecordType.EFFECT_OUTCOME.value}
@@ -129,11 +135,10 @@ def unrecorded_effects(
             continue
         record = parse_record(raw)
         if isinstance(record, EffectBegin):
-            ref = EffectRef(record.job_id, record.effect_key, record.attempt_id)
-            begun.pop(ref, None)  # a later begin moves the ref to the end (journal order)
-            begun[ref] = UnrecordedEffect(record, None)
+            entry = UnrecordedEffect(record, None)
+            begun.setdefault(entry.ref, entry)
         elif isinstance(record, EffectOutcome):
-            ref = EffectRef(record.job_id, record.effect_key, record.attempt_id)
+            ref = EffectRef(record.job_id, record.effect_key, record.seq)
             if ref in begun:
                 begun[ref] = UnrecordedEffect(begun[ref].begin, record)
     return [entry for ref, entry in begun.items() if ref not in recorded]
