@@ -1,3 +1,38 @@
 """Delivery: the transactional outbox (enqueue in the caller's transaction) and the relay."""
 
-__all__: list[str] = []
+from relay.errors import (
+    ConnectionLost,
+    DuplicateEvent,
+    MessageTooLarge,
+    Nacked,
+    PublishFailed,
+    PublishTimeout,
+    RelayError,
+    Unroutable,
+)
+from relay.outbox import OutboxRow, OutboxState, OutboxStats, Settlement, enqueue, release_held
+from relay.publisher import AmqpPublisher, Publisher, amqp_publisher
+from relay.relay import Relay, RelayConfig, RelayStats
+
+__all__ = [
+    "AmqpPublisher",
+    "ConnectionLost",
+    "DuplicateEvent",
+    "MessageTooLarge",
+    "Nacked",
+    "OutboxRow",
+    "OutboxState",
+    "OutboxStats",
+    "PublishFailed",
+    "PublishTimeout",
+    "Publisher",
+    "Relay",
+    "RelayConfig",
+    "RelayError",
+    "RelayStats",
+    "Settlement",
+    "Unroutable",
+    "amqp_publisher",
+    "enqueue",
+    "release_held",
+]

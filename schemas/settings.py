@@ -28,6 +28,12 @@ class Settings(BaseSettings):
     relay_lease_s: float = Field(default=30.0, gt=0)
     relay_poll_s: float = Field(default=1.0, gt=0)
     relay_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    relay_prune_batch: int = Field(default=1000, gt=0)
+    relay_prune_every_s: float = Field(default=60.0, gt=0)
+    # Returns before a row is held as unroutable (a binding may appear a moment later).
+    relay_unroutable_attempts: int = Field(default=3, gt=0)
+    # Hold rows larger than this before publishing (0: only the broker's own limit).
+    relay_max_message_bytes: int = Field(default=0, ge=0)
     inbox_replay_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     consumer_prefetch: int = Field(default=64, gt=0)
     job_lease_s: float = Field(default=60.0, gt=0)

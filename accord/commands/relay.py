@@ -1,11 +1,28 @@
-"""`accord relay`: run the outbox relay (placeholder)."""
+"""`accord relay`: run the outbox relay until SIGTERM or SIGINT.
+
+Refuses to start on a schema older than the code, declares the demo topology
+(idempotent), then runs one :class:`relay.Relay`. SIGTERM lets the current batch finish
+and settle, then exits 0; a crashed loop exits non-zero so the supervisor restarts it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
 
+import aio_pika
+import anyio
+
+from accord import runtime
+from relay import Relay, RelayConfig
+from schemas import migrate, topology
+from schemas.db import connect
+from schemas.errors import ServiceUnavailable
 from schemas.settings import Settings
+
+log = logging.getLogger("accord.relay")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,5 +31,62 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord relay: not implemented yet", file=sys.stderr)
-    return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return int(runtime.run(_main, settings))
+
+
+def relay_config(settings: Settings) -> RelayConfig:
+    """The relay's arguments, from settings (the only place they meet)."""
+    return RelayConfig(
+        pg_dsn=settings.pg_dsn,
+        amqp_url=settings.amqp_url,
+        exchange=topology.demo_topology(settings.topology_prefix).exchange,
+        batch=settings.relay_batch,
+        in_flight=settings.relay_in_flight,
+        publish_timeout_s=settings.relay_publish_timeout_s,
+        lease_s=settings.relay_lease_s,
+        poll_s=settings.relay_poll_s,
+        retention_s=settings.relay_retention_s,
+        prune_batch=settings.relay_prune_batch,
+        prune_every_s=settings.relay_prune_every_s,
+        unroutable_attempts=settings.relay_unroutable_attempts,
+        max_message_bytes=settings.relay_max_message_bytes,
+    )
+
+
+async def _prepare(settings: Settings) -> None:
+    conn = await connect(settings.pg_dsn)
+    try:
+        await migrate.require_current(conn)
+    finally:
+        await conn.close()
+    try:
+        amqp = await aio_pika.connect(settings.amqp_url, timeout=10)
+    except OSError as exc:
+        raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
+    try:
+        channel = await amqp.channel()
+        await topology.declare(channel, topology.demo_topology(settings.topology_prefix))
+    finally:
+        await amqp.close()
+
+
+async def _main(settings: Settings) -> int:
+    config = relay_config(settings)
+    await _prepare(settings)
+    relay = Relay(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stop_on_signal, relay)
+        print(f"relay ready: exchange={config.exchange}", flush=True)
+        await relay.run()
+        tg.cancel_scope.cancel()
+    log.info("relay stopped: published=%d held=%d", relay.stats.published, relay.stats.held)
+    return 0
+
+
+async def _stop_on_signal(relay: Relay) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            print(f"relay: {signal.Signals(signum).name}, finishing the batch", file=sys.stderr)
+            relay.stop()
+            return

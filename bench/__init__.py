@@ -1,0 +1,1 @@
+"""Benchmarks: each prints ratios against raw limits measured in the same run."""

@@ -1,0 +1,72 @@
+"""The relay's errors: what enqueue refuses and why a publish did not count.
+
+Enqueue raises the shared event errors of ``schemas`` (UnknownEventType, InvalidEvent,
+PayloadTooLarge, NotInTransaction) before anything is written, and DuplicateEvent when
+the row's event id is already in the outbox. A publish that did not count raises one
+PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
+(``relay.publisher``); its ``reason`` is what the outbox row records::
+
+    AccordError (schemas.errors)
+    └── RelayError                   the relay failed
+        ├── DuplicateEvent           the (tenant, event id) is already in the outbox
+        └── PublishFailed            the broker did not confirm the publish: not published
+            ├── Nacked               the broker answered basic.nack (transient)
+            ├── PublishTimeout       no confirm within the timeout (transient)
+            ├── ConnectionLost       the channel or connection went away (transient)
+            ├── Unroutable           basic.return: no queue is bound (permanent after N tries)
+            └── MessageTooLarge      over the broker's message size (permanent)
+"""
+
+from __future__ import annotations
+
+from schemas.errors import AccordError
+
+
+class RelayError(AccordError):
+    """The relay failed."""
+
+    reason = "relay"
+
+
+class DuplicateEvent(RelayError):
+    """This event id is already in the outbox for this tenant."""
+
+    reason = "duplicate_event"
+
+
+class PublishFailed(RelayError):
+    """The broker did not confirm the publish; the row stays unpublished."""
+
+    reason = "publish_failed"
+    permanent = False
+
+
+class Nacked(PublishFailed):
+    """The broker refused the publish (basic.nack)."""
+
+    reason = "nacked"
+
+
+class PublishTimeout(PublishFailed):
+    """No publisher confirm arrived within the timeout."""
+
+    reason = "timeout"
+
+
+class ConnectionLost(PublishFailed):
+    """The broker channel or connection was lost before the confirm."""
+
+    reason = "connection_lost"
+
+
+class Unroutable(PublishFailed):
+    """The broker returned the message: no queue is bound for its routing key."""
+
+    reason = "unroutable"
+
+
+class MessageTooLarge(PublishFailed):
+    """The message is larger than the broker accepts."""
+
+    reason = "oversize"
+    permanent = True

@@ -1,0 +1,199 @@
+"""The outbox: enqueue in the producer's transaction, and the relay's claim/settle/prune.
+
+Invariant: a row is ``published`` only after the broker confirmed a publish of it, and
+only by the relay that holds its lease token; every other outcome (nack, return,
+timeout, lost connection, a relay that died) leaves it ``pending`` and eligible again,
+or ``held`` for a permanent failure. Rows are never deleted before they are published.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+import asyncpg
+from opentelemetry.trace import SpanKind
+
+from relay import sql
+from relay.errors import DuplicateEvent
+from schemas import telemetry
+from schemas.catalog import default_catalog
+from schemas.db import require_transaction
+from schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
+
+
+class OutboxState(StrEnum):
+    """Mirrors ``outbox_state_check``."""
+
+    PENDING = "pending"
+    PUBLISHED = "published"
+    HELD = "held"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A claimed row: everything the relay needs to publish it, byte for byte."""
+
+    id: int
+    event: Event
+    digest: str
+    body: bytes
+    trace: dict[str, str]
+    attempts: int
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> OutboxRow:
+        # model_construct: the row was validated by enqueue; the body is the payload.
+        event = Event.model_construct(
+            tenant=record["tenant"],
+            operation_id=record["operation_id"],
+            type=record["type"],
+            version=record["version"],
+            authority_epoch=record["authority_epoch"],
+            payload={},
+            event_id=record["event_id"],
+            occurred_at=record["occurred_at"],
+        )
+        trace = json.loads(record["trace"]) if record["trace"] else {}
+        return cls(
+            id=record["id"],
+            event=event,
+            digest=record["digest"],
+            body=bytes(record["body"]),
+            trace=trace,
+            attempts=record["attempts"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The outcome of one claimed row: its next state and why."""
+
+    id: int
+    state: OutboxState
+    reason: str | None = None
+    publish_id: uuid.UUID | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    pending: int
+    published: int
+    held: int
+    oldest_pending_s: float
+
+
+@cache
+def _demo_catalog() -> Catalog:
+    return default_catalog()
+
+
+async def enqueue(
+    tx: asyncpg.Connection,
+    event: Event,
+    *,
+    catalog: Catalog | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> int:
+    """Runs in the caller's transaction; never commits. Returns the outbox row id.
+
+    Raises NotInTransaction without an open transaction; UnknownEventType, InvalidEvent
+    (NUL, NaN, schema) or PayloadTooLarge before anything is written; DuplicateEvent if
+    this (tenant, event id) is already enqueued (the caller's transaction is then
+    aborted, as after any failed statement). One statement, one round trip.
+    """
+    require_transaction(tx)
+    catalog = catalog if catalog is not None else _demo_catalog()
+    catalog.validate(event, producing=True)
+    body = encode_payload(event, max_payload_bytes)
+    digest = catalog.digest(event)
+    with telemetry.tracer().start_as_current_span(
+        f"create {event.ce_type}",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            telemetry.ATTR_SYSTEM: telemetry.SYSTEM,
+            telemetry.ATTR_OPERATION_TYPE: "create",
+            telemetry.ATTR_OPERATION_NAME: "create",
+            telemetry.ATTR_MESSAGE_ID: str(event.event_id),
+            telemetry.ATTR_ROUTING_KEY: event.ce_type,
+            telemetry.ATTR_TENANT: event.tenant,
+            telemetry.ATTR_OPERATION_ID: event.operation_id,
+        },
+    ):
+        carrier = telemetry.current_context_headers()
+        try:
+            row_id: int = await tx.fetchval(
+                sql.ENQUEUE,
+                event.event_id,
+                event.tenant,
+                event.operation_id,
+                event.type,
+                event.version,
+                event.authority_epoch,
+                digest,
+                body,
+                json.dumps(carrier) if carrier else None,
+                event.occurred_at,
+            )
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == "outbox_event_unique":
+                raise DuplicateEvent(tenant=event.tenant, event_id=str(event.event_id)) from exc
+            raise
+    return row_id
+
+
+async def claim(
+    tx: asyncpg.Connection, token: uuid.UUID, limit: int, lease_s: float
+) -> list[OutboxRow]:
+    """Runs in the caller's (short) transaction. Leases up to ``limit`` eligible rows."""
+    require_transaction(tx)
+    records = await tx.fetch(sql.CLAIM, limit, token, lease_s)
+    return sorted((OutboxRow.from_record(r) for r in records), key=lambda row: row.id)
+
+
+async def settle(tx: asyncpg.Connection, token: uuid.UUID, outcomes: Sequence[Settlement]) -> int:
+    """Runs in the caller's transaction. Applies outcomes guarded by ``token``; rows settled."""
+    require_transaction(tx)
+    if not outcomes:
+        return 0
+    status: str = await tx.execute(
+        sql.SETTLE,
+        token,
+        [o.id for o in outcomes],
+        [str(o.state) for o in outcomes],
+        [o.reason for o in outcomes],
+        [o.publish_id for o in outcomes],
+        [o.delay_s for o in outcomes],
+    )
+    return int(status.split()[-1])
+
+
+async def prune(tx: asyncpg.Connection, retention_s: float, limit: int) -> int:
+    """Runs in the caller's transaction. Deletes one bounded batch of old published rows."""
+    require_transaction(tx)
+    status: str = await tx.execute(sql.PRUNE, retention_s, limit)
+    return int(status.split()[-1])
+
+
+async def release_held(tx: asyncpg.Connection, tenant: str, event_ids: Sequence[uuid.UUID]) -> int:
+    """Runs in the caller's transaction. Makes held rows pending again; rows released."""
+    require_transaction(tx)
+    status: str = await tx.execute(sql.RELEASE_HELD, tenant, list(event_ids))
+    return int(status.split()[-1])
+
+
+async def stats(conn: asyncpg.Connection) -> OutboxStats:
+    """Read-only: counts by state and the relay lag (oldest pending age)."""
+    record = await conn.fetchrow(sql.STATS)
+    return OutboxStats(
+        pending=record["pending"],
+        published=record["published"],
+        held=record["held"],
+        oldest_pending_s=record["oldest_pending_s"],
+    )

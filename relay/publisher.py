@@ -1,0 +1,134 @@
+"""The broker seam: one small ``Publisher`` protocol and its aio-pika implementation.
+
+A publish counts only when the broker confirmed it. Everything else raises exactly one
+:class:`relay.errors.PublishFailed` subclass; aio-pika/aiormq errors are mapped here,
+once, and nowhere else. The channel is opened with ``publisher_confirms=True`` and
+``on_return_raises=True`` and every message is ``mandatory`` and persistent, so an
+unroutable message can never look delivered (STYLE.md anti-patterns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Protocol
+
+import aio_pika
+import aiormq
+import anyio
+
+from relay.errors import ConnectionLost, MessageTooLarge, Nacked, PublishTimeout, Unroutable
+from schemas.errors import ConfigError, ServiceUnavailable
+from schemas.wire import WireMessage
+
+# RabbitMQ closes the channel with 406 and this text for a message over max_message_size.
+_TOO_LARGE = re.compile(r"larger than configured max size (\d+)")
+
+
+class Publisher(Protocol):
+    """Publish one message and return only once the broker confirmed it."""
+
+    async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        """Raises a PublishFailed subclass when the publish did not count.
+
+        The deadline is a parameter (not the caller's ``fail_after``) because aiormq
+        applies it inside ``basic_publish``, where it can still roll back an unsent frame.
+        """
+        ...
+
+    def broken(self) -> bool:
+        """True once the channel or connection is unusable (the relay reconnects)."""
+        ...
+
+
+class AmqpPublisher:
+    """The aio-pika publisher on one confirm-mode channel."""
+
+    def __init__(
+        self, channel: aio_pika.abc.AbstractChannel, exchange: aio_pika.abc.AbstractExchange
+    ) -> None:
+        self._channel = channel
+        self._exchange = exchange
+
+    def broken(self) -> bool:
+        return self._channel.is_closed
+
+    async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        amqp_message = aio_pika.Message(
+            message.body,
+            headers=dict(message.headers),
+            content_type=message.content_type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=message.message_id,
+        )
+        try:
+            await self._exchange.publish(
+                amqp_message, message.routing_key, mandatory=True, timeout=confirm_timeout_s
+            )
+        except aiormq.exceptions.PublishError as exc:
+            frame = exc.frame
+            raise Unroutable(reply_code=getattr(frame, "reply_code", None)) from exc
+        except aiormq.exceptions.DeliveryError as exc:
+            raise Nacked() from exc
+        except TimeoutError as exc:
+            raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            raise _precondition(exc) from exc
+        except (
+            aiormq.exceptions.AMQPError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            ConnectionError,
+            OSError,
+        ) as exc:
+            raise ConnectionLost(detail=type(exc).__name__) from exc
+        except asyncio.CancelledError as exc:
+            # aiormq cancels pending confirms when the channel closes under them. That is a
+            # lost publish, not our cancellation: only re-raise when we are being cancelled.
+            task = asyncio.current_task()
+            if self._channel.is_closed and task is not None and not task.cancelling():
+                raise ConnectionLost(detail="channel closed") from exc
+            raise
+
+
+def _precondition(exc: aiormq.exceptions.ChannelPreconditionFailed) -> Exception:
+    match = _TOO_LARGE.search(str(exc))
+    if match:
+        return MessageTooLarge(limit=int(match[1]))
+    return ConnectionLost(detail=f"precondition failed: {exc}")
+
+
+@asynccontextmanager
+async def amqp_publisher(
+    url: str, exchange: str, *, connect_timeout: float = 10.0
+) -> AsyncIterator[AmqpPublisher]:
+    """Connect, open a confirm channel and check that ``exchange`` exists; close on exit.
+
+    ServiceUnavailable when the broker does not answer; ConfigError when the exchange is
+    missing (declare the topology first).
+    """
+    try:
+        connection = await aio_pika.connect(url, timeout=connect_timeout)
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        try:
+            events = await channel.get_exchange(exchange, ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise ConfigError("the events exchange does not exist", exchange=exchange) from exc
+        yield AmqpPublisher(channel, events)
+    finally:
+        await _close_quietly(connection)
+
+
+async def _close_quietly(connection: aio_pika.abc.AbstractConnection) -> None:
+    # Closing a connection the broker already dropped raises; it is gone either way. The
+    # close is shielded (it runs during shutdown too) and bounded.
+    with (
+        anyio.CancelScope(shield=True),
+        anyio.move_on_after(5),
+        suppress(aiormq.exceptions.AMQPError, OSError, RuntimeError),
+    ):
+        await connection.close()

@@ -1,0 +1,317 @@
+"""The relay: outbox rows → RabbitMQ, never losing a committed event.
+
+Each cycle: claim a batch by state in one short transaction (a fresh lease token per
+batch), publish the batch concurrently *outside* any transaction with confirms, then
+settle it in a second short transaction guarded by the token. Only a confirmed publish
+marks a row published; nack, return, timeout and a lost connection leave it pending with
+attempts and a typed reason, so duplicates are possible and loss is not. At most
+``in_flight`` rows are claimed and unsettled at once, which bounds the duplicates a crash
+can cause. LISTEN/NOTIFY only wakes the loop; polling is the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import asyncpg
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from relay import outbox, sql
+from relay.errors import MessageTooLarge, PublishFailed, Unroutable
+from relay.outbox import OutboxRow, OutboxState, Settlement
+from relay.publisher import Publisher, amqp_publisher
+from schemas import telemetry
+from schemas.db import connect
+from schemas.errors import ConfigError, ServiceUnavailable
+from schemas.wire import DEFAULT_SOURCE, to_amqp
+
+log = logging.getLogger("accord.relay")
+
+# Errors that mean "a service connection is gone": reconnect, never crash.
+SERVICE_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    ServiceUnavailable,
+)
+
+PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """What one relay needs; built by the composition root from Settings."""
+
+    pg_dsn: str
+    amqp_url: str
+    exchange: str
+    batch: int = 200
+    in_flight: int = 256
+    publish_timeout_s: float = 10.0
+    lease_s: float = 30.0
+    poll_s: float = 1.0
+    retention_s: float = 7 * 24 * 3600.0
+    prune_batch: int = 1000
+    prune_every_s: float = 60.0
+    retry_base_s: float = 0.1
+    retry_max_s: float = 30.0
+    unroutable_attempts: int = 3
+    max_message_bytes: int = 0  # 0: the broker's limit only
+    reconnect_max_s: float = 5.0
+    # Concurrent claim/publish/settle loops sharing one channel: while one waits on
+    # PostgreSQL the other publishes (the client CPU is the limit, DESIGN §11).
+    loops: int = 2
+    source: str = DEFAULT_SOURCE
+
+    def __post_init__(self) -> None:
+        if self.publish_timeout_s >= self.lease_s:
+            # A publish that outlives its lease can race a second relay's claim.
+            raise ConfigError(
+                "publish timeout must be shorter than the relay lease",
+                publish_timeout_s=self.publish_timeout_s,
+                lease_s=self.lease_s,
+            )
+        sizes = (self.batch, self.in_flight, self.unroutable_attempts, self.prune_batch, self.loops)
+        if min(sizes) < 1:
+            raise ConfigError("relay sizes must be positive")
+        if self.in_flight < self.loops:
+            raise ConfigError("in_flight must be at least loops", in_flight=self.in_flight)
+
+    @property
+    def claim_size(self) -> int:
+        """Rows per claim: all loops together never hold more than ``in_flight``."""
+        return max(1, min(self.batch, self.in_flight // self.loops))
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """Counters for tests, logs and metrics (process-local, not durable)."""
+
+    cycles: int = 0
+    published: int = 0
+    held: int = 0
+    pruned: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
+
+
+class Relay:
+    """One relay process's loop. Several may run against one outbox."""
+
+    def __init__(self, config: RelayConfig, *, publisher: PublisherFactory | None = None) -> None:
+        self.config = config
+        self.stats = RelayStats()
+        self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))
+        self._wake = anyio.Event()
+        self._stopping = False
+        self._max_bytes = config.max_message_bytes
+        self._tracer = telemetry.tracer()
+
+    def stop(self) -> None:
+        """Ask the relay to finish its current batch and return (SIGTERM)."""
+        self._stopping = True
+        self._wake.set()
+
+    def wake(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._listen_loop)
+            await self._publish_loop()
+            tg.cancel_scope.cancel()
+
+    async def _publish_loop(self) -> None:
+        """One broker session at a time; inside it, ``loops`` workers each with a PG link."""
+        delay = 0.0
+        while not self._stopping:
+            if delay:
+                await self._sleep(delay)
+            try:
+                async with self._publisher() as publisher:
+                    delay = 0.0
+                    async with anyio.create_task_group() as tg:
+                        for index in range(self.config.loops):
+                            tg.start_soon(self._worker, publisher, index)
+            except SERVICE_LOST as exc:
+                delay = self._lost(exc, delay)
+            else:
+                if not self._stopping:  # the channel broke: reconnect the broker side
+                    delay = self._lost(None, delay)
+
+    def _lost(self, exc: BaseException | None, delay: float) -> float:
+        self.stats.reconnects += 1
+        what = type(exc).__name__ if exc else "broker channel closed"
+        log.warning("relay lost a service; reconnecting: %s", what)
+        return min(self.config.reconnect_max_s, max(0.05, delay * 2))
+
+    async def _worker(self, publisher: Publisher, index: int) -> None:
+        """Own PostgreSQL link; returns when stopping or when the broker channel broke."""
+        delay = 0.0
+        while not self._stopping and not publisher.broken():
+            if delay:
+                await self._sleep(delay)
+            try:
+                conn = await connect(self.config.pg_dsn)
+            except SERVICE_LOST as exc:
+                delay = self._lost(exc, delay)
+                continue
+            try:
+                delay = 0.0
+                await self._drain(conn, publisher, prunes=index == 0)
+            except SERVICE_LOST as exc:
+                delay = self._lost(exc, delay)
+            finally:
+                await _close(conn)
+
+    async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, prunes: bool) -> None:
+        """Cycle while there is work; wait for a wake-up or the poll interval otherwise."""
+        next_prune = 0.0 if prunes else float("inf")
+        while not self._stopping and not publisher.broken():
+            if anyio.current_time() >= next_prune:
+                pruned = await self.prune_once(conn)
+                full = pruned >= self.config.prune_batch
+                next_prune = anyio.current_time() + (0 if full else self.config.prune_every_s)
+            claimed = await self.cycle(conn, publisher)
+            if claimed < self.config.claim_size and not self._stopping:
+                await self._sleep(self.config.poll_s)
+
+    async def _sleep(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self._wake.wait()
+        self._wake = anyio.Event()
+
+    async def prune_once(self, conn: asyncpg.Connection) -> int:
+        async with conn.transaction():
+            pruned = await outbox.prune(conn, self.config.retention_s, self.config.prune_batch)
+        self.stats.pruned += pruned
+        return pruned
+
+    async def cycle(self, conn: asyncpg.Connection, publisher: Publisher) -> int:
+        """Claim, publish and settle one batch; returns the number of rows claimed."""
+        token = uuid.uuid4()
+        async with conn.transaction():
+            rows = await outbox.claim(conn, token, self.config.claim_size, self.config.lease_s)
+        if not rows:
+            return 0
+        outcomes = await self._publish_batch(publisher, rows)
+        async with conn.transaction():
+            await outbox.settle(conn, token, outcomes)
+        self.stats.cycles += 1
+        return len(rows)
+
+    async def _publish_batch(
+        self, publisher: Publisher, rows: Sequence[OutboxRow]
+    ) -> list[Settlement]:
+        # Pipelined confirms: the whole batch in flight at once (DESIGN §11).
+        outcomes: list[Settlement] = []
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(self._publish_one, publisher, row, outcomes)
+        return outcomes
+
+    async def _publish_one(
+        self, publisher: Publisher, row: OutboxRow, outcomes: list[Settlement]
+    ) -> None:
+        publish_id = uuid.uuid4()
+        event = row.event
+        with self._tracer.start_as_current_span(
+            f"publish {self.config.exchange}",
+            kind=SpanKind.PRODUCER,
+            links=telemetry.links_from(row.trace),
+            attributes={
+                telemetry.ATTR_SYSTEM: telemetry.SYSTEM,
+                telemetry.ATTR_OPERATION_TYPE: "send",
+                telemetry.ATTR_OPERATION_NAME: "publish",
+                telemetry.ATTR_DESTINATION: self.config.exchange,
+                telemetry.ATTR_MESSAGE_ID: str(event.event_id),
+                telemetry.ATTR_ROUTING_KEY: event.ce_type,
+                telemetry.ATTR_TENANT: event.tenant,
+                "accord.publish_id": str(publish_id),
+                "accord.attempt": row.attempts,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                if self._max_bytes and len(row.body) > self._max_bytes:
+                    raise MessageTooLarge(size=len(row.body), limit=self._max_bytes)
+                message = to_amqp(
+                    event,
+                    row.body,
+                    digest=row.digest,
+                    publish_id=str(publish_id),
+                    source=self.config.source,
+                    trace=row.trace,
+                )
+                await publisher.publish(message, confirm_timeout_s=self.config.publish_timeout_s)
+            except PublishFailed as exc:
+                span.set_status(Status(StatusCode.ERROR, exc.reason))
+                span.set_attribute("accord.relay.reason", exc.reason)
+                outcomes.append(self._failed(row, exc))
+                return
+        self.stats.published += 1
+        outcomes.append(Settlement(row.id, OutboxState.PUBLISHED, publish_id=publish_id))
+
+    def _failed(self, row: OutboxRow, exc: PublishFailed) -> Settlement:
+        reason = exc.reason
+        self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
+        limit = getattr(exc, "limit", None)
+        if isinstance(limit, int) and reason == "oversize":
+            self._max_bytes = limit  # the broker told us its limit: hold such rows up front
+        permanent = exc.permanent or (
+            isinstance(exc, Unroutable) and row.attempts >= self.config.unroutable_attempts
+        )
+        log.warning(
+            "publish failed: event_id=%s tenant=%s reason=%s attempt=%d permanent=%s",
+            row.event.event_id,
+            row.event.tenant,
+            reason,
+            row.attempts,
+            permanent,
+        )
+        if permanent:
+            self.stats.held += 1
+            return Settlement(row.id, OutboxState.HELD, reason=reason)
+        delay = min(self.config.retry_max_s, self.config.retry_base_s * 2 ** (row.attempts - 1))
+        return Settlement(row.id, OutboxState.PENDING, reason=reason, delay_s=delay)
+
+    async def _listen_loop(self) -> None:
+        """Keep a LISTEN connection; any notification wakes the publish loop."""
+        while True:
+            try:
+                conn = await connect(self.config.pg_dsn)
+            except SERVICE_LOST:
+                await anyio.sleep(self.config.reconnect_max_s)
+                continue
+            try:
+                await self._listen(conn)
+            except SERVICE_LOST:
+                pass  # the poll keeps the relay correct until LISTEN is back
+            finally:
+                await _close(conn)
+            await anyio.sleep(self.config.poll_s)
+
+    async def _listen(self, conn: asyncpg.Connection) -> None:
+        lost = anyio.Event()
+        conn.add_termination_listener(lambda _conn: lost.set())
+        await conn.add_listener(sql.NOTIFY_CHANNEL, self.wake)
+        await lost.wait()
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    # Shielded and bounded: it runs during shutdown, and the server may already be gone.
+    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+        try:
+            await conn.close()
+        except SERVICE_LOST:
+            conn.terminate()

@@ -1,0 +1,85 @@
+"""SQL owned by the relay (table ``relay.outbox``). Values only as $n parameters."""
+
+# The LISTEN/NOTIFY channel that wakes relays (a hint only; polling is the truth).
+NOTIFY_CHANNEL = "relay_outbox"
+
+# Insert one event and wake relays at commit, in one statement (one round trip, DESIGN §11).
+ENQUEUE = """
+WITH row AS (
+    INSERT INTO relay.outbox (
+        event_id, tenant, operation_id, type, version, authority_epoch,
+        digest, body, trace, occurred_at
+    )
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    RETURNING id
+)
+SELECT id, pg_notify('relay_outbox', '') FROM row
+"""
+
+# Claim up to $1 eligible rows by state (never an id cursor), stamping lease $2 for $3 s.
+# SKIP LOCKED lets several relays claim side by side without waiting on each other:
+# https://www.postgresql.org/docs/15/sql-select.html#SQL-FOR-UPDATE-SHARE
+CLAIM = """
+WITH eligible AS (
+    SELECT id FROM relay.outbox
+    WHERE state = 'pending'
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay.outbox AS o
+SET lease_token = $2,
+    lease_expires_at = now() + make_interval(secs => $3),
+    attempts = o.attempts + 1
+FROM eligible
+WHERE o.id = eligible.id
+RETURNING o.id, o.event_id, o.tenant, o.operation_id, o.type, o.version,
+          o.authority_epoch, o.digest, o.body, o.trace, o.occurred_at, o.attempts
+"""
+
+# Settle a claimed batch under lease $1: per row its new state, reason, publish id and
+# retry delay. The token guard makes a relay whose lease was taken over a no-op.
+SETTLE = """
+UPDATE relay.outbox AS o
+SET state = u.state,
+    published_at = CASE WHEN u.state = 'published' THEN now() END,
+    publish_id = COALESCE(u.publish_id, o.publish_id),
+    last_reason = COALESCE(u.reason, o.last_reason),
+    lease_token = NULL,
+    lease_expires_at = CASE
+        WHEN u.state = 'pending' THEN now() + make_interval(secs => u.delay)
+    END
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::uuid[], $6::float8[])
+     AS u(id, state, reason, publish_id, delay)
+WHERE o.id = u.id AND o.lease_token = $1 AND o.state = 'pending'
+"""
+
+# Delete up to $2 rows published more than $1 seconds ago (one bounded batch).
+PRUNE = """
+DELETE FROM relay.outbox
+WHERE id IN (
+    SELECT id FROM relay.outbox
+    WHERE state = 'published' AND published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+# Put held rows of tenant $1 with event ids $2 back to pending (an operator's decision).
+RELEASE_HELD = """
+UPDATE relay.outbox
+SET state = 'pending', lease_token = NULL, lease_expires_at = NULL
+WHERE tenant = $1 AND event_id = ANY($2::uuid[]) AND state = 'held'
+"""
+
+# Counts by state and the age in seconds of the oldest pending row (the relay lag).
+STATS = """
+SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'published') AS published,
+       count(*) FILTER (WHERE state = 'held') AS held,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)
+           ::float8 AS oldest_pending_s
+FROM relay.outbox
+"""

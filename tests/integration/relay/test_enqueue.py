@@ -1,0 +1,189 @@
+"""enqueue: the caller's transaction, typed refusals before any write, one statement."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import asyncpg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from relay import DuplicateEvent, enqueue, outbox, sql
+from schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
+from schemas.events import Event
+from tests.integration.relay.helpers import make_event
+
+
+async def count(pg: asyncpg.Connection) -> int:
+    return int(await pg.fetchval("SELECT count(*) FROM relay.outbox"))
+
+
+async def test_enqueue_writes_in_the_callers_transaction_and_never_commits(
+    pg: asyncpg.Connection,
+) -> None:
+    async with pg.transaction():
+        await enqueue(pg, make_event(1))  # control: committed by the caller
+    assert await count(pg) == 1
+    tx = pg.transaction()
+    await tx.start()
+    await enqueue(pg, make_event(2))
+    assert pg.is_in_transaction()  # enqueue did not commit
+    await tx.rollback()
+    assert await count(pg) == 1
+
+
+async def test_enqueue_without_a_transaction_is_refused(pg: asyncpg.Connection) -> None:
+    with pytest.raises(NotInTransaction):
+        await enqueue(pg, make_event(1))
+    assert await count(pg) == 0
+
+
+@pytest.mark.parametrize(
+    ("event", "error"),
+    [
+        (make_event(1, pad=1500), PayloadTooLarge),
+        (
+            Event(tenant="a", operation_id="o", type="no.such", version=1, payload={}),
+            UnknownEventType,
+        ),
+        (
+            Event(tenant="a", operation_id="o", type="report.accepted", version=7, payload={}),
+            UnknownEventType,
+        ),
+        (
+            Event(
+                tenant="a",
+                operation_id="o",
+                type="report.accepted",
+                version=1,
+                payload={"report_id": "r\x00", "subject": "s"},
+            ),
+            InvalidEvent,
+        ),
+        (
+            Event(
+                tenant="a",
+                operation_id="o",
+                type="report.accepted",
+                version=1,
+                payload={"report_id": "r", "subject": "s", "unexpected": 1},
+            ),
+            InvalidEvent,
+        ),
+    ],
+    ids=["oversize", "unknown-type", "unknown-version", "nul", "extra-field"],
+)
+async def test_bad_events_raise_typed_errors_before_any_write(
+    pg: asyncpg.Connection, event: Event, error: type[Exception]
+) -> None:
+    queries: list[str] = []
+    pg.add_query_logger(lambda record: queries.append(record.query))
+    async with pg.transaction():
+        with pytest.raises(error):
+            await enqueue(pg, event, max_payload_bytes=1024)
+        assert not [q for q in queries if "relay.outbox" in q]
+        # control: the transaction is still usable, and a fitting payload passes
+        await enqueue(pg, make_event(9, pad=900), max_payload_bytes=1024)
+    assert await count(pg) == 1
+
+
+async def test_enqueue_is_one_statement(pg: asyncpg.Connection) -> None:
+    queries: list[str] = []
+    async with pg.transaction():
+        pg.add_query_logger(lambda record: queries.append(record.query))
+        await enqueue(pg, make_event(1))
+    assert queries[0] == sql.ENQUEUE
+    assert queries[1:] == ["COMMIT;"] or len(queries) == 1
+
+
+async def test_duplicate_event_id_is_a_typed_error(pg: asyncpg.Connection) -> None:
+    event = make_event(1)
+    async with pg.transaction():
+        await enqueue(pg, event)
+    other_tenant = event.model_copy(update={"tenant": "tenant-b"})
+    async with pg.transaction():
+        await enqueue(pg, other_tenant)  # control: unique within its tenant only
+    with pytest.raises(DuplicateEvent):
+        async with pg.transaction():
+            await enqueue(pg, event)
+    assert await count(pg) == 2
+
+
+async def test_row_keeps_exact_body_digest_and_notifies(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    heard: list[str] = []
+    listener = await asyncpg.connect(pg_dsn)
+    await listener.add_listener(sql.NOTIFY_CHANNEL, lambda *args: heard.append(args[2]))
+    event = make_event(3)
+    async with pg.transaction():
+        row_id = await enqueue(pg, event)
+    row = await pg.fetchrow("SELECT * FROM relay.outbox WHERE id = $1", row_id)
+    assert row["event_id"] == event.event_id
+    assert json.loads(bytes(row["body"])) == event.payload
+    assert row["state"] == "pending" and row["attempts"] == 0
+    assert len(row["digest"]) == 64
+    for _ in range(50):
+        if heard:
+            break
+        await listener.execute("SELECT 1")
+    await listener.close()
+    assert heard == [sql.NOTIFY_CHANNEL]
+
+
+def memory_exporter() -> InMemorySpanExporter:
+    """Attach an in-memory exporter to the global SDK provider (installing one if needed)."""
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def test_enqueue_stores_the_create_span_context(pg: asyncpg.Connection) -> None:
+    exporter = memory_exporter()
+    event = make_event(4)
+    async with pg.transaction():
+        await enqueue(pg, event)
+    stored = await pg.fetchval("SELECT trace FROM relay.outbox")
+    create = [s for s in exporter.get_finished_spans() if s.name.startswith("create ")]
+    assert len(create) == 1
+    span = create[0]
+    assert span.attributes is not None
+    assert span.attributes["messaging.system"] == "rabbitmq"
+    assert span.attributes["messaging.operation.type"] == "create"
+    assert span.attributes["messaging.message.id"] == str(event.event_id)
+    traceparent = json.loads(stored)["traceparent"]
+    assert traceparent.split("-")[2] == format(span.context.span_id, "016x")
+
+
+async def test_enum_mirrors_the_check_constraint(pg: asyncpg.Connection) -> None:
+    definition = await pg.fetchval(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_state_check'"
+    )
+    assert set(re.findall(r"'(\w+)'::text", definition)) == {s.value for s in outbox.OutboxState}
+
+
+async def test_every_statement_prepares(pg: asyncpg.Connection) -> None:
+    names = [n for n in dir(sql) if n.isupper() and n != "NOTIFY_CHANNEL"]
+    assert {"ENQUEUE", "CLAIM", "SETTLE", "PRUNE"} <= set(names)
+    for name in names:
+        await pg.prepare(getattr(sql, name))
+    assert f"pg_notify('{sql.NOTIFY_CHANNEL}'" in sql.ENQUEUE
+
+
+async def test_claim_uses_the_pending_index(pg: asyncpg.Connection) -> None:
+    await pg.execute("SET enable_seqscan = off")
+    await pg.execute("SET plan_cache_mode = force_generic_plan")
+    await pg.execute(f"PREPARE claim(int, uuid, float8) AS {sql.CLAIM}")
+    rows = await pg.fetch(f"EXPLAIN EXECUTE claim(10, '{uuid.uuid4()}', 30)")
+    plan = "\n".join(r[0] for r in rows)
+    assert "outbox_pending_idx" in plan

@@ -1,0 +1,257 @@
+"""The relay on real PostgreSQL and RabbitMQ: nothing committed is lost, nothing else sent."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+
+import aio_pika
+import anyio
+import asyncpg
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from relay import Relay, enqueue, outbox
+from relay.publisher import amqp_publisher
+from schemas.catalog import default_catalog
+from schemas.events import Catalog, Event, EventType
+from schemas.topology import Topology
+from tests.integration.relay import helpers
+from tests.integration.relay.test_enqueue import memory_exporter
+from tests.support import scaled
+
+
+class _Rollback(Exception):
+    pass
+
+
+@pytest.mark.timeout(120)
+async def test_committed_events_all_arrive_and_rolled_back_never_do(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology
+) -> None:
+    total = scaled(2000, 20000)
+    rng = random.Random(7)
+    plan = [(n, rng.random() < 0.3) for n in range(total)]
+    committed: list[str] = []
+    rolled_back: list[str] = []
+    await pg.execute("CREATE TABLE domain (n int PRIMARY KEY)")
+
+    async def producer(share: list[tuple[int, bool]]) -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            for n, rollback in share:
+                event = helpers.make_event(n)
+                try:
+                    async with conn.transaction():
+                        await conn.execute("INSERT INTO domain (n) VALUES ($1)", n)
+                        await enqueue(conn, event)
+                        if rollback:
+                            raise _Rollback
+                    committed.append(str(event.event_id))
+                except _Rollback:
+                    rolled_back.append(str(event.event_id))
+        finally:
+            await conn.close()
+
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        async with anyio.create_task_group() as producers:
+            for k in range(8):
+                producers.start_soon(producer, plan[k::8])
+        await helpers.wait_until_settled(pg_dsn, expect_published=len(committed), within_s=60)
+        relay.stop()
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert 0.25 * total < len(rolled_back) < 0.35 * total
+    assert set(counts) == set(committed)  # every commit arrived, no rollback ever did
+    assert not set(counts) & set(rolled_back)
+    assert max(counts.values()) == 1  # no crash here, so no duplicate either
+
+
+async def test_late_commit_with_lower_id_is_still_published(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    late, early = helpers.make_event(1), helpers.make_event(2)
+    slow = await asyncpg.connect(pg_dsn)
+    slow_tx = slow.transaction()
+    await slow_tx.start()
+    late_id = await enqueue(slow, late)  # takes the lower id, commits last
+    early_id = (await helpers.enqueue_outbox_ids(pg_dsn, [early]))[0]
+    assert late_id < early_id
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=0.05))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)
+        await slow_tx.commit()  # the relay has already published a higher id
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=20)
+        relay.stop()
+    await slow.close()
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(late.event_id), str(early.event_id)}
+
+
+@pytest.mark.timeout(120)
+async def test_two_relays_at_once_lose_nothing(pg_dsn: str, amqp_url: str, topo: Topology) -> None:
+    total = scaled(1000, 10000)
+    ids = await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(total)])
+    relays = [Relay(helpers.config(pg_dsn, amqp_url, topo, batch=50)) for _ in range(2)]
+    await helpers.run_until_settled(relays, pg_dsn, total, within_s=60)
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(i) for i in ids}
+    assert max(counts.values()) == 1  # SKIP LOCKED: each row claimed by one relay at a time
+    assert all(r.stats.published > 0 for r in relays)
+
+
+class AuditNotedV1(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    note: str
+
+
+def catalog_with_unbound_type() -> Catalog:
+    catalog = default_catalog()
+    catalog.register(EventType("audit.noted", 1, AuditNotedV1))
+    return catalog
+
+
+async def test_unroutable_event_is_held_and_never_blocks_the_rows_behind(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    catalog = catalog_with_unbound_type()
+    unbound = Event(
+        tenant="a", operation_id="o", type="audit.noted", version=1, payload={"note": "n"}
+    )
+    behind = [helpers.make_event(n) for n in range(5)]
+    conn = await asyncpg.connect(pg_dsn)
+    async with conn.transaction():
+        await enqueue(conn, unbound, catalog=catalog)  # the head of the outbox
+        for event in behind:
+            await enqueue(conn, event)
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, unroutable_attempts=3))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.wait_until_settled(pg_dsn, expect_published=5, within_s=20)
+        relay.stop()
+    row = await conn.fetchrow("SELECT * FROM relay.outbox WHERE event_id = $1", unbound.event_id)
+    assert row["state"] == "held" and row["last_reason"] == "unroutable"
+    assert row["published_at"] is None and row["attempts"] == 3
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(e.event_id) for e in behind}  # control: the rest went through
+    # An operator can release it once a binding exists; it is then eligible again.
+    async with conn.transaction():
+        assert await outbox.release_held(conn, "a", [unbound.event_id]) == 1
+    assert (
+        await conn.fetchval("SELECT state FROM relay.outbox WHERE event_id = $1", unbound.event_id)
+        == "pending"
+    )
+    await conn.close()
+
+
+async def test_forced_nack_leaves_the_row_unpublished_and_it_is_retried(
+    pg_dsn: str, amqp_url: str, topo: Topology, broker_names: object
+) -> None:
+    amqp = await aio_pika.connect(amqp_url)
+    channel = await amqp.channel()
+    # control: without the rejecting queue, a publish is confirmed and marked
+    await helpers.enqueue_committed(pg_dsn, [helpers.make_event(0)])
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, retry_max_s=0.2))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)
+        # A full classic queue with reject-publish makes the broker nack what routes to it.
+        blocker = await channel.declare_queue(
+            broker_names.queue("blocker"),  # type: ignore[attr-defined]
+            arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+        )
+        await blocker.bind(topo.exchange, routing_key="report.accepted.v1")
+        event = helpers.make_event(1)
+        await helpers.enqueue_committed(pg_dsn, [event])
+        with anyio.fail_after(20):
+            while relay.stats.failures.get("nacked", 0) < 3:  # noqa: ASYNC110 (another task's counter)
+                await anyio.sleep(0.05)
+        row = await helpers.fetch_row(pg_dsn, event.event_id)
+        assert row["state"] == "pending" and row["last_reason"] == "nacked"
+        assert row["attempts"] >= 3 and row["published_at"] is None
+        await blocker.delete()
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=20)
+        relay.stop()
+    await amqp.close()
+    row = await helpers.fetch_row(pg_dsn, event.event_id)
+    assert row["state"] == "published" and row["last_reason"] == "nacked"
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert counts[str(event.event_id)] >= 1
+
+
+async def test_publish_span_links_to_create_and_traceparent_travels(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    exporter = memory_exporter()
+    event = helpers.make_event(1)
+    await helpers.enqueue_committed(pg_dsn, [event])
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    await helpers.run_until_settled([relay], pg_dsn, 1, within_s=20)
+    spans = exporter.get_finished_spans()
+    create = next(s for s in spans if s.name.startswith("create "))
+    publish = next(s for s in spans if s.name == f"publish {topo.exchange}")
+    assert [link.context.span_id for link in publish.links] == [create.context.span_id]
+    assert publish.attributes is not None
+    assert publish.attributes["messaging.destination.name"] == topo.exchange
+    assert publish.attributes["messaging.rabbitmq.destination.routing_key"] == event.ce_type
+    assert publish.attributes["messaging.message.id"] == str(event.event_id)
+    message = await helpers.get_one(amqp_url, topo.queue("report"))
+    traceparent = message.headers["traceparent"]
+    assert isinstance(traceparent, str)
+    assert traceparent.split("-")[1:3] == [
+        format(create.context.trace_id, "032x"),
+        format(create.context.span_id, "016x"),
+    ]
+    assert message.message_id == str(event.event_id)
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+async def test_stale_lease_is_reclaimed_and_republish_is_byte_identical(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    event = helpers.make_event(1)
+    await helpers.enqueue_committed(pg_dsn, [event])
+    dead = Relay(helpers.config(pg_dsn, amqp_url, topo, lease_s=1.0, publish_timeout_s=0.5))
+    conn = await asyncpg.connect(pg_dsn)
+    token = uuid.uuid4()
+    async with conn.transaction():
+        rows = await outbox.claim(conn, token, 10, 1.0)
+    assert len(rows) == 1
+    async with amqp_publisher(amqp_url, topo.exchange) as publisher:
+        outcomes = await dead._publish_batch(publisher, rows)  # published, then "dies"
+    assert outcomes[0].state == "published"
+    live = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=0.1))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(live.run)
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)
+        live.stop()
+    async with conn.transaction():  # the dead relay's late settle is a no-op
+        assert await outbox.settle(conn, token, outcomes) == 0
+    await conn.close()
+    first = await helpers.get_one(amqp_url, topo.queue("report"))
+    second = await helpers.get_one(amqp_url, topo.queue("report"))
+    assert first.body == second.body and first.message_id == second.message_id
+    assert first.headers["publish-id"] != second.headers["publish-id"]
+    strip = lambda h: {k: v for k, v in h.items() if k != "publish-id"}  # noqa: E731
+    assert strip(first.headers) == strip(second.headers)
+    assert json.loads(first.body) == event.payload
+
+
+async def test_published_rows_are_pruned_in_bounded_batches(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(25)])
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    await helpers.run_until_settled([relay], pg_dsn, 25, within_s=20)
+    conn = await asyncpg.connect(pg_dsn)
+    async with conn.transaction():
+        await enqueue(conn, helpers.make_event(99))  # pending: never pruned
+    pruner = Relay(helpers.config(pg_dsn, amqp_url, topo, retention_s=3600, prune_batch=10))
+    assert await pruner.prune_once(conn) == 0  # control: inside the retention window
+    pruner = Relay(helpers.config(pg_dsn, amqp_url, topo, retention_s=0, prune_batch=10))
+    assert [await pruner.prune_once(conn) for _ in range(4)] == [10, 10, 5, 0]
+    assert await conn.fetchval("SELECT count(*) FROM relay.outbox") == 1
+    await conn.close()
