@@ -168,20 +168,21 @@ class ConsumerRuntime:
         queue = queues[cfg.workflow]
         send, receive = anyio.create_memory_object_stream[Message](max_buffer_size=cfg.prefetch)
         self.sessions += 1
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch, connection)
-            tg.start_soon(self._prune_loop, pool)
-            async with anyio.create_task_group() as workers, receive:
-                for _ in range(cfg.concurrency):
-                    workers.start_soon(self._work, pool, receive.clone())
-                tag = await queue.consume(_feeder(send), no_ack=False)
-                self.consuming.set()
-                await self._stopping.wait()
-                log.info("draining %s", self._queue_name)
-                workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
-                await queue.cancel(tag)
-                send.close()
-            tg.cancel_scope.cancel()
+        with send, receive:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch, connection)
+                tg.start_soon(self._prune_loop, pool)
+                async with anyio.create_task_group() as workers:
+                    for _ in range(cfg.concurrency):
+                        workers.start_soon(self._work, pool, receive.clone())
+                    tag = await queue.consume(_feeder(send), no_ack=False)
+                    self.consuming.set()
+                    await self._stopping.wait()
+                    log.info("draining %s", self._queue_name)
+                    workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
+                    await queue.cancel(tag)
+                    send.close()
+                tg.cancel_scope.cancel()
 
     async def _work(self, pool: Any, receive: MemoryObjectReceiveStream[Message]) -> None:
         async with receive, pool.acquire() as conn:

@@ -10,6 +10,7 @@ from typing import Any
 
 import aio_pika
 import anyio
+import anyio.abc
 import asyncpg
 
 from consumers import ConsumerRuntime, Handlers, RuntimeConfig
@@ -220,3 +221,49 @@ async def drain_queue(amqp_url: str, queue: str, within: float = 5) -> list[Any]
 async def counts(conn: asyncpg.Connection) -> dict[str, int]:
     rows = await conn.fetch("SELECT outcome, count(*) AS n FROM consumers.deliveries GROUP BY 1")
     return {r["outcome"]: r["n"] for r in rows}
+
+
+class CuttableProxy:
+    """A loopback TCP proxy to the broker whose connections a test can cut at will."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = 0
+        self._streams: list[Any] = []
+
+    async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._handle)
+
+    async def _handle(self, client: Any) -> None:
+        upstream = await anyio.connect_tcp(*self.upstream)
+        self._streams += [client, upstream]
+        async with client, upstream, anyio.create_task_group() as tg:
+            tg.start_soon(self._pipe, client, upstream, tg.cancel_scope)
+            tg.start_soon(self._pipe, upstream, client, tg.cancel_scope)
+
+    @staticmethod
+    async def _pipe(source: Any, sink: Any, scope: Any) -> None:
+        try:
+            async for chunk in source:
+                await sink.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()
+
+    async def cut(self) -> int:
+        """Abort every proxied connection; returns how many sockets were closed."""
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            await anyio.aclose_forcefully(stream)
+        return len(streams)
+
+    def url(self, amqp_url: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(amqp_url)
+        netloc = f"{parts.username}:{parts.password}@127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,67 @@
+"""A consumer process for the fault tests: effect rows into public.effects, optional suicide.
+
+Run as ``python -m tests.faults.consumer_proc``. With ``--kill-p P`` the ``after_commit``
+hook SIGKILLs this very process with probability P after a commit and before its acks,
+after appending a line to ``--marker`` (so the test can count those kills). SIGTERM drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+
+import anyio
+
+from tests.integration.consumers.support import runtime_for, topology_for
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--amqp-url", required=True)
+    parser.add_argument("--pg-dsn", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--delivery-limit", type=int, default=1000)
+    parser.add_argument("--kill-p", type=float, default=0.0)
+    parser.add_argument("--marker", default=os.devnull)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--log", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, filename=args.log)
+    chance = random.Random(args.seed)
+
+    def maybe_die() -> None:
+        if chance.random() < args.kill_p:
+            with open(args.marker, "a", encoding="utf-8") as marker:
+                marker.write("killed after commit, before ack\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    runtime = runtime_for(
+        args.amqp_url,
+        args.pg_dsn,
+        topology_for(args.prefix, args.delivery_limit),
+        after_commit=maybe_die if args.kill_p > 0 else None,
+        prefetch=64,
+        batch_max=32,
+    )
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_announce, runtime.consuming)
+            await runtime.run(handle_signals=True)
+            tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    return 0
+
+
+async def _announce(consuming: anyio.Event) -> None:
+    await consuming.wait()
+    print("consuming", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

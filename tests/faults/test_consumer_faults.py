@@ -1,0 +1,171 @@
+"""Consumer processes killed with SIGKILL (between commit and ack, and at random points) and
+stopped with SIGTERM: every event's effect exists exactly once, none missing."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import asyncpg
+import pytest
+
+from tests.conftest import BrokerNames
+from tests.integration.consumers.conftest import own
+from tests.integration.consumers.support import (
+    CREATE_EFFECTS,
+    counts,
+    declare_topology,
+    publish_events,
+    queue_depth,
+    report,
+    topology_for,
+    wait_for,
+)
+from tests.support import scaled
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+
+
+class Consumers:
+    """Starts consumer processes (tests/faults/consumer_proc.py) for one test."""
+
+    def __init__(self, amqp_url: str, pg_dsn: str, prefix: str, tmp: Path) -> None:
+        self.base = [
+            sys.executable, "-m", "tests.faults.consumer_proc",
+            "--amqp-url", amqp_url, "--pg-dsn", pg_dsn, "--prefix", prefix,
+            "--marker", str(tmp / "hook-kills"), "--log", str(tmp / "consumer.log"),
+        ]  # fmt: skip
+        self.marker = tmp / "hook-kills"
+        self.started = 0
+
+    async def start(self, kill_p: float = 0.0) -> anyio.abc.Process:
+        self.started += 1
+        argv = [*self.base, "--kill-p", str(kill_p), "--seed", str(self.started)]
+        return await anyio.open_process(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+
+    @staticmethod
+    async def consuming(process: anyio.abc.Process) -> None:
+        """Wait until the process says it consumes (its SIGTERM handler is installed by then)."""
+        assert process.stdout is not None
+        seen = b""
+        with anyio.fail_after(30):
+            async for chunk in process.stdout:
+                seen += chunk
+                if b"consuming" in seen:
+                    return
+        raise AssertionError("the consumer exited before consuming")
+
+    async def hook_kills(self) -> int:
+        path = anyio.Path(self.marker)
+        return len((await path.read_text()).splitlines()) if await path.exists() else 0
+
+
+async def _effects(pg: asyncpg.Connection) -> int:
+    return int(await pg.fetchval("SELECT count(*) FROM public.effects"))
+
+
+async def _assert_exactly_once(pg: asyncpg.Connection, operation_ids: set[str]) -> None:
+    rows = await pg.fetch("SELECT operation_id, count(*) AS n FROM public.effects GROUP BY 1")
+    assert {r["operation_id"] for r in rows} == operation_ids  # none missing, none extra
+    assert max(r["n"] for r in rows) == 1  # none twice
+    assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
+
+
+async def _stop(process: anyio.abc.Process) -> int:
+    """SIGTERM, and the exit code of the drained process."""
+    process.send_signal(signal.SIGTERM)
+    with anyio.fail_after(30):
+        return await process.wait()
+
+
+async def _drain_cleanly(amqp_url: str, queue: str, procs: Consumers) -> None:
+    """Run a consumer without faults until the queue is empty, then stop it with SIGTERM."""
+    for _ in range(5):
+        process = await procs.start()
+        await procs.consuming(process)
+        with anyio.fail_after(60):
+            while await queue_depth(amqp_url, queue) > 0:  # noqa: ASYNC110 - broker has no event
+                await anyio.sleep(0.2)
+        await anyio.sleep(0.5)  # let it settle the last prefetched batch
+        assert await _stop(process) == 0
+        if await queue_depth(amqp_url, queue) == 0:
+            return
+    raise AssertionError("the queue never drained")
+
+
+async def test_sigkill_between_commit_and_ack_and_at_random_points(
+    amqp_url: str,
+    pg_dsn: str,
+    pg: asyncpg.Connection,
+    broker_names: BrokerNames,
+    tmp_path: Path,
+) -> None:
+    n = scaled(2000, 20_000)
+    topo = own(broker_names, topology_for(broker_names.prefix, delivery_limit=1000))
+    await pg.execute(CREATE_EFFECTS)
+    await declare_topology(amqp_url, topo)
+    events = [report() for _ in range(n)]
+    procs = Consumers(amqp_url, pg_dsn, topo.prefix, tmp_path)
+    chance = random.Random(7)
+    external_kills = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(publish_events, amqp_url, topo, events)  # events flow while we kill
+        with anyio.fail_after(240):
+            while await _effects(pg) < n:
+                process = await procs.start(kill_p=0.08)
+                # SIGKILL from outside at a random point, unless the hook gets there first.
+                with anyio.move_on_after(chance.uniform(0.3, 2.5)):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    external_kills += 1
+                    await process.wait()
+                assert process.returncode == -signal.SIGKILL
+    assert await procs.hook_kills() > 0, "no kill between commit and ack happened"
+    assert external_kills > 0, "no kill at a random point happened"
+    await _drain_cleanly(amqp_url, topo.queue("report"), procs)
+    await _assert_exactly_once(pg, {e.operation_id for e in events})
+    delivered = await counts(pg)
+    assert delivered["new"] == n
+    # kills after commit and before ack left committed, unacknowledged messages: the
+    # broker redelivered them and the inbox recorded them as duplicates
+    assert delivered.get("duplicate", 0) > 0
+
+
+async def test_sigterm_drains_in_flight_messages_and_exits_cleanly(
+    amqp_url: str,
+    pg_dsn: str,
+    pg: asyncpg.Connection,
+    broker_names: BrokerNames,
+    tmp_path: Path,
+) -> None:
+    n = scaled(2000, 20_000)
+    topo = own(broker_names, topology_for(broker_names.prefix, delivery_limit=1000))
+    await pg.execute(CREATE_EFFECTS)
+    await declare_topology(amqp_url, topo)
+    events = [report() for _ in range(n)]
+    await publish_events(amqp_url, topo, events)
+    procs = Consumers(amqp_url, pg_dsn, topo.prefix, tmp_path)
+    process = await procs.start()
+    await procs.consuming(process)
+    await wait_for(lambda: _over(pg, n // 10))
+    assert await _stop(process) == 0  # drained and exited cleanly, mid-flow
+    applied = await _effects(pg)
+    assert applied < n
+    # everything committed was acknowledged before exit: exactly the rest is still queued
+    assert await queue_depth(amqp_url, topo.queue("report")) == n - applied
+    await _drain_cleanly(amqp_url, topo.queue("report"), procs)
+    await _assert_exactly_once(pg, {e.operation_id for e in events})
+    assert await counts(pg) == {"new": n}  # no committed-but-unacked message was left behind
+
+
+async def _over(pg: asyncpg.Connection, n: int) -> bool:
+    return await _effects(pg) >= n
