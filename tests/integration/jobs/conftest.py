@@ -64,7 +64,11 @@ class Jobs:
 
 @pytest.fixture
 async def jobs(pg_dsn: str) -> AsyncIterator[Jobs]:
-    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=4)
+    # These tests are about visibility and locking, not durability across a crash, so commits
+    # need not wait for the WAL flush (synchronous_commit=off keeps every other semantic).
+    pool = await asyncpg.create_pool(
+        pg_dsn, min_size=1, max_size=4, server_settings={"synchronous_commit": "off"}
+    )
     assert pool is not None
     store = Store(pool, backoff_base_s=0.0)
     await store.register_workflow(WORKFLOW, OWNER, effects_enabled=True)
