@@ -33,9 +33,10 @@ class AccordError(Exception):
     reason: str = "error"
 
     def __init__(self, message: str | None = None, **fields: Any) -> None:
-        self.fields = fields
         for key, value in fields.items():
             setattr(self, key, value)
+        # After the loop: a field named "fields" (InvalidEvent's) must not replace the dict.
+        self.fields = fields
         text = message or (self.__doc__ or self.__class__.__name__).strip().splitlines()[0]
         if fields:
             text = f"{text} ({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
