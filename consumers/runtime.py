@@ -55,6 +55,12 @@ RECONNECTABLE: tuple[type[BaseException], ...] = (
     aiormq.exceptions.ChannelInvalidStateError,
 )
 
+_TOPOLOGY_MISMATCH = (
+    aiormq.exceptions.ChannelPreconditionFailed,
+    aiormq.exceptions.ChannelNotFoundEntity,
+    aiormq.exceptions.ChannelAccessRefused,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
@@ -119,20 +125,33 @@ class ConsumerRuntime:
         self._stopping.set()
 
     async def run(self, *, handle_signals: bool = False) -> None:
-        """Consume until stopped; reconnect after a lost connection. SIGTERM/SIGINT drain."""
+        """Consume until stopped; reconnect after a lost connection. SIGTERM/SIGINT drain.
+
+        Any other failure ends the run and is raised (unwrapped when it is a single error).
+        """
+        failure: BaseException | None = None
         async with anyio.create_task_group() as tg:
             if handle_signals:
                 tg.start_soon(self._on_signals, tg.cancel_scope)
-            while not self._stopping.is_set():
-                try:
-                    await self._session()
-                except BaseException as exc:  # only reconnectable failures are handled
-                    if not _reconnectable(exc):
-                        raise
-                    log.warning("session ended, reconnecting: %s", _describe(exc))
-                    with anyio.move_on_after(self.config.reconnect_delay_s):
-                        await self._stopping.wait()
+            try:
+                await self._reconnecting()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                failure = exc
             tg.cancel_scope.cancel()
+        if failure is not None:
+            leaves = _leaves(failure)
+            raise leaves[0] if len(leaves) == 1 else failure
+
+    async def _reconnecting(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self._session()
+            except BaseException as exc:  # only reconnectable failures are handled
+                if not _reconnectable(exc):
+                    raise
+                log.warning("session ended, reconnecting: %s", _describe(exc))
+                with anyio.move_on_after(self.config.reconnect_delay_s):
+                    await self._stopping.wait()
 
     async def _on_signals(self, scope: CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -164,7 +183,15 @@ class ConsumerRuntime:
         cfg = self.config
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=cfg.prefetch)
-        queues = await topology.declare(channel, self.topology, passive=not cfg.declare)
+        try:
+            queues = await topology.declare(channel, self.topology, passive=not cfg.declare)
+        except _TOPOLOGY_MISMATCH as exc:
+            # Not a lost connection: reconnecting would fail the same way for ever.
+            raise ConfigError(
+                "the broker's topology differs from the code's",
+                queue=self._queue_name,
+                error=type(exc).__name__,
+            ) from exc
         queue = queues[cfg.workflow]
         send, receive = anyio.create_memory_object_stream[Message](max_buffer_size=cfg.prefetch)
         self.sessions += 1

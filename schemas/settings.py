@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     relay_max_message_bytes: int = Field(default=0, ge=0)
     inbox_replay_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     consumer_prefetch: int = Field(default=64, gt=0)
+    consumer_batch: int = Field(default=64, gt=0)
+    consumer_concurrency: int = Field(default=2, gt=0)
+    # The tenants a consumer serves, comma-separated ("*" for all); none means refuse to start.
+    consumer_tenants: str = ""
     job_lease_s: float = Field(default=60.0, gt=0)
     journal_dir: str = "var/journal"
     ledger_path: str = "var/authority.ledger"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -11,6 +12,7 @@ import asyncpg
 import pytest
 
 from consumers import Handlers, PoisonReason, TransientFailure
+from schemas.errors import ConfigError
 from schemas.events import Event
 from schemas.topology import Topology
 from tests.integration.consumers.support import (
@@ -160,7 +162,7 @@ async def test_bad_inputs_get_typed_poison_reasons_and_the_consumer_keeps_runnin
     # routing: the unknown version must still reach this queue, so bind it for the test
     wrong_version = Topology(
         topo.prefix,
-        (topo.workflows[0].__class__("report", ("report.accepted.v1", "report.accepted.v9"), 3),),
+        (replace(topo.workflows[0], event_types=("report.accepted.v1", "report.accepted.v9")),),
     )
     before, after = report(), report()
     runtime = runtime_for(amqp_url, pg_dsn, wrong_version)
@@ -183,3 +185,15 @@ async def test_bad_inputs_get_typed_poison_reasons_and_the_consumer_keeps_runnin
     dead = await drain_queue(amqp_url, topo.poison_queue("report"))
     assert len(dead) == len(cases)
     assert math.isfinite(runtime.stats.poisoned) and runtime.stats.poisoned == len(cases)
+
+
+async def test_a_topology_that_differs_from_the_brokers_is_a_config_error(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    await declare_topology(amqp_url, topo)
+    same = runtime_for(amqp_url, pg_dsn, topo)
+    async with running(same):  # control: the declared topology matches
+        pass
+    other = Topology(topo.prefix, (replace(topo.workflows[0], delivery_limit=9),))
+    with pytest.raises(ConfigError):
+        await runtime_for(amqp_url, pg_dsn, other).run()
