@@ -1,18 +1,49 @@
-"""`accord metrics-serve`: serve /metrics in Prometheus format (placeholder)."""
+"""`accord metrics-serve [--port P] [--addr A]`: serve /metrics until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import signal
 
+import anyio
+
+from accord import runtime
+from accord.ops import install_span_metrics, serving
+from schemas import migrate
+from schemas.db import connect
 from schemas.settings import Settings
+
+DEFAULT_PORT = 9464
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("metrics-serve", help="serve /metrics in Prometheus format")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"TCP port (0: ephemeral; default ACCORD_METRICS_PORT, else {DEFAULT_PORT})",
+    )
+    parser.add_argument("--addr", default="127.0.0.1", help="bind address (default loopback)")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord metrics-serve: not implemented yet", file=sys.stderr)
-    return 2
+    port = args.port if args.port is not None else (settings.metrics_port or DEFAULT_PORT)
+    return int(runtime.run(_main, settings.pg_dsn, port, args.addr))
+
+
+async def _main(dsn: str, port: int, addr: str) -> int:
+    conn = await connect(dsn)
+    try:
+        await migrate.require_current(conn)
+    finally:
+        await conn.close()
+    with serving(port, dsn=dsn, addr=addr) as server:
+        install_span_metrics(server.messaging)
+        # The bound port on stdout (flushed) so a supervisor or test can find an ephemeral one.
+        print(f"serving /metrics on http://{addr}:{server.port}/metrics", flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+    return 0

@@ -1,18 +1,74 @@
-"""`accord replay`: replay retained events to projections (placeholder)."""
+"""`accord replay --workflow NAME --since ISO|DURATION [--rebuild]`: rebuild a projection.
+
+Re-delivers the retained (published) outbox events of the projection's types, in order,
+under the ``accord_projection`` principal, which cannot submit jobs or begin effects.
+Exit 0 when every event applied; 1 when the database refused any (each one is listed and
+recorded in ops.replay_refusals); 2 on an error (unknown projection, window exceeded, ...).
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from datetime import datetime
 
+from accord import runtime
+from accord.ops import parse_since, projection_for, replay, resolve_since
+from schemas import migrate
+from schemas.catalog import default_catalog
+from schemas.db import connect
 from schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("replay", help="replay retained events to projections")
+    parser = sub.add_parser("replay", help="replay retained events to a projection")
+    parser.add_argument("--workflow", required=True, help="the projection's workflow class")
+    parser.add_argument(
+        "--since", required=True, help="ISO 8601 timestamp, or a duration such as 2h or 7d"
+    )
+    parser.add_argument(
+        "--rebuild", action="store_true", help="empty the projection first (in the same batch)"
+    )
+    parser.add_argument("--batch", type=int, default=200, help="events per transaction")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord replay: not implemented yet", file=sys.stderr)
-    return 2
+    since = parse_since(args.since)
+    return int(runtime.run(_main, settings, args.workflow, since, bool(args.rebuild), args.batch))
+
+
+async def _main(
+    settings: Settings, workflow: str, since: datetime | float, rebuild: bool, batch: int
+) -> int:
+    catalog = default_catalog()
+    projection = projection_for(workflow, catalog)
+    reader = await connect(settings.pg_dsn)
+    try:
+        await migrate.require_current(reader)
+        writer = await connect(settings.pg_dsn)
+        try:
+            summary = await replay(
+                reader,
+                writer,
+                projection,
+                since=await resolve_since(writer, since),
+                catalog=catalog,
+                retention_s=settings.relay_retention_s,
+                rebuild=rebuild,
+                batch=max(1, batch),
+            )
+        finally:
+            await writer.close()
+    finally:
+        await reader.close()
+    for r in summary.refusals:
+        print(
+            f"refused: outbox_id={r.outbox_id} tenant={r.tenant} operation_id={r.operation_id}"
+            f" event_id={r.event_id} type={r.event_type} sqlstate={r.sqlstate}"
+        )
+    print(
+        f"replay run {summary.run_id} workflow={summary.workflow}"
+        f" since={summary.since.isoformat()} events={summary.events} applied={summary.applied}"
+        f" refused={summary.refused} skipped={summary.skipped}"
+    )
+    return 1 if summary.refused else 0

@@ -1,18 +1,36 @@
-"""`accord status`: show work by state, and why waiting work waits (placeholder)."""
+"""`accord status [--json]`: work by state, and why waiting work waits (one snapshot)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 
+from accord import runtime
+from accord.ops import collect_status, render_table, to_json
+from schemas import migrate
+from schemas.db import connect
 from schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("status", help="show work by state, and why waiting work waits")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord status: not implemented yet", file=sys.stderr)
-    return 2
+    return int(runtime.run(_main, settings.pg_dsn, bool(args.json)))
+
+
+async def _main(dsn: str, as_json: bool) -> int:
+    conn = await connect(dsn)
+    try:
+        await migrate.require_current(conn)
+        report = await collect_status(conn)
+    finally:
+        await conn.close()
+    if as_json:
+        print(json.dumps(to_json(report), indent=2, sort_keys=True))
+    else:
+        print(render_table(report), end="")
+    return 0

@@ -1,0 +1,43 @@
+"""The operational view's errors, rooted at :class:`OpsError`::
+
+AccordError
+└── OpsError                      the operational view refused
+    ├── UnknownProjection         no projection is registered for the workflow class
+    ├── InvalidSince              --since is neither an ISO timestamp nor a duration
+    ├── ReplayWindowExceeded      --since is older than the outbox retains events
+    └── ProjectionPrincipalLost   a handler left the projection principal (batch undone)
+"""
+
+from __future__ import annotations
+
+from schemas.errors import AccordError
+
+
+class OpsError(AccordError):
+    """The operational view refused."""
+
+    reason = "ops"
+
+
+class UnknownProjection(OpsError):
+    """No projection is registered for this workflow class."""
+
+    reason = "unknown_projection"
+
+
+class InvalidSince(OpsError):
+    """--since must be an ISO 8601 timestamp or a duration such as 90s, 15m, 2h, 7d or 1h30m."""
+
+    reason = "invalid_since"
+
+
+class ReplayWindowExceeded(OpsError):
+    """The outbox no longer retains every event since then: a replay would be incomplete."""
+
+    reason = "replay_window_exceeded"
+
+
+class ProjectionPrincipalLost(OpsError):
+    """A projection handler left the projection principal; its batch was rolled back."""
+
+    reason = "projection_principal_lost"

@@ -1,0 +1,264 @@
+"""The status report's rows: frozen slotted dataclasses built from records, typed reasons.
+
+Only identifiers, states, typed reasons, counts, ages and revisions (epochs) appear here;
+nothing that comes from a payload. ``WaitReason`` mirrors the reasons the ``WAITING``
+statement in ``accord.ops.sql`` can produce, and each reason belongs to one ``WaitCategory``
+(the four families of issue 7, plus scheduled retries and rescue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+#: The job states the report counts (succeeded and failed are history, not work).
+REPORTED_STATES = ("queued", "running", "poison", "unknown", "canceled", "held")
+#: Effect states whose outcome is not known; `escalated` exists once migration 0006 does
+#: (a state the CHECK constraint does not allow simply matches no row).
+UNRESOLVED_EFFECT_STATES = ("pending", "unknown", "escalated")
+
+
+class WaitCategory(StrEnum):
+    """Why waiting work waits, in families."""
+
+    NO_WORKER_CAPACITY = "no_worker_capacity"
+    MISSING_AUTHORITY = "missing_authority"
+    INVALID_CONFIGURATION = "invalid_configuration"
+    AWAITING_RECONCILIATION = "awaiting_reconciliation"
+    SCHEDULED_RETRY = "scheduled_retry"  # a healthy retry waiting out its backoff
+    AWAITING_RESCUE = "awaiting_rescue"  # a running job the rescue loop should return
+
+
+class WaitReason(StrEnum):
+    """One typed reason per waiting job (see ``accord.ops.sql.WAITING`` for the order)."""
+
+    NO_LIVE_WORKER = "no_live_worker"
+    WORKERS_BUSY = "workers_busy"
+    TENANT_FROZEN = "tenant_frozen"
+    HELD = "held"
+    UNREGISTERED_WORKFLOW = "unregistered_workflow"
+    EFFECTS_DISABLED = "effects_disabled"
+    UNRESOLVED_EFFECT = "unresolved_effect"
+    BLOCKED_BY_EFFECT = "blocked_by_effect"
+    BACKOFF = "backoff"
+    LEASE_EXPIRED = "lease_expired"
+    EPOCH_ROTATED = "epoch_rotated"
+
+    @property
+    def category(self) -> WaitCategory:
+        return _CATEGORY[self]
+
+
+_CATEGORY = {
+    WaitReason.NO_LIVE_WORKER: WaitCategory.NO_WORKER_CAPACITY,
+    WaitReason.WORKERS_BUSY: WaitCategory.NO_WORKER_CAPACITY,
+    WaitReason.TENANT_FROZEN: WaitCategory.MISSING_AUTHORITY,
+    WaitReason.HELD: WaitCategory.MISSING_AUTHORITY,
+    WaitReason.UNREGISTERED_WORKFLOW: WaitCategory.INVALID_CONFIGURATION,
+    WaitReason.EFFECTS_DISABLED: WaitCategory.INVALID_CONFIGURATION,
+    WaitReason.UNRESOLVED_EFFECT: WaitCategory.AWAITING_RECONCILIATION,
+    WaitReason.BLOCKED_BY_EFFECT: WaitCategory.AWAITING_RECONCILIATION,
+    WaitReason.BACKOFF: WaitCategory.SCHEDULED_RETRY,
+    WaitReason.LEASE_EXPIRED: WaitCategory.AWAITING_RESCUE,
+    WaitReason.EPOCH_ROTATED: WaitCategory.AWAITING_RESCUE,
+}
+
+Record = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobGroup:
+    """Jobs of one (state, tenant, workflow class)."""
+
+    state: str
+    tenant: str
+    workflow: str
+    jobs: int
+    oldest_age_s: float
+    attempts: int
+    rescued: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> JobGroup:
+        return cls(
+            r["state"], r["tenant"], r["workflow"], r["jobs"], r["oldest_age_s"],
+            r["attempts"], r["rescued"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingGroup:
+    """Waiting jobs of one (reason, state, tenant, workflow class)."""
+
+    reason: WaitReason
+    state: str
+    tenant: str
+    workflow: str
+    jobs: int
+    oldest_age_s: float
+
+    @property
+    def category(self) -> WaitCategory:
+        return self.reason.category
+
+    @classmethod
+    def from_record(cls, r: Record) -> WaitingGroup:
+        return cls(
+            WaitReason(r["reason"]), r["state"], r["tenant"], r["workflow"], r["jobs"],
+            r["oldest_age_s"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EffectGroup:
+    """Effects with an unknown outcome (pending, unknown, escalated) by job and effect state."""
+
+    tenant: str
+    workflow: str
+    effect_state: str
+    job_state: str
+    effects: int
+    oldest_age_s: float
+
+    @classmethod
+    def from_record(cls, r: Record) -> EffectGroup:
+        return cls(
+            r["tenant"], r["workflow"], r["effect_state"], r["job_state"], r["effects"],
+            r["oldest_age_s"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TenantAuthority:
+    """A tenant's authority epoch, whether it is frozen, and its held jobs."""
+
+    tenant: str
+    epoch: int
+    frozen: bool
+    held: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> TenantAuthority:
+        return cls(r["tenant"], r["epoch"], r["frozen"], r["held"])
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowClass:
+    """A registered workflow class: owner, effects flag, and worker evidence (live leases)."""
+
+    workflow: str
+    owner: str
+    effects_enabled: bool
+    live_leases: int
+    last_lease_activity_s: float | None
+
+    @classmethod
+    def from_record(cls, r: Record) -> WorkflowClass:
+        return cls(
+            r["workflow"], r["owner"], r["effects_enabled"], r["live_leases"],
+            r["last_lease_activity_s"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFigures:
+    """The outbox: unpublished rows, held rows, relay lag (oldest unpublished age)."""
+
+    pending: int
+    held: int
+    lag_s: float
+    pending_attempts: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> RelayFigures:
+        return cls(r["pending"], r["held"], r["lag_s"], r["pending_attempts"])
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRows:
+    """Held outbox rows of one typed reason."""
+
+    reason: str
+    rows: int
+    oldest_age_s: float
+
+    @classmethod
+    def from_record(cls, r: Record) -> HeldRows:
+        return cls(r["reason"], r["rows"], r["oldest_age_s"])
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryGroup:
+    """Inbox decisions of one (consumer, tenant, outcome): new, duplicate or conflict."""
+
+    consumer: str
+    tenant: str
+    outcome: str
+    deliveries: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> DeliveryGroup:
+        return cls(r["consumer"], r["tenant"], r["outcome"], r["deliveries"])
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonGroup:
+    """Poison messages of one (consumer, typed reason)."""
+
+    consumer: str
+    reason: str
+    messages: int
+    oldest_age_s: float
+
+    @classmethod
+    def from_record(cls, r: Record) -> PoisonGroup:
+        return cls(r["consumer"], r["reason"], r["messages"], r["oldest_age_s"])
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalGroup:
+    """Replay refusals of one (workflow, typed reason)."""
+
+    workflow: str
+    reason: str
+    refusals: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> RefusalGroup:
+        return cls(r["workflow"], r["reason"], r["refusals"])
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """One snapshot of everything above, taken at ``taken_at`` (the database clock)."""
+
+    taken_at: datetime
+    jobs: tuple[JobGroup, ...]
+    waiting: tuple[WaitingGroup, ...]
+    effects: tuple[EffectGroup, ...]
+    tenants: tuple[TenantAuthority, ...]
+    workflows: tuple[WorkflowClass, ...]
+    relay: RelayFigures
+    relay_held: tuple[HeldRows, ...]
+    deliveries: tuple[DeliveryGroup, ...]
+    poison: tuple[PoisonGroup, ...]
+    replay_refusals: tuple[RefusalGroup, ...]
+
+    @property
+    def inbox_conflicts(self) -> int:
+        return sum(d.deliveries for d in self.deliveries if d.outcome == "conflict")
+
+    @property
+    def poison_messages(self) -> int:
+        return sum(p.messages for p in self.poison)
+
+    @property
+    def escalated_effects(self) -> int:
+        return sum(e.effects for e in self.effects if e.effect_state == "escalated")
+
+    def count(self, state: str) -> int:
+        """Jobs in ``state`` across tenants and workflow classes."""
+        return sum(g.jobs for g in self.jobs if g.state == state)

@@ -1,0 +1,199 @@
+"""Projection replay: re-deliver retained events to a projection's handlers, with no authority.
+
+Invariants:
+- Handlers run under the ``accord_projection`` principal (``SET LOCAL ROLE`` in every
+  transaction), which PostgreSQL lets write projection tables only. A handler's attempt to
+  submit a job, begin an effect or touch the outbox fails with SQLSTATE 42501; that event's
+  savepoint is rolled back, and the event is counted and recorded in ``ops.replay_refusals``
+  in the same transaction: never silently dropped. Before committing a batch, replay checks
+  the transaction still runs as the principal (a handler cannot quietly ``RESET ROLE``).
+  This guards against mistakes, not against hostile code running in the same process.
+- Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``), read
+  in one REPEATABLE READ snapshot through a cursor, in outbox order. A ``since`` older than
+  the retention window is refused: the replay could not be complete.
+- Replay never writes the inbox and never acks anything: it only rebuilds read models.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from accord.ops import sql
+from accord.ops.errors import InvalidSince, ProjectionPrincipalLost, ReplayWindowExceeded
+from accord.ops.projections import Projection
+from schemas import wire
+from schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
+from schemas.events import Catalog, Event
+
+PRINCIPAL = "accord_projection"
+REFUSED = "insufficient_privilege"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_UNDECODABLE = (MalformedMessage, UnknownEventType, InvalidEvent)
+
+
+def parse_since(text: str) -> datetime | float:
+    """An aware timestamp (ISO 8601; naive means UTC) or a duration in seconds (``1h30m``)."""
+    text = text.strip()
+    if text and _DURATION.sub("", text) == "":
+        return float(sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(text)))
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidSince(since=text) from None
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One event whose handler was refused by the database (identifiers only)."""
+
+    outbox_id: int
+    tenant: str
+    operation_id: str
+    event_id: uuid.UUID
+    event_type: str
+    sqlstate: str
+    message: str
+
+
+@dataclass(slots=True)
+class ReplaySummary:
+    """What one replay run did."""
+
+    run_id: int
+    workflow: str
+    since: datetime
+    events: int = 0
+    applied: int = 0
+    refused: int = 0
+    skipped: int = 0  # rows that no longer decode with this catalog (live: poison)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+def _decode(record: Mapping[str, Any], catalog: Catalog) -> Event:
+    event = Event(
+        tenant=record["tenant"],
+        operation_id=record["operation_id"],
+        type=record["type"],
+        version=record["version"],
+        authority_epoch=record["authority_epoch"],
+        payload=wire.parse_body(bytes(record["body"])),
+        event_id=record["event_id"],
+        occurred_at=record["occurred_at"],
+    )
+    catalog.validate(event, producing=False)
+    return event
+
+
+async def resolve_since(conn: Any, since: datetime | float) -> datetime:
+    """A duration becomes a timestamp by the database clock."""
+    if isinstance(since, datetime):
+        return since
+    stamp: datetime = await conn.fetchval(sql.AGO, since)
+    return stamp
+
+
+async def replay(
+    reader: Any,
+    writer: Any,
+    projection: Projection,
+    *,
+    since: datetime,
+    catalog: Catalog,
+    retention_s: float,
+    rebuild: bool = False,
+    batch: int = 200,
+) -> ReplaySummary:
+    """Owns its transactions (a runner): reads on ``reader`` in one snapshot, applies batches on
+    ``writer`` under the projection principal. ``rebuild`` empties the projection in the first
+    batch's transaction. Raises ReplayWindowExceeded if ``since`` predates the retention
+    window; ProjectionPrincipalLost (batch rolled back) if a handler left the principal."""
+    retained_from: datetime = await writer.fetchval(sql.AGO, retention_s)
+    if since < retained_from:
+        raise ReplayWindowExceeded(since=since.isoformat(), retained_from=retained_from.isoformat())
+    run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
+    summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
+    pending: list[Mapping[str, Any]] = []
+    reset = rebuild
+    async with reader.transaction(isolation="repeatable_read", readonly=True):
+        async for record in reader.cursor(
+            sql.RETAINED_EVENTS, since, projection.event_types, prefetch=batch
+        ):
+            pending.append(record)
+            if len(pending) >= batch:
+                await _apply(writer, projection, catalog, pending, summary, reset=reset)
+                pending, reset = [], False
+    if pending or reset:
+        await _apply(writer, projection, catalog, pending, summary, reset=reset)
+    await writer.execute(
+        sql.FINISH_RUN, run_id, summary.events, summary.applied, summary.refused, summary.skipped
+    )
+    return summary
+
+
+async def _apply(
+    writer: Any,
+    projection: Projection,
+    catalog: Catalog,
+    records: list[Mapping[str, Any]],
+    summary: ReplaySummary,
+    *,
+    reset: bool,
+) -> None:
+    """One transaction: the principal, each event under its own savepoint, the principal
+    check, then (as the owner again) the refusal records; all commit together."""
+    refusals: list[Refusal] = []
+    applied = skipped = 0
+    async with writer.transaction():
+        await writer.execute(sql.SET_PROJECTION_ROLE)
+        if reset:
+            await projection.reset(writer)
+        for record in records:
+            try:
+                event = _decode(record, catalog)
+            except _UNDECODABLE:
+                skipped += 1
+                continue
+            handler = projection.handlers.get(event)
+            try:
+                async with writer.transaction():
+                    await handler(writer, event)
+            except asyncpg.InsufficientPrivilegeError as exc:
+                refusals.append(_refusal(record, event, exc))
+            else:
+                applied += 1
+        role = await writer.fetchval(sql.CURRENT_ROLE)
+        if role != PRINCIPAL:
+            raise ProjectionPrincipalLost(workflow=projection.workflow, role=role)
+        await writer.execute(sql.LEAVE_PROJECTION_ROLE)
+        for refusal in refusals:
+            await writer.execute(
+                sql.RECORD_REFUSAL, summary.run_id, projection.workflow, refusal.tenant,
+                refusal.operation_id, refusal.event_id, refusal.event_type, refusal.outbox_id,
+                REFUSED, refusal.sqlstate, refusal.message,
+            )  # fmt: skip
+    summary.events += len(records)
+    summary.applied += applied
+    summary.skipped += skipped
+    summary.refused += len(refusals)
+    summary.refusals.extend(refusals)
+
+
+def _refusal(record: Mapping[str, Any], event: Event, exc: asyncpg.PostgresError) -> Refusal:
+    return Refusal(
+        outbox_id=record["id"],
+        tenant=event.tenant,
+        operation_id=event.operation_id,
+        event_id=event.event_id,
+        event_type=event.ce_type,
+        sqlstate=str(exc.sqlstate),
+        message=str(exc),
+    )

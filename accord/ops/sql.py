@@ -1,0 +1,216 @@
+"""SQL of the operational view: named, read-only statements (replay's ledger writes last).
+
+Every status statement runs inside one REPEATABLE READ read-only transaction
+(``accord.ops.status.collect_status``), so ``now()`` is one instant and all figures come from
+one snapshot. Ages are seconds since a job was created (``created_at``), an effect was begun,
+a row was enqueued or a poison record was written; identifiers, states, typed reasons and
+revisions only, never payload columns.
+"""
+
+# The snapshot's instant (the transaction's now()).
+NOW = "SELECT now() AS now"
+
+# Jobs by (state, tenant, workflow) for the states in $1: count, oldest age, attempts, and how
+# many were last returned by rescue (rescue writes last_error = lease_expired | epoch_rotated).
+JOB_GROUPS = """
+SELECT j.state, j.tenant, j.workflow,
+       count(*)::bigint AS jobs,
+       EXTRACT(EPOCH FROM now() - min(j.created_at))::float8 AS oldest_age_s,
+       COALESCE(sum(j.attempts), 0)::bigint AS attempts,
+       count(*) FILTER (WHERE j.last_error IN ('lease_expired', 'epoch_rotated'))::bigint
+           AS rescued
+FROM jobs.jobs j
+WHERE j.state = ANY ($1::text[])
+GROUP BY j.state, j.tenant, j.workflow
+ORDER BY j.state, j.tenant, j.workflow
+"""
+
+# Why waiting work waits: one typed reason per job (first match wins, in this order), grouped
+# by (reason, state, tenant, workflow). Worker presence is derived from live leases: there is
+# no worker liveness table, so "no live worker" means no running job of the class holds an
+# unexpired lease. $1 = effect states that leave an outcome unknown (pending, unknown, ...).
+WAITING = """
+WITH live AS (
+    SELECT workflow, count(*) AS leases FROM jobs.jobs
+    WHERE state = 'running' AND lease_expires_at > now()
+    GROUP BY workflow
+), candidates AS (
+    SELECT j.job_id, j.state, j.tenant, j.workflow, j.created_at, j.run_after, j.epoch,
+           j.lease_expires_at, j.last_error, t.epoch AS tenant_epoch, t.frozen,
+           w.workflow IS NOT NULL AS registered, COALESCE(w.effects_enabled, false) AS effects,
+           COALESCE(l.leases, 0) AS leases,
+           EXISTS (SELECT 1 FROM jobs.effects e
+                   WHERE e.job_id = j.job_id AND e.state = ANY ($1::text[])) AS unresolved,
+           EXISTS (SELECT 1 FROM jobs.effects e
+                   WHERE e.job_id = j.job_id AND e.state = 'succeeded') AS effect_done
+    FROM jobs.jobs j
+    JOIN jobs.tenants t ON t.tenant = j.tenant
+    LEFT JOIN jobs.workflows w ON w.workflow = j.workflow
+    LEFT JOIN live l ON l.workflow = j.workflow
+    WHERE j.state IN ('queued', 'held', 'unknown', 'running', 'canceled', 'failed', 'poison')
+), classified AS (
+    SELECT c.*, CASE
+        WHEN c.state = 'held' THEN 'held'
+        WHEN c.state = 'unknown' THEN 'unresolved_effect'
+        WHEN c.state IN ('canceled', 'failed', 'poison') AND c.unresolved THEN 'unresolved_effect'
+        WHEN c.state = 'running' AND c.epoch IS DISTINCT FROM c.tenant_epoch THEN 'epoch_rotated'
+        WHEN c.state = 'running' AND c.lease_expires_at <= now() THEN 'lease_expired'
+        WHEN c.state = 'running' AND c.frozen THEN 'tenant_frozen'
+        WHEN c.state <> 'queued' THEN NULL
+        WHEN NOT c.registered THEN 'unregistered_workflow'
+        WHEN c.frozen THEN 'tenant_frozen'
+        WHEN c.unresolved THEN 'unresolved_effect'
+        WHEN c.effect_done THEN 'blocked_by_effect'
+        WHEN NOT c.effects AND c.last_error = 'effects_disabled' THEN 'effects_disabled'
+        WHEN c.run_after > now() THEN 'backoff'
+        WHEN c.leases = 0 THEN 'no_live_worker'
+        ELSE 'workers_busy'
+    END AS reason
+    FROM candidates c
+)
+SELECT reason, state, tenant, workflow, count(*)::bigint AS jobs,
+       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
+FROM classified
+WHERE reason IS NOT NULL
+GROUP BY reason, state, tenant, workflow
+ORDER BY reason, state, tenant, workflow
+"""
+
+# Effects whose outcome is not known (states in $1), by tenant, workflow, effect and job state.
+UNRESOLVED_EFFECTS = """
+SELECT e.tenant, j.workflow, e.state AS effect_state, j.state AS job_state,
+       count(*)::bigint AS effects,
+       EXTRACT(EPOCH FROM now() - min(e.begun_at))::float8 AS oldest_age_s
+FROM jobs.effects e
+JOIN jobs.jobs j ON j.job_id = e.job_id
+WHERE e.state = ANY ($1::text[])
+GROUP BY e.tenant, j.workflow, e.state, j.state
+ORDER BY e.tenant, j.workflow, e.state, j.state
+"""
+
+# Each tenant's authority: epoch, frozen, and its held work.
+TENANTS = """
+SELECT t.tenant, t.epoch, t.frozen,
+       (SELECT count(*) FROM jobs.jobs j WHERE j.tenant = t.tenant AND j.state = 'held')::bigint
+           AS held
+FROM jobs.tenants t
+ORDER BY t.tenant
+"""
+
+# Registered workflow classes with their live leases and the age of the newest claim/renewal.
+WORKFLOWS = """
+SELECT w.workflow, w.owner, w.effects_enabled,
+       count(j.job_id) FILTER (WHERE j.lease_expires_at > now())::bigint AS live_leases,
+       EXTRACT(EPOCH FROM now() - max(j.updated_at))::float8 AS last_lease_activity_s
+FROM jobs.workflows w
+LEFT JOIN jobs.jobs j ON j.workflow = w.workflow AND j.state = 'running'
+GROUP BY w.workflow, w.owner, w.effects_enabled
+ORDER BY w.workflow
+"""
+
+# The outbox: unpublished and held rows, the relay lag (oldest unpublished age) and attempts.
+RELAY = """
+SELECT count(*) FILTER (WHERE state = 'pending')::bigint AS pending,
+       count(*) FILTER (WHERE state = 'held')::bigint AS held,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')),
+                0)::float8 AS lag_s,
+       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts
+FROM relay.outbox
+WHERE state IN ('pending', 'held')
+"""
+
+# Held outbox rows by typed reason.
+RELAY_HELD = """
+SELECT COALESCE(last_reason, 'unspecified') AS reason, count(*)::bigint AS rows,
+       EXTRACT(EPOCH FROM now() - min(enqueued_at))::float8 AS oldest_age_s
+FROM relay.outbox
+WHERE state = 'held'
+GROUP BY 1
+ORDER BY 1
+"""
+
+# Inbox decisions by consumer, tenant and outcome (new, duplicate = a healthy retry, conflict).
+DELIVERIES = """
+SELECT consumer, tenant, outcome, count(*)::bigint AS deliveries
+FROM consumers.deliveries
+GROUP BY consumer, tenant, outcome
+ORDER BY consumer, tenant, outcome
+"""
+
+# Poison records by consumer and typed reason.
+POISON = """
+SELECT consumer, reason, count(*)::bigint AS messages,
+       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
+FROM consumers.poison
+GROUP BY consumer, reason
+ORDER BY consumer, reason
+"""
+
+# Replay refusals by workflow and typed reason (the ledger only grows: a counter).
+REPLAY_REFUSALS = """
+SELECT workflow, reason, count(*)::bigint AS refusals
+FROM ops.replay_refusals
+GROUP BY workflow, reason
+ORDER BY workflow, reason
+"""
+
+# -- replay ---------------------------------------------------------------------------------
+
+# The database clock minus $1 seconds: a --since duration, and the retention window's start
+# (the outbox prunes published rows older than relay_retention_s).
+AGO = "SELECT now() - make_interval(secs => $1::float8)"
+
+# Retained published events of the versioned types in $2, enqueued at or after $1, in outbox
+# order (read in one snapshot through a cursor).
+RETAINED_EVENTS = """
+SELECT id, event_id, tenant, operation_id, type, version, authority_epoch, body, occurred_at
+FROM relay.outbox
+WHERE state = 'published' AND enqueued_at >= $1
+  AND (type || '.v' || version::text) = ANY ($2::text[])
+ORDER BY id
+"""
+
+# Switch this transaction to the projection principal (reverted at commit or rollback).
+SET_PROJECTION_ROLE = "SET LOCAL ROLE accord_projection"
+
+# Back to the connecting (owner) role for the rest of this transaction (the ledger writes).
+LEAVE_PROJECTION_ROLE = "SET LOCAL ROLE NONE"
+
+# Who this transaction runs as now (a handler must not have left the projection principal).
+CURRENT_ROLE = "SELECT current_user::text"
+
+# Open a replay run; returns its id.
+START_RUN = "INSERT INTO ops.replay_runs (workflow, since) VALUES ($1, $2) RETURNING run_id"
+
+# Close replay run $1 with its counts.
+FINISH_RUN = """
+UPDATE ops.replay_runs
+SET finished_at = now(), events = $2, applied = $3, refused = $4, skipped = $5
+WHERE run_id = $1
+"""
+
+# Record one refused event of run $1 (identifiers, typed reason, SQLSTATE, server message).
+RECORD_REFUSAL = """
+INSERT INTO ops.replay_refusals
+    (run_id, workflow, tenant, operation_id, event_id, event_type, outbox_id, reason, sqlstate,
+     message)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+"""
+
+# -- the demo projection --------------------------------------------------------------------
+
+# Upsert one published report; the later event (occurred_at, then event id) wins, so the
+# result does not depend on delivery order.
+UPSERT_PUBLISHED_REPORT = """
+INSERT INTO demo_projection.published_reports AS p
+    (tenant, report_id, operation_id, event_id, object_key, provider_receipt, published_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (tenant, report_id) DO UPDATE
+SET operation_id = EXCLUDED.operation_id, event_id = EXCLUDED.event_id,
+    object_key = EXCLUDED.object_key, provider_receipt = EXCLUDED.provider_receipt,
+    published_at = EXCLUDED.published_at
+WHERE (EXCLUDED.published_at, EXCLUDED.event_id) > (p.published_at, p.event_id)
+"""
+
+# Empty the demo projection before a rebuild.
+RESET_PUBLISHED_REPORTS = "DELETE FROM demo_projection.published_reports"

@@ -1,0 +1,182 @@
+"""`accord status`: one consistent snapshot of work, delivery and consumption, and why work waits.
+
+Invariant: every figure of one ``StatusReport`` comes from one database snapshot (a
+REPEATABLE READ read-only transaction), so the figures agree with each other: a job counted
+as queued is the same job classified as waiting. The report holds identifiers, states,
+typed reasons, counts, ages and epochs only; no statement reads a payload or body column.
+https://www.postgresql.org/docs/15/transaction-iso.html#XACT-REPEATABLE-READ
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
+from typing import Any, TypeVar
+
+from accord.ops import models, sql
+from accord.ops.models import (
+    DeliveryGroup,
+    EffectGroup,
+    HeldRows,
+    JobGroup,
+    PoisonGroup,
+    RefusalGroup,
+    RelayFigures,
+    StatusReport,
+    TenantAuthority,
+    WaitingGroup,
+    WorkflowClass,
+)
+
+T = TypeVar("T")
+
+
+async def collect_status(conn: Any) -> StatusReport:
+    """Read-only; opens its own REPEATABLE READ read-only transaction (or, when ``conn`` is
+    already in a transaction, reads in the caller's snapshot). Never writes."""
+    if conn.is_in_transaction():
+        return await _collect(conn)
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _collect(conn)
+
+
+async def _rows(conn: Any, build: Callable[[Any], T], statement: str, *args: Any) -> tuple[T, ...]:
+    return tuple(build(r) for r in await conn.fetch(statement, *args))
+
+
+async def _collect(conn: Any) -> StatusReport:
+    unresolved = list(models.UNRESOLVED_EFFECT_STATES)
+    return StatusReport(
+        taken_at=await conn.fetchval(sql.NOW),
+        jobs=await _rows(conn, JobGroup.from_record, sql.JOB_GROUPS, list(models.REPORTED_STATES)),
+        waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
+        effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
+        tenants=await _rows(conn, TenantAuthority.from_record, sql.TENANTS),
+        workflows=await _rows(conn, WorkflowClass.from_record, sql.WORKFLOWS),
+        relay=RelayFigures.from_record(await conn.fetchrow(sql.RELAY)),
+        relay_held=await _rows(conn, HeldRows.from_record, sql.RELAY_HELD),
+        deliveries=await _rows(conn, DeliveryGroup.from_record, sql.DELIVERIES),
+        poison=await _rows(conn, PoisonGroup.from_record, sql.POISON),
+        replay_refusals=await _rows(conn, RefusalGroup.from_record, sql.REPLAY_REFUSALS),
+    )
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, float):
+        return round(value, 3)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _dict(row: Any) -> dict[str, Any]:
+    out = {f.name: _plain(getattr(row, f.name)) for f in dataclasses.fields(row)}
+    if isinstance(row, WaitingGroup):
+        out["category"] = row.category.value
+    return out
+
+
+def to_json(report: StatusReport) -> dict[str, Any]:
+    """The report as JSON-ready data (stable keys; what `accord status --json` prints)."""
+    sections = {
+        f.name: [_dict(r) for r in getattr(report, f.name)]
+        for f in dataclasses.fields(report)
+        if isinstance(getattr(report, f.name), tuple)
+    }
+    return {
+        "taken_at": _plain(report.taken_at),
+        "totals": {
+            **{state: report.count(state) for state in models.REPORTED_STATES},
+            "relay_lag_s": _plain(report.relay.lag_s),
+            "relay_pending": report.relay.pending,
+            "relay_held": report.relay.held,
+            "inbox_conflicts": report.inbox_conflicts,
+            "poison_messages": report.poison_messages,
+            "escalated_effects": report.escalated_effects,
+            "rescued": sum(g.rescued for g in report.jobs),
+            "replay_refusals": sum(r.refusals for r in report.replay_refusals),
+        },
+        "relay": _dict(report.relay),
+        **sections,
+    }
+
+
+def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    body = [[_cell(v) for v in row] for row in rows]
+    if not body:
+        return [f"{title}: none", ""]
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+    lines = [title] + [
+        ("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
+        for row in [list(headers), *body]
+    ]
+    return [*lines, ""]
+
+
+def _cell(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def render_table(report: StatusReport) -> str:
+    """The human view: one table per section (identifiers, reasons and numbers only)."""
+    r = report
+    lines = [f"accord status at {_plain(r.taken_at)}", ""]
+    lines += _table(
+        "jobs",
+        ["state", "tenant", "workflow", "jobs", "oldest_s", "attempts", "rescued"],
+        [(g.state, g.tenant, g.workflow, g.jobs, g.oldest_age_s, g.attempts, g.rescued)
+         for g in r.jobs],
+    )  # fmt: skip
+    lines += _table(
+        "why waiting work waits",
+        ["category", "reason", "state", "tenant", "workflow", "jobs", "oldest_s"],
+        [(w.category, w.reason, w.state, w.tenant, w.workflow, w.jobs, w.oldest_age_s)
+         for w in r.waiting],
+    )  # fmt: skip
+    lines += _table(
+        "effects with unknown outcome",
+        ["tenant", "workflow", "effect", "job_state", "effects", "oldest_s"],
+        [(e.tenant, e.workflow, e.effect_state, e.job_state, e.effects, e.oldest_age_s)
+         for e in r.effects],
+    )  # fmt: skip
+    lines += _table(
+        "tenants", ["tenant", "epoch", "frozen", "held"],
+        [(t.tenant, t.epoch, t.frozen, t.held) for t in r.tenants],
+    )  # fmt: skip
+    lines += _table(
+        "workflow classes", ["workflow", "owner", "effects", "live_leases", "last_activity_s"],
+        [(w.workflow, w.owner, w.effects_enabled, w.live_leases, w.last_lease_activity_s)
+         for w in r.workflows],
+    )  # fmt: skip
+    lines += _table(
+        "relay", ["pending", "held", "lag_s", "pending_attempts"],
+        [(r.relay.pending, r.relay.held, r.relay.lag_s, r.relay.pending_attempts)],
+    )  # fmt: skip
+    lines += _table(
+        "held outbox rows", ["reason", "rows", "oldest_s"],
+        [(h.reason, h.rows, h.oldest_age_s) for h in r.relay_held],
+    )  # fmt: skip
+    lines += _table(
+        "inbox decisions", ["consumer", "tenant", "outcome", "deliveries"],
+        [(d.consumer, d.tenant, d.outcome, d.deliveries) for d in r.deliveries],
+    )  # fmt: skip
+    lines += _table(
+        "poison messages", ["consumer", "reason", "messages", "oldest_s"],
+        [(p.consumer, p.reason, p.messages, p.oldest_age_s) for p in r.poison],
+    )  # fmt: skip
+    lines += _table(
+        "replay refusals", ["workflow", "reason", "refusals"],
+        [(x.workflow, x.reason, x.refusals) for x in r.replay_refusals],
+    )  # fmt: skip
+    return "\n".join(lines).rstrip() + "\n"

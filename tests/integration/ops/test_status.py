@@ -1,0 +1,189 @@
+"""`accord status` and `/metrics` agree with the database on a seeded mix of states."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accord.ops import collect_status, render_table, serve_metrics, to_json
+from accord.ops.models import REPORTED_STATES, StatusReport
+from tests.integration.ops.seed import SECRET, Expected, seed_all
+
+
+@pytest.fixture
+async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=4)
+    assert pool is not None
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def seeded(pool: asyncpg.Pool) -> Expected:
+    return await seed_all(pool)
+
+
+def run_cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accord", *args],
+        env={**os.environ, "ACCORD_PG_DSN": dsn, **env},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def snapshot(pool: asyncpg.Pool) -> StatusReport:
+    async with pool.acquire() as conn:
+        return await collect_status(conn)
+
+
+def check_report(report: StatusReport, e: Expected) -> None:
+    assert {(g.state, g.tenant, g.workflow): g.jobs for g in report.jobs} == e.jobs
+    assert {(g.state, g.tenant, g.workflow): g.attempts for g in report.jobs} == e.attempts
+    assert {(g.state, g.tenant, g.workflow): g.rescued for g in report.jobs} == e.rescued
+    waiting = {(str(w.reason), w.state, w.tenant, w.workflow): w.jobs for w in report.waiting}
+    assert waiting == e.waiting
+    effects = {(x.tenant, x.workflow, x.effect_state, x.job_state): x.effects
+               for x in report.effects}  # fmt: skip
+    assert effects == e.effects
+    assert {t.tenant: (t.epoch, t.frozen, t.held) for t in report.tenants} == e.tenants
+    assert (report.relay.pending, report.relay.held) == (e.relay_pending, e.relay_held)
+    assert report.relay.lag_s > 0
+    assert {(d.consumer, d.tenant, d.outcome): d.deliveries
+            for d in report.deliveries} == e.deliveries  # fmt: skip
+    assert report.inbox_conflicts == 1
+    assert {(p.consumer, p.reason): p.messages for p in report.poison} == e.poison
+    assert {(x.workflow, x.reason): x.refusals for x in report.replay_refusals} == e.refusals
+    ages = [g.oldest_age_s for g in (*report.jobs, *report.waiting, *report.effects)]
+    assert all(0 <= a < 600 for a in ages)
+
+
+async def test_status_matches_the_seeded_states(pool: asyncpg.Pool, seeded: Expected) -> None:
+    report = await snapshot(pool)
+    check_report(report, seeded)
+    # The figures agree with each other: every queued/held/unknown job has a reason.
+    for state in ("queued", "held", "unknown"):
+        assert report.count(state) == sum(w.jobs for w in report.waiting if w.state == state)
+    categories = {str(w.category) for w in report.waiting}
+    assert categories == {
+        "no_worker_capacity", "missing_authority", "invalid_configuration",
+        "awaiting_reconciliation", "scheduled_retry", "awaiting_rescue",
+    }  # fmt: skip
+    assert {w.workflow: w.live_leases for w in report.workflows} == {"digest": 0, "report": 1}
+
+
+async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
+    report = await snapshot(pool)
+    assert report.jobs == report.waiting == report.effects == report.poison == ()
+    assert (report.relay.pending, report.relay.held, report.relay.lag_s) == (0, 0, 0.0)
+    assert to_json(report)["totals"]["queued"] == 0
+    assert "jobs: none" in render_table(report)
+
+
+def _stable(data: Any) -> Any:
+    """Drop what changes between two snapshots (clock readings), keep every count."""
+    if isinstance(data, dict):
+        return {k: _stable(v) for k, v in data.items()
+                if not k.endswith("_s") and k != "taken_at"}  # fmt: skip
+    if isinstance(data, list):
+        return [_stable(v) for v in data]
+    return data
+
+
+async def test_cli_json_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: Expected) -> None:
+    done = run_cli(pg_dsn, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert _stable(printed) == _stable(to_json(await snapshot(pool)))
+    totals = printed["totals"]
+    assert [totals[s] for s in REPORTED_STATES] == [8, 2, 1, 1, 1, 1]
+    assert (totals["inbox_conflicts"], totals["poison_messages"], totals["rescued"]) == (1, 2, 1)
+    table = run_cli(pg_dsn, "status")
+    assert table.returncode == 0, table.stderr
+    assert "why waiting work waits" in table.stdout and "unresolved_effect" in table.stdout
+    assert SECRET not in done.stdout + table.stdout + done.stderr + table.stderr
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert SECRET not in text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def by(samples: dict[Any, float], name: str, *labels: str) -> dict[tuple[str, ...], int]:
+    return {
+        tuple(dict(k)[label] for label in labels): int(v)
+        for (n, k), v in samples.items()
+        if n == name
+    }
+
+
+async def test_metrics_endpoint_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: Expected) -> None:
+    server = serve_metrics(0, dsn=pg_dsn)
+    try:
+        samples = scrape(server.port)
+    finally:
+        server.close()
+    report = await snapshot(pool)
+    check_report(report, seeded)
+    assert samples[("accord_status_up", ())] == 1
+    assert by(samples, "accord_jobs", "state", "tenant", "workflow") == seeded.jobs
+    assert by(samples, "accord_job_attempts", "state", "tenant", "workflow") == seeded.attempts
+    waiting = by(samples, "accord_waiting_jobs", "reason", "state", "tenant", "workflow")
+    assert waiting == seeded.waiting
+    effects = by(
+        samples, "accord_unresolved_effects", "tenant", "workflow", "effect_state", "job_state"
+    )
+    assert effects == seeded.effects
+    assert by(samples, "accord_jobs_by_state", "state") == {
+        (s,): report.count(s) for s in REPORTED_STATES
+    }
+    assert samples[("accord_relay_pending", ())] == seeded.relay_pending
+    assert samples[("accord_relay_held", ())] == seeded.relay_held
+    assert samples[("accord_relay_lag_seconds", ())] > 0
+    assert samples[("accord_inbox_conflicts", ())] == 1
+    assert by(samples, "accord_poison_messages", "consumer", "reason") == seeded.poison
+    assert by(samples, "accord_replay_refusals_total", "workflow", "reason") == seeded.refusals
+    assert by(samples, "accord_tenant_frozen", "tenant") == {
+        ("acme",): 0,
+        ("globex",): 1,
+        ("initech",): 0,
+    }
+
+
+async def test_never_payloads(pool: asyncpg.Pool, seeded: Expected) -> None:
+    # Control: the marker really is in the database (payloads, errors, poison detail, bodies).
+    found = await pool.fetchval(
+        "SELECT (SELECT count(*) FROM jobs.jobs WHERE payload::text LIKE '%' || $1 || '%')"
+        " + (SELECT count(*) FROM consumers.poison WHERE detail::text LIKE '%' || $1 || '%')"
+        " + (SELECT count(*) FROM jobs.jobs WHERE last_error LIKE '%' || $1 || '%')",
+        SECRET,
+    )
+    assert found > 10
+    report = await snapshot(pool)
+    assert SECRET not in render_table(report)
+    assert SECRET not in json.dumps(to_json(report))
+    assert SECRET not in repr(report)
+
+
+async def test_scrape_reports_a_database_that_does_not_answer() -> None:
+    server = serve_metrics(0, dsn="postgresql://postgres@127.0.0.1:1/none")
+    try:
+        samples = scrape(server.port)
+    finally:
+        server.close()
+    assert samples[("accord_status_up", ())] == 0
+    assert not [k for k in samples if k[0] == "accord_jobs"]
