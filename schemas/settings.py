@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     journal_dir: str = "var/journal"
     ledger_path: str = "var/authority.ledger"
     object_dir: str = "var/objects"
+    # The provider the demo's report job calls as an effect (`python -m accord.provider`).
+    provider_url: str = "http://127.0.0.1:8077"
     metrics_port: int = Field(default=0, ge=0)
 
 

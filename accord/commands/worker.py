@@ -1,18 +1,169 @@
-"""`accord worker`: run job workers for one workflow class (placeholder)."""
+"""`accord worker --workflow NAME`: run job workers for one workflow class until SIGTERM.
+
+Refuses to start on a schema older than the code, and unless ``--owner`` is the registered
+queue owner of the class (``jobs.Store.require_registration``). Opens this runner's journal
+(a torn tail is quarantined and cut, a corrupt one refused) and reports the effects an
+earlier run began whose outcome the database never recorded. The first SIGTERM (or SIGINT)
+stops claiming and lets in-flight handlers finish within ``--grace-s``, then cancels them
+(interrupted effects are recorded unknown); a second one cancels at once. Exit 0 after a
+clean stop, 2 on a refusal, non-zero after a crashed loop.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import anyio
+import anyio.abc
+
+from accord import runtime
+from accord.demo import job as demo_job
+from accord.provider import ProviderClient
+from jobs import Store
+from jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
+from schemas import migrate
+from schemas.db import connect, create_pool
+from schemas.errors import ConfigError
 from schemas.settings import Settings
+
+log = logging.getLogger("accord.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """One `accord worker` process: the class it serves and how."""
+
+    workflow: str
+    journal: Path
+    config: WorkerConfig
+
+    @property
+    def runner_id(self) -> str:
+        # The journal file names its runner: reopening the same file is the same runner.
+        return self.journal.stem
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("worker", help="run job workers for one workflow class")
+    parser.add_argument("--workflow", required=True, help="the workflow class, e.g. report")
+    parser.add_argument(
+        "--owner", default=demo_job.DEFAULT_OWNER, help="the registered queue owner (%(default)s)"
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="jobs at once (%(default)s)")
+    parser.add_argument(
+        "--journal",
+        default=None,
+        help="journal file (default: <journal_dir>/<owner>.<class>.journal)",
+    )
+    parser.add_argument("--lease-s", type=float, default=None, help="default: job_lease_s")
+    parser.add_argument("--poll-s", type=float, default=1.0, help="claim poll interval")
+    parser.add_argument(
+        "--rescue-every-s", type=float, default=5.0, help="host the rescue call (0: do not)"
+    )
+    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace period")
+    parser.add_argument(
+        "--timeout-s", type=float, default=demo_job.DEFAULT_TIMEOUT_S, help="handler timeout"
+    )
     parser.set_defaults(handler=handle)
 
 
+def options_from(args: argparse.Namespace, settings: Settings) -> WorkerOptions:
+    """The worker's options, from flags and settings (the only place they meet)."""
+    journal = args.journal or Path(settings.journal_dir) / f"{args.owner}.{args.workflow}.journal"
+    config = WorkerConfig(
+        owner=args.owner,
+        concurrency=args.concurrency,
+        lease_s=args.lease_s if args.lease_s is not None else settings.job_lease_s,
+        poll_s=args.poll_s,
+        rescue_every_s=args.rescue_every_s or None,
+        grace_s=args.grace_s,
+    )
+    return WorkerOptions(workflow=args.workflow, journal=Path(journal), config=config)
+
+
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord worker: not implemented yet", file=sys.stderr)
-    return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    options = options_from(args, settings)
+    provider = ProviderClient(settings.provider_url)
+    handlers = demo_job.handlers(provider, timeout_s=args.timeout_s)
+    return int(runtime.run(serve, settings, options, handlers))
+
+
+async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[Registered]) -> int:
+    """Run one worker process (the composition root's body; tests' drivers call it too)."""
+    chosen = [h for h in handlers if h.workflow == options.workflow]
+    if not chosen:
+        raise ConfigError(
+            "no job handler for this workflow class",
+            workflow=options.workflow,
+            known=sorted(h.workflow for h in handlers),
+        )
+    conn = await connect(settings.pg_dsn)
+    try:
+        await migrate.require_current(conn)  # refuse a schema older than the code
+    finally:
+        await conn.close()
+    pool = await create_pool(
+        settings.pg_dsn, min_size=1, max_size=2 * options.config.concurrency + 2
+    )
+    try:
+        store = Store(pool)
+        await store.require_registration(options.workflow, options.config.owner)
+        with open_journal(options.journal, options.runner_id) as journal:
+            worker = Worker(
+                store,
+                config=options.config,
+                journal=journal,
+                objects=LocalDirStore(settings.object_dir),
+                pool=pool,
+            )
+            worker.register_all(chosen)
+            await _run(worker, options)
+    finally:
+        await pool.close()
+    return 0
+
+
+async def _run(worker: Worker, options: WorkerOptions) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def run_then_stop(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            await worker.run(task_status=task_status)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(_stop_on_signal, worker)
+        await tg.start(run_then_stop)
+        print(
+            f"worker ready: workflow={options.workflow} owner={options.config.owner}"
+            f" runner={options.runner_id} concurrency={options.config.concurrency}"
+            f" lease_s={options.config.lease_s:g} unrecorded_effects={len(worker.unrecorded)}",
+            flush=True,
+        )
+    stats = worker.stats
+    log.info(
+        "worker stopped: claimed=%d endings=%s renewals=%d unresolved=%d",
+        stats.claimed,
+        dict(stats.endings),
+        stats.renewals,
+        len(stats.unresolved),
+    )
+
+
+async def _stop_on_signal(worker: Worker) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        first = True
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if first:
+                print(f"worker: {name}, stopping claims, finishing in-flight jobs", file=sys.stderr)
+                worker.stop()
+                first = False
+            else:
+                print(f"worker: {name} again, cancelling in-flight jobs", file=sys.stderr)
+                worker.stop(now=True)

@@ -1,5 +1,13 @@
 """The worker loop, effect execution and the append-only runner journal."""
 
+from jobs.runner.context import EffectCall, JobContext
+from jobs.runner.effects import (
+    EffectOutcomeError,
+    EffectUnknown,
+    FailedBeforeDispatch,
+    Success,
+    intent_digest,
+)
 from jobs.runner.errors import (
     JournalBroken,
     JournalCorrupt,
@@ -27,13 +35,31 @@ from jobs.runner.journal_records import (
     unrecorded_effects,
 )
 from jobs.runner.objects import LocalDirStore, ObjectInfo, ObjectStore, collect_garbage
+from jobs.runner.recovery import open_journal, report_unrecorded
+from jobs.runner.worker import (
+    Ending,
+    Finished,
+    Handler,
+    Registered,
+    Worker,
+    WorkerConfig,
+    WorkerStats,
+)
 
 __all__: list[str] = [
     "Claim",
     "Defect",
     "EffectBegin",
+    "EffectCall",
     "EffectOutcome",
+    "EffectOutcomeError",
     "EffectRef",
+    "EffectUnknown",
+    "Ending",
+    "FailedBeforeDispatch",
+    "Finished",
+    "Handler",
+    "JobContext",
     "Journal",
     "JournalBroken",
     "JournalCorrupt",
@@ -53,11 +79,19 @@ __all__: list[str] = [
     "ObjectStoreError",
     "Publish",
     "RecordType",
+    "Registered",
     "Repair",
+    "Success",
     "Tail",
     "UnrecordedEffect",
+    "Worker",
+    "WorkerConfig",
+    "WorkerStats",
     "collect_garbage",
+    "intent_digest",
+    "open_journal",
     "parse_record",
+    "report_unrecorded",
     "scan_journal",
     "unrecorded_effects",
 ]

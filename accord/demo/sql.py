@@ -1,0 +1,32 @@
+"""SQL owned by the demo domain (schema ``demo``). Values only as $n parameters."""
+
+# Record submission ($1 tenant, $2 report id) unless it exists; returns the row when inserted.
+INSERT_SUBMISSION = (
+    "INSERT INTO demo.submissions (tenant, report_id, subject, operation_id, event_id, accepted_at)"
+    " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, report_id) DO NOTHING"
+    " RETURNING report_id"
+)
+
+# The existing submission of report $2 for tenant $1 (an idempotent re-accept reads it).
+SUBMISSION = (
+    "SELECT tenant, report_id, subject, operation_id, event_id, state, accepted_at"
+    " FROM demo.submissions WHERE tenant = $1 AND report_id = $2"
+)
+
+# The published report row, written only by the report job's fenced publish callback.
+INSERT_REPORT = (
+    "INSERT INTO demo.reports"
+    " (tenant, report_id, job_id, object_key, provider_receipt, generation)"
+    " VALUES ($1, $2, $3, $4, $5, $6)"
+)
+
+# Mark submission $2 of tenant $1 published (same fenced transaction as its report row).
+MARK_PUBLISHED = (
+    "UPDATE demo.submissions SET state = 'published' WHERE tenant = $1 AND report_id = $2"
+)
+
+# One published report (for the demo's summary and the tests' oracle).
+REPORT = (
+    "SELECT tenant, report_id, job_id, object_key, provider_receipt, published_at, generation"
+    " FROM demo.reports WHERE tenant = $1 AND report_id = $2"
+)

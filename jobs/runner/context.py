@@ -1,0 +1,272 @@
+"""What a handler gets: one claimed job, and the only ways it may touch the world.
+
+Invariant: every write-back a handler makes goes through the jobs module's fenced calls
+(``Store.begin_effect`` / ``finish_effect`` / ``publish``), so a worker that lost its lease
+can compute whatever it likes and still change nothing. An effect is recorded ``pending``
+(fenced) and journaled (fsynced) *before* its call is dispatched; the call itself runs
+outside any transaction, under the handler's deadline; its outcome is then recorded even
+when the handler is being cancelled. If recording the outcome fails, the pending row is
+the evidence and keeps blocking a redispatch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import asyncpg
+
+from jobs.errors import FenceLost
+from jobs.models import EffectState, Lease
+from jobs.runner import sql
+from jobs.runner.effects import (
+    EffectUnknown,
+    FailedBeforeDispatch,
+    Outcome,
+    Success,
+    classify_error,
+    classify_result,
+    idempotency_key,
+    intent_digest,
+)
+from jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
+from jobs.runner.objects import ObjectStore
+from jobs.store import Callback, Store
+from schemas.db import require_transaction
+
+log = logging.getLogger("accord.worker")
+
+#: An effect's dispatch: returns Success(receipt) or FailedBeforeDispatch (or raises it).
+EffectCall = Callable[[], Awaitable[object]]
+
+#: Errors that mean "the database connection is gone" (the write-back may not have happened).
+SERVICE_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+)
+
+
+class JournalWriter(Protocol):
+    """Appends one record durably (fsynced) before returning."""
+
+    async def __call__(self, record: Any) -> None: ...
+
+
+@dataclass(slots=True)
+class EffectTrail:
+    """What this attempt did with its effects (process-local; the database is the truth)."""
+
+    begun: list[EffectRef] = field(default_factory=list)
+    # Effects this attempt left pending (outcome not recorded) or recorded unknown.
+    unresolved: dict[EffectRef, EffectState] = field(default_factory=dict)
+
+
+class JobContext:
+    """One claimed job as its handler sees it: the lease, the payload, effects, publish."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        store: Store,
+        objects: ObjectStore,
+        journal: JournalWriter,
+        record_timeout_s: float = 10.0,
+    ) -> None:
+        self._lease = lease
+        self._store = store
+        self._objects = objects
+        self._journal = journal
+        self._record_timeout_s = record_timeout_s
+        self.trail = EffectTrail()
+        self.published = False
+        #: Set by the heartbeat when the lease is lost; the handler's scope is then cancelled.
+        self.fence_lost: FenceLost | None = None
+
+    # -- what the handler reads ---------------------------------------------------------
+
+    @property
+    def lease(self) -> Lease:
+        """The current lease (renewals replace it; its fence fields never change)."""
+        return self._lease
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self._lease.payload
+
+    def idempotency_key(self, effect_key: str) -> str:
+        """A provider idempotency key for ``effect_key``: same for every attempt of the job."""
+        return idempotency_key(self._lease, effect_key)
+
+    def renewed(self, lease: Lease) -> None:
+        """The heartbeat's hook: the renewed lease replaces the current one."""
+        self._lease = lease
+
+    # -- effects ----------------------------------------------------------------------------
+
+    async def effect(
+        self,
+        key: str,
+        intent: Mapping[str, Any],
+        call: EffectCall,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Success:
+        """Fenced begin → journal → ``call()`` outside any transaction → recorded outcome.
+
+        Returns the Success. Raises FenceLost / EffectAlreadyBegun / EffectConflict /
+        EffectsDisabled before dispatch (nothing was called); FailedBeforeDispatch (recorded:
+        the same key and intent may begin again); EffectUnknown (recorded unknown, or left
+        pending: never redo it); or the cancellation that interrupted the call (recorded
+        unknown first).
+        """
+        lease = self._lease
+        digest = intent_digest(lease, key, intent)
+        seq = await self._store.begin_effect(lease, key, digest)
+        ref = EffectRef(lease.job_id, key, seq)
+        self.trail.begun.append(ref)
+        self.trail.unresolved[ref] = EffectState.PENDING
+        try:
+            await self._journal(
+                EffectBegin(
+                    **_claim_fields(lease),
+                    effect_key=key,
+                    seq=seq,
+                    idempotency_key=idempotency_key,
+                    intent_digest=digest,
+                )
+            )
+        except BaseException:
+            # The call never started: nothing was dispatched, so say exactly that.
+            await self._record(ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail="journal"))
+            raise
+        return await self._dispatch(ref, call)
+
+    async def _dispatch(self, ref: EffectRef, call: EffectCall) -> Success:
+        try:
+            result = await call()
+        except anyio.get_cancelled_exc_class() as exc:
+            await self._record(ref, classify_error(exc))
+            raise
+        except FailedBeforeDispatch as exc:
+            await self._record(ref, classify_error(exc))
+            raise
+        except Exception as exc:
+            # The request may have left: whatever failed, the outcome is unknown.
+            await self._record(ref, classify_error(exc))
+            raise EffectUnknown(
+                job_id=ref.job_id, effect_key=ref.effect_key, seq=ref.seq, cause=type(exc).__name__
+            ) from exc
+        outcome = classify_result(result)
+        await self._record(ref, outcome)
+        if isinstance(result, Success):
+            return result
+        if isinstance(result, FailedBeforeDispatch):
+            raise result
+        raise EffectUnknown(
+            job_id=ref.job_id, effect_key=ref.effect_key, seq=ref.seq, cause=outcome.detail
+        )
+
+    async def _record(self, ref: EffectRef, outcome: Outcome) -> None:
+        """Record the outcome (fenced) and journal it, shielded: cancellation is usually why
+        we are here. A refused or failed record leaves the pending row as the evidence; the
+        journal keeps what the call returned (a receipt included) either way."""
+        lease = self._lease
+        with anyio.move_on_after(self._record_timeout_s, shield=True) as scope:
+            await self._finish_effect(lease, ref, outcome)
+        if scope.cancelled_caught:
+            log.warning(
+                "recording effect outcome timed out, pending row remains: job=%s key=%s seq=%s",
+                ref.job_id,
+                ref.effect_key,
+                ref.seq,
+            )
+        with anyio.CancelScope(shield=True):
+            await self._journal(
+                EffectOutcome(
+                    **_claim_fields(lease),
+                    effect_key=ref.effect_key,
+                    seq=ref.seq,
+                    outcome=outcome.state,
+                    receipt=outcome.receipt,
+                    detail=outcome.detail,
+                )
+            )
+
+    async def _finish_effect(self, lease: Lease, ref: EffectRef, outcome: Outcome) -> None:
+        try:
+            await self._store.finish_effect(
+                lease, ref.effect_key, outcome.state, receipt=outcome.receipt
+            )
+        except FenceLost as exc:
+            log.warning(
+                "effect outcome not recorded, pending row remains: job=%s key=%s seq=%s"
+                " outcome=%s fence=%s",
+                ref.job_id,
+                ref.effect_key,
+                ref.seq,
+                outcome.state,
+                exc.fields.get("reason"),
+            )
+        except SERVICE_LOST as exc:
+            log.warning(
+                "effect outcome not recorded (database unreachable), pending row remains:"
+                " job=%s key=%s seq=%s outcome=%s error=%s",
+                ref.job_id,
+                ref.effect_key,
+                ref.seq,
+                outcome.state,
+                type(exc).__name__,
+            )
+        else:
+            self._recorded(ref, outcome.state)
+
+    def _recorded(self, ref: EffectRef, state: EffectState) -> None:
+        if state is EffectState.UNKNOWN:
+            self.trail.unresolved[ref] = state
+        else:
+            self.trail.unresolved.pop(ref, None)
+
+    # -- results and publish -------------------------------------------------------------------
+
+    async def put_object(self, data: bytes) -> str:
+        """Store ``data`` as an immutable, content-addressed object; returns its key. It is
+        authoritative only once a fenced publish writes its manifest row (record_result)."""
+        key: str = await anyio.to_thread.run_sync(self._objects.put, data)
+        return key
+
+    async def record_result(self, tx: Any, object_key: str) -> None:
+        """Runs in the publish callback's transaction (the fence holds the job row); never
+        commits. Writes the jobs.results manifest row naming ``object_key``."""
+        require_transaction(tx)
+        digest = object_key.removeprefix("sha256-")
+        await tx.execute(
+            sql.INSERT_RESULT, self._lease.job_id, self._lease.tenant, object_key, digest
+        )
+
+    async def publish(
+        self, callback: Callback | None = None, *, object_key: str | None = None
+    ) -> None:
+        """The fenced, database-only publish (see ``Store.publish``), journaled after commit.
+
+        Raises FenceLost (nothing the callback wrote survives) or EffectsUnresolved.
+        """
+        await self._store.publish(self._lease, callback)
+        self.published = True
+        await self._journal(Publish(**_claim_fields(self._lease), object_key=object_key))
+
+
+def _claim_fields(lease: Lease) -> dict[str, Any]:
+    return {
+        "tenant": lease.tenant,
+        "job_id": lease.job_id,
+        "attempt_id": lease.attempt_id,
+        "generation": lease.generation,
+    }

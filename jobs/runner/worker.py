@@ -1,0 +1,437 @@
+"""The worker: claim → handler under a deadline, with heartbeats → fenced write-backs.
+
+Invariant it owns: the worker never writes back except through the jobs module's fenced
+calls, and it never pretends. A handler runs under a deadline of min(handler timeout,
+lease remaining by the local monotonic clock, measured conservatively from *before* the
+claim or renewal call); a heartbeat in the same task group renews the lease at most every
+third of the lease and, once the fence is lost, stops renewing and cancels the handler. What
+the handler began is recorded honestly whatever ends it: a handler error with no unresolved
+effect is retried (``store.fail(retry=True)``), with an unknown or pending effect the job
+becomes ``unknown`` (the jobs module decides that, in the same fenced statement), a lost
+fence writes nothing, and SIGTERM stops claiming, lets handlers finish within a grace
+period, then cancels them (an interrupted effect is recorded unknown).
+
+Loops of one worker process (each polls; polling is the truth): one claim loop per
+registered workflow class, sharing ``concurrency`` slots; optionally the jobs module's
+rescue, called periodically (rescue itself stays ``Store.rescue``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from jobs.errors import EffectsUnresolved, FenceLost
+from jobs.models import EffectState, JobState, Lease
+from jobs.runner import recovery
+from jobs.runner.context import SERVICE_LOST, JobContext
+from jobs.runner.journal import Journal
+from jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
+from jobs.runner.objects import ObjectStore
+from jobs.store import Store
+from schemas.errors import ConfigError
+
+log = logging.getLogger("accord.worker")
+
+#: A job handler: does the work of one claimed job through its context.
+Handler = Callable[[JobContext], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """One workflow class this worker serves: its handler and the handler's timeout."""
+
+    workflow: str
+    handler: Handler
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process runs; built by the composition root."""
+
+    owner: str  # the registered queue owner of the classes served
+    concurrency: int = 4
+    lease_s: float = 60.0
+    claim_batch: int = 16
+    poll_s: float = 1.0
+    rescue_every_s: float | None = 5.0  # None: this process does not host the rescue call
+    rescue_limit: int = 100
+    grace_s: float = 10.0
+    record_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.concurrency, self.claim_batch, self.rescue_limit) < 1:
+            raise ConfigError("worker sizes must be positive", concurrency=self.concurrency)
+        if not (self.lease_s > 0 and self.poll_s > 0 and self.grace_s >= 0):
+            raise ConfigError("worker times must be positive", lease_s=self.lease_s)
+        if self.rescue_every_s is not None and self.rescue_every_s <= 0:
+            raise ConfigError("rescue_every_s must be positive or None")
+
+
+class Ending(StrEnum):
+    """How one claimed job left this worker."""
+
+    PUBLISHED = "published"  # the fenced publish committed
+    FAILED = "failed"  # the handler failed; the job went to the state the jobs module chose
+    DEADLINE = "deadline"  # the handler ran out of time; likewise
+    STOPPED = "stopped"  # cancelled by shutdown; likewise
+    FENCE_LOST = "fence_lost"  # the lease was gone: nothing could be written back
+    UNRECORDED = "unrecorded"  # the database did not answer: the lease runs out, rescue acts
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One claimed job's end as this worker saw it (the database is the truth)."""
+
+    job_id: int
+    generation: int
+    ending: Ending
+    state: JobState | None  # the job's state after our write-back, when we made one
+    reason: str | None
+    unresolved: tuple[tuple[EffectRef, EffectState], ...] = ()
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Process-local counters for logs, tests and metrics."""
+
+    claimed: int = 0
+    renewals: int = 0
+    endings: Counter[str] = field(default_factory=Counter)
+    rescued: Counter[str] = field(default_factory=Counter)
+    recent: deque[Finished] = field(default_factory=lambda: deque(maxlen=1000))
+    # Effects this process left pending or unknown (reported, for reconciliation).
+    unresolved: list[tuple[EffectRef, EffectState]] = field(default_factory=list)
+
+
+class Worker:
+    """One worker process's loops over the jobs module (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        config: WorkerConfig,
+        journal: Journal,
+        objects: ObjectStore,
+        pool: Any = None,
+    ) -> None:
+        self.config = config
+        self.stats = WorkerStats()
+        #: The journal's unrecorded effects found when ``run`` started (needs ``pool``).
+        self.unrecorded: list[UnrecordedEffect] = []
+        self._store = store
+        self._journal = journal
+        self._objects = objects
+        self._pool = pool
+        self._handlers: dict[str, Registered] = {}
+        self._running = 0
+        self._stopping = False
+        self._stop = anyio.Event()
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._jobs_scope: anyio.CancelScope | None = None
+
+    # -- registration and control ---------------------------------------------------------
+
+    def register(self, workflow: str, handler: Handler, *, timeout_s: float) -> None:
+        """Serve ``workflow`` with ``handler``, each run bounded by ``timeout_s``."""
+        if not timeout_s > 0:
+            raise ConfigError("a handler timeout must be positive", workflow=workflow)
+        if workflow in self._handlers:
+            raise ConfigError("a handler is already registered", workflow=workflow)
+        self._handlers[workflow] = Registered(workflow, handler, timeout_s)
+
+    def register_all(self, handlers: Mapping[str, Registered] | Sequence[Registered]) -> None:
+        values = handlers.values() if isinstance(handlers, Mapping) else handlers
+        for entry in values:
+            self.register(entry.workflow, entry.handler, timeout_s=entry.timeout_s)
+
+    @property
+    def workflows(self) -> list[str]:
+        return sorted(self._handlers)
+
+    @property
+    def journal(self) -> Journal:
+        """This runner's journal (the caller opened it and closes it)."""
+        return self._journal
+
+    @property
+    def running(self) -> int:
+        """Jobs this worker holds right now."""
+        return self._running
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop claiming; in-flight handlers get ``grace_s`` (``now``: none) to finish."""
+        self._stopping = True
+        self._stop.set()
+        self._wake.set()
+        if now and self._jobs_scope is not None:
+            self._jobs_scope.cancel()
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until :meth:`stop`. Refuses to start (RegistrationError) unless ``owner`` is the
+        registered queue owner of every class served; reports the journal's unrecorded
+        effects first. A crashed loop cancels the rest (recorded honestly) and propagates."""
+        if not self._handlers:
+            raise ConfigError("the worker has no handler registered")
+        for workflow in self._handlers:
+            await self._store.require_registration(workflow, self.config.owner)
+        if self._pool is not None:
+            self.unrecorded = await recovery.report_unrecorded(self._pool, self._journal)
+        async with anyio.create_task_group() as jobs:
+            self._jobs_scope = jobs.cancel_scope
+            async with anyio.create_task_group() as loops:
+                for registered in self._handlers.values():
+                    loops.start_soon(self._claim_loop, registered, jobs)
+                if self.config.rescue_every_s is not None:
+                    loops.start_soon(self._rescue_loop, self.config.rescue_every_s)
+                task_status.started()
+            # Stopping: no more claims. Give the jobs in flight their grace, then cancel.
+            self._idle = anyio.Event()
+            if self._running:
+                with anyio.move_on_after(self.config.grace_s):
+                    await self._idle.wait()
+            jobs.cancel_scope.cancel()
+
+    async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
+        backoff = self.config.poll_s
+        while not self._stopping:
+            free = self.config.concurrency - self._running
+            if free <= 0:
+                await self._nap(self.config.poll_s)
+                continue
+            wanted = min(free, self.config.claim_batch)
+            started = anyio.current_time()  # before the claim: the local lease clock is early
+            try:
+                leases = await self._store.claim(
+                    registered.workflow,
+                    self.config.owner,
+                    lease_s=self.config.lease_s,
+                    limit=wanted,
+                )
+            except SERVICE_LOST as exc:
+                log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                await self._nap(backoff, stop_only=True)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = self.config.poll_s
+            for lease in leases:
+                self._running += 1
+                self.stats.claimed += 1
+                jobs.start_soon(self._run_job, registered, lease, started)
+            if len(leases) < wanted:
+                await self._nap(self.config.poll_s)
+
+    async def _rescue_loop(self, every_s: float) -> None:
+        while not self._stopping:
+            try:
+                report = await self._store.rescue(self.config.rescue_limit)
+            except SERVICE_LOST as exc:
+                log.warning("rescue failed (%s)", type(exc).__name__)
+            else:
+                for rescued in report.rescued:
+                    self.stats.rescued[str(rescued.state)] += 1
+                    log.info(
+                        "rescued job=%s tenant=%s to %s (generation %s)",
+                        rescued.job_id,
+                        rescued.tenant,
+                        rescued.state,
+                        rescued.generation,
+                    )
+            await self._nap(every_s, stop_only=True)
+
+    async def _nap(self, seconds: float, *, stop_only: bool = False) -> None:
+        """Sleep up to ``seconds``; a stop (or, unless ``stop_only``, a freed slot) wakes us."""
+        event = self._stop if stop_only else self._wake
+        with anyio.move_on_after(seconds):
+            await event.wait()
+
+    def _slot_freed(self) -> None:
+        self._running -= 1
+        self._wake.set()
+        self._wake = anyio.Event()
+        if self._stopping:
+            self._wake.set()
+            if not self._running:
+                self._idle.set()
+
+    # -- one job -------------------------------------------------------------------------------
+
+    async def _append(self, record: Any) -> None:
+        await anyio.to_thread.run_sync(self._journal.append, record)
+
+    async def _run_job(self, registered: Registered, lease: Lease, claimed_at: float) -> None:
+        try:
+            await self._append(
+                Claim(
+                    tenant=lease.tenant,
+                    job_id=lease.job_id,
+                    attempt_id=lease.attempt_id,
+                    generation=lease.generation,
+                )
+            )
+            ctx = JobContext(
+                lease,
+                store=self._store,
+                objects=self._objects,
+                journal=self._append,
+                record_timeout_s=self.config.record_timeout_s,
+            )
+            finished = await self._execute(registered, ctx, claimed_at)
+            self._note(finished)
+        finally:
+            self._slot_freed()
+
+    async def _execute(
+        self, registered: Registered, ctx: JobContext, claimed_at: float
+    ) -> Finished:
+        hard_deadline = claimed_at + registered.timeout_s
+        scope = anyio.CancelScope(deadline=min(hard_deadline, claimed_at + self.config.lease_s))
+        error: Exception | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat, ctx, scope, hard_deadline, claimed_at)
+                try:
+                    with scope:
+                        await registered.handler(ctx)
+                except Exception as exc:  # noqa: BLE001 - recorded below: the failure policy
+                    error = exc
+                tg.cancel_scope.cancel()  # stop the heartbeat
+        except anyio.get_cancelled_exc_class():
+            # Shutdown cancelled the handler: record that honestly before going.
+            with anyio.move_on_after(self.config.record_timeout_s, shield=True):
+                self._note(await self._give_up(ctx, Ending.STOPPED, "worker_stopped"))
+            raise
+        return await self._settle(ctx, scope, error)
+
+    async def _heartbeat(
+        self, ctx: JobContext, scope: anyio.CancelScope, hard_deadline: float, claimed_at: float
+    ) -> None:
+        """Renew at most every third of the lease; on FenceLost stop and cancel the handler."""
+        lease_s = self.config.lease_s
+        next_at = claimed_at + lease_s / 3
+        while True:
+            await anyio.sleep_until(next_at)
+            started = anyio.current_time()
+            next_at = started + lease_s / 3
+            try:
+                lease = await self._store.renew(ctx.lease, lease_s)
+            except FenceLost as exc:
+                ctx.fence_lost = exc
+                log.warning(
+                    "lease lost: job=%s generation=%s fence=%s; stopping the handler",
+                    ctx.lease.job_id,
+                    ctx.lease.generation,
+                    exc.fields.get("reason"),
+                )
+                scope.cancel()
+                return
+            except SERVICE_LOST as exc:
+                # Not renewed: the handler's deadline stays at the old local lease expiry.
+                log.warning("renew failed: job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
+                continue
+            ctx.renewed(lease)
+            self.stats.renewals += 1
+            scope.deadline = min(hard_deadline, started + lease_s)
+
+    async def _settle(
+        self, ctx: JobContext, scope: anyio.CancelScope, error: Exception | None
+    ) -> Finished:
+        if ctx.published:
+            if error is not None:
+                log.warning("handler raised after its publish: job=%s", ctx.lease.job_id)
+            return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
+        if ctx.fence_lost is not None or isinstance(error, FenceLost):
+            lost = ctx.fence_lost or error
+            reason = lost.fields.get("reason") if isinstance(lost, FenceLost) else None
+            return self._finished(ctx, Ending.FENCE_LOST, None, str(reason))
+        if error is None and not scope.cancelled_caught:
+            return await self._complete(ctx)
+        if error is None:
+            return await self._give_up(ctx, Ending.DEADLINE, "deadline")
+        return await self._give_up(ctx, Ending.FAILED, _reason(error))
+
+    async def _complete(self, ctx: JobContext) -> Finished:
+        """The handler returned without publishing: that means done, without a result."""
+        try:
+            with anyio.move_on_after(self.config.record_timeout_s, shield=True):
+                await ctx.publish(None)
+        except FenceLost as exc:
+            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("reason")))
+        except EffectsUnresolved as exc:
+            return await self._give_up(ctx, Ending.FAILED, _reason(exc))
+        except SERVICE_LOST as exc:
+            log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
+        if ctx.published:
+            return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
+        return self._finished(ctx, Ending.UNRECORDED, None, "publish_unanswered")
+
+    async def _give_up(self, ctx: JobContext, ending: Ending, reason: str) -> Finished:
+        """Fenced ``fail(retry=True)``: the jobs module requeues it, poisons it, or makes it
+        unknown when an effect forbids running it again."""
+        try:
+            with anyio.move_on_after(self.config.record_timeout_s, shield=True):
+                state = await self._store.fail(ctx.lease, reason, retry=True)
+                return self._finished(ctx, ending, state, reason)
+        except FenceLost as exc:
+            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("reason")))
+        except SERVICE_LOST as exc:
+            log.warning("could not give up job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
+        return self._finished(ctx, Ending.UNRECORDED, None, reason)
+
+    def _finished(
+        self, ctx: JobContext, ending: Ending, state: JobState | None, reason: str | None
+    ) -> Finished:
+        lease = ctx.lease
+        return Finished(
+            lease.job_id,
+            lease.generation,
+            ending,
+            state,
+            reason,
+            tuple(ctx.trail.unresolved.items()),
+        )
+
+    def _note(self, finished: Finished) -> None:
+        self.stats.endings[str(finished.ending)] += 1
+        self.stats.recent.append(finished)
+        level = logging.INFO if finished.ending is Ending.PUBLISHED else logging.WARNING
+        log.log(
+            level,
+            "job=%s generation=%s %s state=%s reason=%s",
+            finished.job_id,
+            finished.generation,
+            finished.ending,
+            finished.state,
+            finished.reason,
+        )
+        for ref, state in finished.unresolved:
+            self.stats.unresolved.append((ref, state))
+            log.warning(
+                "effect needs reconciliation: job=%s key=%s seq=%s state=%s",
+                ref.job_id,
+                ref.effect_key,
+                ref.seq,
+                state,
+            )
+
+
+def _reason(error: BaseException) -> str:
+    """The typed reason stored as the job's last error (never a payload or message text)."""
+    reason = getattr(type(error), "reason", None)
+    if isinstance(reason, str):
+        return reason
+    return f"handler:{type(error).__name__}"

@@ -1,0 +1,34 @@
+-- 0007 demo: the report workflow's domain tables (schema `demo`).
+--
+-- demo.submissions is written by accept_submission in the same transaction as the outbox row
+-- of report.accepted.v1; demo.reports only by the report job's fenced publish callback, in
+-- the same transaction as the jobs.results manifest row and the outbox row of
+-- report.published.v1. A stale worker's publish rolls back whole, so a report row always
+-- names the generation that held the job when it committed.
+CREATE SCHEMA IF NOT EXISTS demo;
+
+CREATE TABLE demo.submissions (
+    tenant       text        NOT NULL CHECK (tenant <> ''),
+    report_id    text        NOT NULL CHECK (report_id <> ''),
+    subject      text        NOT NULL,
+    -- The operation this submission started and the event that announced it (idempotent
+    -- re-accepts return that same event).
+    operation_id text        NOT NULL,
+    event_id     uuid        NOT NULL,
+    state        text        NOT NULL DEFAULT 'accepted',
+    accepted_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, report_id),
+    CONSTRAINT submissions_state_check CHECK (state IN ('accepted', 'published'))
+);
+
+CREATE TABLE demo.reports (
+    tenant           text        NOT NULL,
+    report_id        text        NOT NULL,
+    job_id           bigint      NOT NULL REFERENCES jobs.jobs (job_id),
+    object_key       text        NOT NULL,
+    provider_receipt text,
+    published_at     timestamptz NOT NULL DEFAULT now(),
+    generation       bigint      NOT NULL,
+    PRIMARY KEY (tenant, report_id),
+    FOREIGN KEY (tenant, report_id) REFERENCES demo.submissions (tenant, report_id)
+);

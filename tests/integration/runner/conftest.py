@@ -1,0 +1,165 @@
+"""Fixtures for the worker: a store over this test's database, a provider simulator with
+its own evidence file, a journal and an object directory, and a running worker."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from accord.demo import DEFAULT_OWNER, WORKFLOW, accept_submission, register_demo
+from accord.provider import ProviderClient, ProviderServer
+from jobs import Store, submit
+from jobs.runner import (
+    Handler,
+    LocalDirStore,
+    Worker,
+    WorkerConfig,
+    open_journal,
+)
+from schemas.catalog import default_catalog
+
+TENANT = "acme"
+CATALOG = default_catalog()
+
+
+@dataclass
+class Rig:
+    """Everything a worker needs, on this test's database and directories."""
+
+    pg_dsn: str
+    pool: asyncpg.Pool
+    store: Store
+    provider: ProviderServer
+    client: ProviderClient
+    objects: LocalDirStore
+    journal_dir: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    def journal_path(self, name: str = "w1") -> Path:
+        return self.journal_dir / f"{name}.journal"
+
+    async def submit_report(
+        self, report_id: str, subject: str = "quarterly numbers", *, tenant: str = TENANT
+    ) -> int:
+        """What accept + the report consumer do, in one transaction: the domain row, the
+        outbox row and the job (submitted exactly as accord.workflows submits it)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            event = await accept_submission(conn, tenant, report_id, subject)
+            done = await submit(
+                conn,
+                tenant=tenant,
+                workflow=WORKFLOW,
+                operation_id=event.operation_id,
+                digest=CATALOG.digest(event),
+                payload=dict(event.payload),
+            )
+        return done.job_id
+
+    async def submit_job(self, operation_id: str, workflow: str, **payload: Any) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            done = await submit(
+                conn,
+                tenant=TENANT,
+                workflow=workflow,
+                operation_id=operation_id,
+                digest=f"d-{operation_id}",
+                payload=payload,
+            )
+        return done.job_id
+
+    async def job(self, job_id: int) -> asyncpg.Record:
+        row: asyncpg.Record = await self.pool.fetchrow(
+            "SELECT state, generation, attempts, last_error, lease_expires_at"
+            " FROM jobs.jobs WHERE job_id = $1",
+            job_id,
+        )
+        return row
+
+    async def state(self, job_id: int) -> str:
+        return str((await self.job(job_id))["state"])
+
+    async def effects(self, job_id: int) -> list[tuple[str, int, str, str | None]]:
+        rows = await self.pool.fetch(
+            "SELECT effect_key, seq, state, receipt FROM jobs.effects WHERE job_id = $1"
+            " ORDER BY effect_key, seq",
+            job_id,
+        )
+        return [(r["effect_key"], r["seq"], r["state"], r["receipt"]) for r in rows]
+
+    def worker(
+        self,
+        handlers: dict[str, tuple[Handler, float]],
+        *,
+        journal: str = "w1",
+        owner: str = DEFAULT_OWNER,
+        **config: Any,
+    ) -> Worker:
+        options: dict[str, Any] = {"lease_s": 3.0, "poll_s": 0.05, "rescue_every_s": None}
+        options.update(config)
+        worker = Worker(
+            self.store,
+            config=WorkerConfig(owner=owner, **options),
+            journal=open_journal(self.journal_path(journal), journal),
+            objects=self.objects,
+            pool=self.pool,
+        )
+        for workflow, (handler, timeout_s) in handlers.items():
+            worker.register(workflow, handler, timeout_s=timeout_s)
+        self.workers.append(worker)
+        return worker
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run the worker in the background; on exit stop it (grace applies) and wait for it."""
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(_run, worker)
+            yield worker
+            worker.stop()
+    finally:
+        worker.journal.close()
+
+
+async def _run(worker: Worker, *, task_status: Any) -> None:
+    await worker.run(task_status=task_status)
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], within: float = 20, every: float = 0.05
+) -> None:
+    """Poll the database (the truth) until ``predicate`` holds; fail after ``within`` s."""
+    with anyio.fail_after(within):
+        while not await predicate():  # noqa: ASYNC110 - polling PostgreSQL, no event to wait on
+            await anyio.sleep(every)
+
+
+@pytest.fixture
+async def rig(pg_dsn: str, tmp_path: Path) -> AsyncIterator[Rig]:
+    pool = await asyncpg.create_pool(
+        pg_dsn, min_size=1, max_size=12, server_settings={"synchronous_commit": "off"}
+    )
+    assert pool is not None
+    store = Store(pool, backoff_base_s=0.0)
+    await register_demo(store)
+    try:
+        async with ProviderServer(tmp_path / "provider.db") as provider:
+            client = ProviderClient(provider.url, timeout_s=5.0)
+            yield Rig(
+                pg_dsn,
+                pool,
+                store,
+                provider,
+                client,
+                LocalDirStore(tmp_path / "objects"),
+                tmp_path / "journal",
+            )
+    finally:
+        await pool.close()

@@ -1,0 +1,236 @@
+"""The worker on real PostgreSQL and the provider simulator: the report job end to end,
+heartbeats, deadlines, a lease lost to a blocked event loop, and SIGTERM-style stops."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+
+from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
+from accord.provider import Fault
+from jobs import FenceLost, JobState, submit
+from jobs.runner import Ending, JobContext, scan_journal
+from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _register(rig: Rig, workflow: str) -> None:
+    await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+
+
+def _succeeded(rig: Rig, job_id: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return await rig.state(job_id) == JobState.SUCCEEDED
+
+    return check
+
+
+async def test_report_job_publishes_report_row_manifest_and_event(rig: Rig) -> None:
+    job_id = await rig.submit_report("r1", "quarterly numbers")
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 30.0)})
+    async with running(worker):
+        await wait_for(_succeeded(rig, job_id))
+    published = await report(rig.pool, TENANT, "r1")
+    assert published is not None and (published.job_id, published.generation) == (job_id, 1)
+    # the provider's own evidence: one accepted request, the receipt the report names
+    evidence = rig.provider.evidence()
+    assert [e.receipt_id for e in evidence] == [published.provider_receipt]
+    assert await rig.effects(job_id) == [(EFFECT_KEY, 1, "succeeded", published.provider_receipt)]
+    # the manifest row makes exactly the report's object authoritative
+    manifest = await rig.pool.fetch("SELECT job_id, object_key FROM jobs.results")
+    assert [(r["job_id"], r["object_key"]) for r in manifest] == [(job_id, published.object_key)]
+    body = json.loads(rig.objects.get(published.object_key))
+    assert body["provider_receipt"] == published.provider_receipt and body["generation"] == 1
+    # the domain row and both events, in the outbox
+    assert await rig.pool.fetchval("SELECT state FROM demo.submissions") == "published"
+    events = await rig.pool.fetch(
+        "SELECT type, operation_id FROM relay.outbox ORDER BY id",
+    )
+    assert [(e["type"], e["operation_id"]) for e in events] == [
+        ("report.accepted", "report:r1"),
+        ("report.published", "report:r1"),
+    ]
+    # the journal: claim, effect begin, effect outcome, publish, in that order
+    records = scan_journal(rig.journal_path()).records
+    assert [r["type"] for r in records] == ["claim", "effect_begin", "effect_outcome", "publish"]
+    assert records[2]["receipt"] == published.provider_receipt
+    assert records[3]["object_key"] == published.object_key
+    assert worker.stats.endings == {"published": 1}
+
+
+async def test_several_workers_and_classes_side_by_side_each_job_runs_once(rig: Rig) -> None:
+    await _register(rig, "tally")
+    runs: list[tuple[str, int]] = []
+
+    async def tally(ctx: JobContext) -> None:
+        runs.append((ctx.lease.operation_id, ctx.lease.generation))
+        await anyio.sleep(0.01)
+
+    reports = [await rig.submit_report(f"r{i}") for i in range(6)]
+    tallies = [await rig.submit_job(f"t{i}", "tally") for i in range(12)]
+    handlers = {WORKFLOW: (report_handler(rig.client), 30.0), "tally": (tally, 30.0)}
+    one = rig.worker(handlers, journal="w1", concurrency=3)
+    two = rig.worker(handlers, journal="w2", concurrency=2)
+    async with running(one), running(two):
+
+        async def all_done() -> bool:
+            done = await rig.pool.fetchval(
+                "SELECT count(*) FROM jobs.jobs WHERE state = 'succeeded'"
+            )
+            return bool(done == len(reports) + len(tallies))
+
+        await wait_for(all_done)
+    assert sorted(runs) == sorted((f"t{i}", 1) for i in range(12))
+    assert len(rig.provider.evidence()) == len(reports)
+    assert await rig.pool.fetchval("SELECT count(*) FROM demo.reports") == len(reports)
+    assert one.stats.claimed + two.stats.claimed == len(reports) + len(tallies)
+
+
+async def test_heartbeat_keeps_a_long_handler_s_lease(rig: Rig) -> None:
+    await _register(rig, "long")
+    job_id = await rig.submit_job("op-long", "long")
+
+    async def long(ctx: JobContext) -> None:
+        await anyio.sleep(2.5)  # two and a half leases
+        await ctx.publish()
+
+    # rescue runs every 0.2 s in the same process: only the renewals keep the job ours
+    worker = rig.worker({"long": (long, 30.0)}, lease_s=1.0, rescue_every_s=0.2)
+    async with running(worker):
+        await wait_for(_succeeded(rig, job_id))
+    row = await rig.job(job_id)
+    assert (row["generation"], row["attempts"]) == (1, 1)
+    # at most every third of the lease: no more than 2.5 s / (1 s / 3) renewals (+1 slack)
+    assert 4 <= worker.stats.renewals <= 8
+    assert worker.stats.rescued == {}
+
+
+async def test_a_lease_lost_to_a_blocked_loop_cannot_publish_the_reclaim_can(rig: Rig) -> None:
+    await _register(rig, "hog")
+    job_id = await rig.submit_job("op-hog", "hog")
+    published: list[int] = []
+
+    async def hog(ctx: JobContext) -> None:
+        if ctx.lease.generation == 1:
+            # Blocks the event loop past the lease: the heartbeat cannot run.
+            time.sleep(1.3)  # noqa: ASYNC251 - the point of the test
+        with anyio.CancelScope(shield=True):  # finish the work whatever the deadline says
+            await ctx.publish()
+        published.append(ctx.lease.generation)
+
+    worker = rig.worker({"hog": (hog, 30.0)}, lease_s=1.0, rescue_every_s=0.1)
+    async with running(worker):
+        await wait_for(_succeeded(rig, job_id))
+    endings = sorted((f.generation, f.ending) for f in worker.stats.recent)
+    # the stale attempt's publish was refused; the attempt that re-claimed it published
+    assert endings == [(1, Ending.FENCE_LOST), (3, Ending.PUBLISHED)]
+    assert published == [3]
+    assert (await rig.job(job_id))["generation"] == 3  # claim, rescue, claim
+
+
+async def test_handler_deadline_cancels_and_requeues(rig: Rig) -> None:
+    await _register(rig, "slow")
+    control = await rig.submit_job("op-quick", "slow", sleep_s=0.05)
+    job_id = await rig.submit_job("op-stuck", "slow", sleep_s=60)
+    started: dict[int, float] = {}
+
+    async def slow(ctx: JobContext) -> None:
+        started[ctx.lease.generation] = anyio.current_time()
+        if ctx.lease.generation == 1:
+            await anyio.sleep(float(ctx.payload["sleep_s"]))
+
+    worker = rig.worker({"slow": (slow, 0.5)}, lease_s=5.0)
+    async with running(worker):
+        await wait_for(_succeeded(rig, control))  # control: inside the deadline
+        await wait_for(_succeeded(rig, job_id))
+    stuck = [f for f in worker.stats.recent if f.job_id == job_id]
+    assert [(f.generation, f.ending, f.state, f.reason) for f in stuck] == [
+        (1, Ending.DEADLINE, JobState.QUEUED, "deadline"),
+        (2, Ending.PUBLISHED, JobState.SUCCEEDED, None),
+    ]
+    assert (await rig.job(job_id))["attempts"] == 2
+
+
+async def test_handler_error_is_retried_then_poisoned(rig: Rig) -> None:
+    await _register(rig, "flaky")
+    async with rig.pool.acquire() as conn, conn.transaction():
+        done = await submit(
+            conn, tenant=TENANT, workflow="flaky", operation_id="f1", digest="d", max_attempts=2
+        )
+
+    async def flaky(ctx: JobContext) -> None:
+        raise ValueError("boom")
+
+    worker = rig.worker({"flaky": (flaky, 5.0)})
+    async with running(worker):
+
+        async def poisoned() -> bool:
+            return await rig.state(done.job_id) == JobState.POISON
+
+        await wait_for(poisoned)
+    row = await rig.job(done.job_id)
+    assert (row["attempts"], row["last_error"]) == (2, "handler:ValueError")
+
+
+async def test_stop_lets_in_flight_work_finish_and_claims_nothing_new(rig: Rig) -> None:
+    await _register(rig, "steady")
+    first = await rig.submit_job("s1", "steady")
+    entered = anyio.Event()
+
+    async def steady(ctx: JobContext) -> None:
+        entered.set()
+        await anyio.sleep(0.5)
+
+    worker = rig.worker({"steady": (steady, 30.0)}, grace_s=10.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(_run, worker)
+        await entered.wait()
+        worker.stop()
+        later = await rig.submit_job("s2", "steady")
+    worker.journal.close()
+    assert await rig.state(first) == JobState.SUCCEEDED
+    assert await rig.state(later) == JobState.QUEUED
+
+
+async def test_stop_past_grace_records_the_interrupted_effect_unknown(rig: Rig) -> None:
+    rig.provider.set_fault(Fault.SLOW, delay_s=30)
+    job_id = await rig.submit_report("r-stop")
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 60.0)}, grace_s=0.3)
+
+    async def dispatched() -> bool:
+        return bool(await rig.effects(job_id)) and len(rig.provider.evidence()) == 1
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(_run, worker)
+        await wait_for(dispatched)
+        worker.stop()
+    worker.journal.close()
+    assert await rig.effects(job_id) == [(EFFECT_KEY, 1, "unknown", None)]
+    row = await rig.job(job_id)
+    assert (row["state"], row["last_error"]) == (JobState.UNKNOWN, "worker_stopped")
+    assert [(f.ending, f.state) for f in worker.stats.recent] == [
+        (Ending.STOPPED, JobState.UNKNOWN)
+    ]
+
+
+async def _run(worker, *, task_status) -> None:  # type: ignore[no-untyped-def]
+    await worker.run(task_status=task_status)
+
+
+async def test_publish_after_losing_the_fence_raises_fence_lost(rig: Rig) -> None:
+    await _register(rig, "plain")
+    job_id = await rig.submit_job("p1", "plain")
+    [lease] = await rig.store.claim("plain", DEFAULT_OWNER, lease_s=30)
+    await rig.store.cancel(job_id, reason="test")
+    ctx = JobContext(lease, store=rig.store, objects=rig.objects, journal=_no_journal)
+    with pytest.raises(FenceLost):
+        await ctx.publish()
+    assert not ctx.published
+
+
+async def _no_journal(record: object) -> None:
+    return None
