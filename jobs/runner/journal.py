@@ -181,10 +181,7 @@ def _crc_holds(data: bytes, pos: int, length: int, crc: int) -> bool:
 
 def _read_frame(data: bytes, pos: int) -> tuple[Defect, dict[str, Any] | None, int]:
     """The frame at ``pos``: (NONE, record, next offset) or (defect, None, pos)."""
-    remaining = len(data) - pos
-    if data.count(0, pos) == remaining:
-        return Defect.ZERO_FILL, None, pos
-    if remaining < _FRAME.size:
+    if len(data) - pos < _FRAME.size:
         return Defect.SHORT_FRAME, None, pos
     length, crc = _FRAME.unpack_from(data, pos)
     if length < MIN_PAYLOAD or length > MAX_PAYLOAD:
@@ -227,6 +224,8 @@ def scan_bytes(data: bytes) -> JournalScan:
     while pos < len(data):
         defect, record, nxt = _read_frame(data, pos)
         if record is None:
+            if data.count(0, pos) == len(data) - pos:
+                defect = Defect.ZERO_FILL  # a frame is never all zeros: the tail is unwritten
             fatal = defect is Defect.BAD_PAYLOAD or _valid_frame_after(data, pos) is not None
             tail = Tail.CORRUPT if fatal else Tail.TORN
             return JournalScan(runner_id, tuple(records), pos, len(data), tail, defect)

@@ -251,6 +251,14 @@ while True:
 """
 
 
+def wait_for_first_ack(out: Path, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not out.read_text().strip():
+        assert proc.poll() is None, "the appender died on its own"
+        assert time.monotonic() < deadline, "the appender never acknowledged a record"
+        time.sleep(0.01)
+
+
 @pytest.mark.timeout(300)
 def test_kill_9_never_loses_an_acknowledged_record(tmp_path: Path) -> None:
     path = tmp_path / "j"
@@ -260,11 +268,16 @@ def test_kill_9_never_loses_an_acknowledged_record(tmp_path: Path) -> None:
         out = tmp_path / f"acks-{round_}"
         with out.open("w") as sink:
             proc = child(APPENDER, str(path), stdout=sink)
-            time.sleep(rng.uniform(0.3, 0.9))
+            if round_ % 2:
+                # Anywhere from start-up (open, lock, repair of the last round's tail) on.
+                time.sleep(rng.uniform(0.0, 1.5))
+            else:
+                wait_for_first_ack(out, proc)  # mid-append, however slow start-up is
+                time.sleep(rng.uniform(0.0, 0.5))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         acknowledged += [int(line) for line in out.read_text().split()]
-    assert len(acknowledged) > 10
+    assert acknowledged  # the rounds that waited for a first ack guarantee some
     with Journal.open(path, RUNNER) as j:
         if j.scan.tail is Tail.TORN:
             j.repair()
