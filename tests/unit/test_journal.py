@@ -249,3 +249,14 @@ def test_any_json_objects_round_trip(records: list[dict[str, Any]]) -> None:
     scan = scan_bytes(data)
     assert list(scan.records) == records
     assert (scan.tail, scan.end) == (Tail.CLEAN, boundaries[-1])
+
+
+@pytest.mark.timeout(60)
+def test_scan_stays_linear_in_the_journal_size() -> None:
+    # A guard, not a benchmark: a per-frame look at the rest of the file (quadratic) took
+    # minutes at this size; a linear scan takes about a second.
+    frame = journal.encode_frame({"seq": 1, "pad": "p" * 150})
+    data = journal.encode_header(RUNNER) + frame * 50_000
+    torn = data + frame[:-1]
+    scan = scan_bytes(torn)
+    assert (len(scan.records), scan.tail, scan.end) == (50_000, Tail.TORN, len(data))
