@@ -1,0 +1,190 @@
+"""Effects through the worker, with the provider's own evidence as the oracle: a lost reply
+stays unknown for good, a cancel keeps and reports the effect, only an explicit
+FailedBeforeDispatch lets the same key begin again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
+from accord.provider import Fault, ProviderAmbiguous, ProviderRefused
+from jobs import EffectAlreadyBegun, EffectState, JobState
+from jobs.runner import (
+    EffectRef,
+    EffectUnknown,
+    Ending,
+    FailedBeforeDispatch,
+    JobContext,
+    Success,
+    report_unrecorded,
+    scan_journal,
+)
+from jobs.runner.recovery import open_journal
+from tests.integration.runner.conftest import Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _in_state(rig: Rig, job_id: int, state: JobState):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return await rig.state(job_id) == state
+
+    return check
+
+
+async def test_lost_provider_reply_is_unknown_never_retried_one_accepted_request(
+    rig: Rig,
+) -> None:
+    control = await rig.submit_report("r-ok")
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 30.0)}, rescue_every_s=0.1)
+    async with running(worker):
+        await wait_for(_in_state(rig, control, JobState.SUCCEEDED))  # control: a reply
+        rig.provider.set_fault(Fault.DROP_AFTER_ACCEPT)  # accepted, then the reply is lost
+        job_id = await rig.submit_report("r-lost")
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+        rig.provider.set_fault(Fault.NONE)
+        # rescue runs every 0.1 s and the claim loop polls: neither touches it again
+        await anyio.sleep(1.0)
+    row = await rig.job(job_id)
+    assert (row["state"], row["attempts"], row["last_error"]) == (
+        JobState.UNKNOWN,
+        1,
+        "effect_unknown",
+    )
+    assert await rig.effects(job_id) == [(EFFECT_KEY, 1, "unknown", None)]
+    assert (await rig.store.rescue()).rescued == ()
+    assert await rig.store.claim(WORKFLOW, DEFAULT_OWNER, lease_s=5) == []
+    assert await report(rig.pool, "acme", "r-lost") is None
+    # the provider's evidence: exactly one accepted request for this job's key
+    [begin] = [
+        r
+        for r in scan_journal(rig.journal_path()).records
+        if r["type"] == "effect_begin" and r["job_id"] == job_id
+    ]
+    accepted = [e for e in rig.provider.evidence() if e.idempotency_key == begin["idempotency_key"]]
+    assert len(accepted) == 1
+    assert len(rig.provider.evidence()) == 2  # the control's and this one
+    assert worker.stats.unresolved == [(_ref(job_id), EffectState.UNKNOWN)]
+
+
+async def test_cancel_after_effect_intent_keeps_and_reports_the_effect(rig: Rig) -> None:
+    # control: cancelling work with no effect leaves nothing to reconcile
+    plain = await rig.submit_report("r-plain")
+    cancelled = await rig.store.cancel(plain, reason="operator")
+    assert (cancelled.changed, cancelled.unresolved_effects) == (True, False)
+
+    rig.provider.set_fault(Fault.SLOW, delay_s=30)  # accepted; the answer is slow
+    job_id = await rig.submit_report("r-cancel")
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 60.0)}, lease_s=1.5)
+    async with running(worker):
+
+        async def in_flight() -> bool:
+            return len(rig.provider.evidence()) == 1
+
+        await wait_for(in_flight)
+        cancelled = await rig.store.cancel(job_id, reason="operator")
+        assert (cancelled.changed, cancelled.state, cancelled.unresolved_effects) == (
+            True,
+            JobState.CANCELED,
+            True,
+        )
+
+        async def noticed() -> bool:
+            return worker.stats.endings["fence_lost"] == 1
+
+        await wait_for(noticed)
+    view = await rig.store.job(job_id)
+    assert view.state is JobState.CANCELED and view.needs_reconciliation
+    # the fence refused the outcome: the pending row is the evidence, kept by the cancel
+    assert [(e.effect_key, e.state) for e in view.effects] == [(EFFECT_KEY, EffectState.PENDING)]
+    assert worker.stats.unresolved == [(_ref(job_id), EffectState.PENDING)]
+    # reported again by the next start of this runner, from its journal
+    worker.journal.close()
+    with open_journal(rig.journal_path(), "w1") as journal:
+        [entry] = await report_unrecorded(rig.pool, journal)
+    assert entry.ref == _ref(job_id)
+    assert entry.journal_outcome is not None
+    assert entry.journal_outcome.outcome is EffectState.UNKNOWN  # cancelled mid-call
+    assert entry.begin.idempotency_key == rig.provider.evidence()[0].idempotency_key
+
+
+async def test_only_failed_before_dispatch_permits_another_begin(rig: Rig) -> None:
+    await rig.store.register_workflow("fx", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-fx", "fx")
+    seen: list[Any] = []
+
+    def call(key: str, fault: Fault | None) -> Any:
+        async def send() -> Success:
+            try:
+                receipt = await rig.client.create_report(key, {"n": 1}, fault=fault)
+            except ProviderRefused as exc:
+                raise FailedBeforeDispatch(reason="provider_refused") from exc
+            return Success(receipt.receipt_id)
+
+        return send
+
+    async def fx(ctx: JobContext) -> None:
+        with pytest.raises(FailedBeforeDispatch):
+            await ctx.effect("charge", {"n": 1}, call("k-charge", Fault.FAIL_BEFORE_ACCEPT))
+        # control: nothing was dispatched, so the same key and intent may begin again
+        seen.append(await ctx.effect("charge", {"n": 1}, call("k-charge", None)))
+        with pytest.raises(EffectUnknown) as unknown:
+            await ctx.effect("mail", {"n": 1}, call("k-mail", Fault.DROP_AFTER_ACCEPT))
+        seen.append(unknown.value)
+        # forbidden: an ambiguous dispatch never begins again (and nothing is sent)
+        with pytest.raises(EffectAlreadyBegun):
+            await ctx.effect("mail", {"n": 1}, call("k-mail", None))
+        seen.append("refused")
+
+    worker = rig.worker({"fx": (fx, 30.0)})
+    async with running(worker):
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+    assert isinstance(seen[0], Success) and seen[2] == "refused"
+    assert isinstance(seen[1].__cause__, ProviderAmbiguous)
+    assert [(k, s, st) for k, s, st, _ in await rig.effects(job_id)] == [
+        ("charge", 1, "failed_before_dispatch"),
+        ("charge", 2, "succeeded"),
+        ("mail", 1, "unknown"),
+    ]
+    evidence = rig.provider.evidence()
+    assert sorted(e.idempotency_key for e in evidence) == ["k-charge", "k-mail"]
+    # the handler returned with an unknown effect: the job is unknown, never retried
+    [finished] = worker.stats.recent
+    assert (finished.ending, finished.state) == (Ending.FAILED, JobState.UNKNOWN)
+
+
+async def test_only_explicit_outcomes_stay_themselves(rig: Rig) -> None:
+    await rig.store.register_workflow("odd", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-odd", "odd")
+
+    async def returns_fbd() -> object:
+        return FailedBeforeDispatch(reason="said so")
+
+    async def returns_other() -> object:
+        return {"ok": True}  # not a Success: the runner cannot tell what happened
+
+    async def odd(ctx: JobContext) -> None:
+        with pytest.raises(FailedBeforeDispatch):
+            await ctx.effect("a", {}, returns_fbd)
+        with pytest.raises(EffectUnknown):
+            await ctx.effect("b", {}, returns_other)
+        with anyio.move_on_after(0.2):
+            await ctx.effect("c", {}, _forever)  # cancelled by a timeout: unknown
+
+    worker = rig.worker({"odd": (odd, 30.0)})
+    async with running(worker):
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+    states = [(k, st) for k, _, st, _ in await rig.effects(job_id)]
+    assert states == [("a", "failed_before_dispatch"), ("b", "unknown"), ("c", "unknown")]
+
+
+async def _forever() -> object:
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def _ref(job_id: int) -> EffectRef:
+    return EffectRef(job_id, EFFECT_KEY, 1)

@@ -1,0 +1,65 @@
+"""Effect outcome classification and the intent digest (no services)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from jobs.models import EffectState, Lease
+from jobs.runner.effects import (
+    FailedBeforeDispatch,
+    Success,
+    classify_error,
+    classify_result,
+    idempotency_key,
+    intent_digest,
+)
+
+
+def lease(**changes: object) -> Lease:
+    fields: dict[str, object] = {
+        "job_id": 1,
+        "tenant": "acme",
+        "workflow": "report",
+        "operation_id": "report:r1",
+        "owner": "w",
+        "attempt_id": uuid.uuid4(),
+        "generation": 1,
+        "epoch": 1,
+        "lease_expires_at": datetime.now(UTC),
+    }
+    fields.update(changes)
+    return Lease(**fields)  # type: ignore[arg-type]
+
+
+def test_only_explicit_outcomes_stay_themselves() -> None:
+    assert classify_result(Success("r")).state is EffectState.SUCCEEDED
+    assert classify_result(Success("r")).receipt == "r"
+    fbd = FailedBeforeDispatch(reason="refused")
+    assert classify_result(fbd).state is EffectState.FAILED_BEFORE_DISPATCH
+    assert classify_error(fbd).detail == "refused"
+    for other in (None, True, "ok", {"receipt": "r"}):
+        assert classify_result(other).state is EffectState.UNKNOWN
+    for exc in (ValueError(), TimeoutError(), asyncio.CancelledError(), OSError()):
+        assert classify_error(exc).state is EffectState.UNKNOWN
+
+
+def test_intent_digest_binds_meaning_not_attempt() -> None:
+    one = intent_digest(lease(), "k", {"a": 1, "b": [1, 2]})
+    # another attempt, generation and epoch of the same operation: same digest
+    assert one == intent_digest(lease(generation=7, epoch=3), "k", {"b": [1, 2], "a": 1})
+    assert one != intent_digest(lease(), "k", {"a": 2, "b": [1, 2]})
+    assert one != intent_digest(lease(), "k2", {"a": 1, "b": [1, 2]})
+    assert one != intent_digest(lease(tenant="other"), "k", {"a": 1, "b": [1, 2]})
+    with pytest.raises(ValueError):
+        intent_digest(lease(), "k", {"x": float("nan")})
+
+
+def test_idempotency_key_is_stable_and_unambiguous() -> None:
+    assert idempotency_key(lease(), "k") == idempotency_key(lease(generation=9), "k")
+    assert idempotency_key(lease(operation_id="a:b"), "c") != idempotency_key(
+        lease(operation_id="a"), "b:c"
+    )
