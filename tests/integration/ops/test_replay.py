@@ -1,0 +1,317 @@
+"""Projection replay: the rebuilt projection equals the live one, and the replay principal
+cannot submit jobs, begin effects or enqueue events (refused by PostgreSQL, counted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aio_pika
+import anyio
+import asyncpg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accord.ops import (
+    Projection,
+    ProjectionPrincipalLost,
+    ReplayWindowExceeded,
+    UnknownProjection,
+    collect_status,
+    install_span_metrics,
+    projection_for,
+    replay,
+    report_projection,
+    serve_metrics,
+)
+from accord.ops.projections import REPORT_PROJECTION
+from consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from jobs import Store, submit
+from relay import Relay, RelayConfig, enqueue
+from schemas.catalog import default_catalog
+from schemas.events import Event
+from schemas.topology import declare, demo_topology
+from tests.conftest import BrokerNames
+
+CATALOG = default_catalog()
+# Event times within the inbox's replay window (an older event is refused as too old).
+BASE = datetime.now(UTC) - timedelta(hours=1)
+PROJECTION_ROWS = (
+    "SELECT tenant, report_id, operation_id, event_id, object_key, provider_receipt, published_at"
+    " FROM demo_projection.published_reports ORDER BY tenant, report_id"
+)
+
+
+def published(n: int, *, tenant: str = "acme", report: int | None = None, minute: int = 0) -> Event:
+    """A report.published event; several may name one report (the later one wins)."""
+    rid = n if report is None else report
+    return Event(
+        tenant=tenant, operation_id=f"pub-{n}", type="report.published", version=1,
+        payload={"report_id": f"r{rid}", "object_key": f"k{n}", "provider_receipt": f"rc{n}"},
+        occurred_at=BASE + timedelta(minutes=minute),
+    )  # fmt: skip
+
+
+def events(count: int) -> list[Event]:
+    found = [published(n, tenant="acme" if n % 3 else "globex", minute=n) for n in range(count)]
+    # Two later versions of report r1, enqueued out of time order: the latest must win.
+    return [*found, published(count, report=1, minute=50), published(count + 1, report=1)]
+
+
+async def enqueue_all(conn: asyncpg.Connection, batch: list[Event]) -> None:
+    for event in batch:
+        async with conn.transaction():
+            await enqueue(conn, event)
+
+
+def run_cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accord", *args],
+        env={**os.environ, "ACCORD_PG_DSN": dsn, **env},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while not await check():  # noqa: ASYNC110 - polling the database, no event to wait on
+            await anyio.sleep(0.05)
+
+
+async def do_replay(dsn: str, projection: Projection, **kwargs: Any) -> Any:
+    reader, writer = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        options: dict[str, Any] = {"since": datetime.now(UTC) - timedelta(hours=1)}
+        options |= {"catalog": CATALOG, "retention_s": 86400.0, **kwargs}
+        return await replay(reader, writer, projection, **options)
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            totals[s.name] = totals.get(s.name, 0.0) + s.value
+    return totals
+
+
+@pytest.mark.timeout(120)
+async def test_rebuilt_projection_matches_the_live_one(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    topo = demo_topology(broker_names.prefix)
+    exchanges, queues = topo.names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        await declare(await connection.channel(), topo)
+    finally:
+        await connection.close()
+    batch = events(24)
+    metrics = serve_metrics(0, dsn=pg_dsn)
+    install_span_metrics(metrics.messaging)
+    consumer = ConsumerRuntime(
+        config=RuntimeConfig(workflow=REPORT_PROJECTION, tenants=frozenset({"*"})),
+        amqp_url=amqp_url, pg_dsn=pg_dsn, topology=topo, catalog=CATALOG,
+        handlers=report_projection(CATALOG).handlers,
+    )  # fmt: skip
+    relay = Relay(
+        RelayConfig(pg_dsn=pg_dsn, amqp_url=amqp_url, exchange=topo.exchange, poll_s=0.05)
+    )
+    inbox_rows = "SELECT count(*) FROM consumers.inbox WHERE consumer = 'report_projection'"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run)
+            tg.start_soon(relay.run)
+            await enqueue_all(pg, batch)
+            await wait_for(lambda: _equals(pg, inbox_rows, len(batch)))
+            consumer.stop()
+            relay.stop()
+        live = [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)]
+        assert len(live) == len(batch) - 2  # r1 has three events, one row
+        r1 = [row for row in live if row[:2] == ("acme", "r1")]
+        assert r1[0][4] == "k24"  # the latest occurred_at won, live
+        sent = scrape(metrics.port)
+    finally:
+        metrics.close()
+    # OpenTelemetry messaging metrics from the relay's and the consumer's spans.
+    assert sent["messaging_client_sent_messages_total"] >= len(batch)
+    assert sent["messaging_client_consumed_messages_total"] >= len(batch)
+    assert sent["messaging_process_duration_seconds_count"] >= len(batch)
+
+    # Rebuild through the CLI, then again through the API: both equal the live projection.
+    await pg.execute("DELETE FROM demo_projection.published_reports")
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h", "--rebuild")
+    assert done.returncode == 0, done.stderr
+    assert f"events={len(batch)} applied={len(batch)} refused=0" in done.stdout
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == live
+    summary = await do_replay(pg_dsn, report_projection(CATALOG), rebuild=True)
+    assert (summary.events, summary.applied, summary.refused) == (len(batch), len(batch), 0)
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == live
+
+
+async def _equals(conn: asyncpg.Connection, query: str, expected: int) -> bool:
+    return bool(await conn.fetchval(query) == expected)
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+async def mark_published(pg: asyncpg.Connection, batch: list[Event]) -> None:
+    """Seed retained events without a broker (a direct write of the relay's settlement)."""
+    await enqueue_all(pg, batch)
+    await pg.execute(
+        "UPDATE relay.outbox SET state = 'published', published_at = now(),"
+        " publish_id = gen_random_uuid()"
+    )
+
+
+async def forbidden_submit(tx: Any, event: Event) -> None:
+    await submit(tx, tenant=event.tenant, workflow="report", operation_id=event.operation_id,
+                 digest="d", payload={})  # fmt: skip
+
+
+async def forbidden_begin_effect(tx: Any, event: Event) -> None:
+    lease = await tx.fetchrow("SELECT * FROM jobs.jobs WHERE state = 'running' LIMIT 1")
+    status = await tx.fetchval(
+        "SELECT status FROM jobs.begin_effect($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        lease["job_id"], lease["tenant"], lease["workflow"], lease["operation_id"],
+        lease["owner"], lease["attempt_id"], lease["generation"], lease["epoch"],
+        f"charge-{event.operation_id}", "intent",
+    )  # fmt: skip
+    assert status is None  # begun
+
+
+async def forbidden_effect_insert(tx: Any, event: Event) -> None:
+    await tx.execute(
+        "INSERT INTO jobs.effects (tenant, job_id, effect_key, seq, intent_digest, attempt_id,"
+        " generation) SELECT tenant, job_id, $1, 1, 'x', attempt_id, generation"
+        " FROM jobs.jobs WHERE state = 'running' LIMIT 1",
+        f"direct-{event.operation_id}",
+    )
+
+
+async def forbidden_enqueue(tx: Any, event: Event) -> None:
+    await enqueue(tx, published(900 + int(event.operation_id.split("-")[1]), tenant=event.tenant))
+
+
+ATTEMPTS = {
+    "submit": forbidden_submit,
+    "begin_effect": forbidden_begin_effect,
+    "effect_insert": forbidden_effect_insert,
+    "enqueue": forbidden_enqueue,
+}
+COUNTS = (
+    "SELECT (SELECT count(*) FROM jobs.jobs), (SELECT count(*) FROM jobs.effects),"
+    " (SELECT count(*) FROM relay.outbox)"
+)
+
+
+def greedy(attempt: Callable[[Any, Event], Awaitable[None]], every: int) -> Projection:
+    """The demo projection whose handler also tries ``attempt`` on every ``every``-th event."""
+    honest = report_projection(CATALOG)
+    handlers = Handlers(REPORT_PROJECTION)
+    project = honest.handlers.get(published(0))
+
+    @handlers.on("report.published", 1)
+    async def project_and_overreach(tx: Any, event: Event) -> None:
+        await project(tx, event)
+        if int(event.operation_id.split("-")[1]) % every == 0:
+            await attempt(tx, event)
+
+    return Projection(REPORT_PROJECTION, handlers, honest.reset_statements)
+
+
+async def running_job(pool: asyncpg.Pool) -> None:
+    """A running job with effects enabled: what begin_effect needs to be allowed at all."""
+    store = Store(pool)
+    await store.register_workflow("report", "w", effects_enabled=True)
+    async with pool.acquire() as conn, conn.transaction():
+        await submit(conn, tenant="acme", workflow="report", operation_id="job-1", digest="d")
+    await store.claim("report", "w", lease_s=600)
+
+
+@pytest.mark.parametrize("action", sorted(ATTEMPTS))
+async def test_replay_principal_is_refused_and_counted(
+    pg_dsn: str, pg: asyncpg.Connection, action: str
+) -> None:
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        await running_job(pool)
+    finally:
+        await pool.close()
+    attempt = ATTEMPTS[action]
+    # Control: the same call, outside the projection principal, is allowed.
+    before = tuple(await pg.fetchrow(COUNTS))
+    async with pg.transaction():
+        await attempt(pg, published(1000))
+    assert tuple(await pg.fetchrow(COUNTS)) != before
+    await pg.execute("DELETE FROM relay.outbox")
+
+    batch = [published(n) for n in range(12)]
+    await mark_published(pg, batch)
+    before = tuple(await pg.fetchrow(COUNTS))
+    summary = await do_replay(pg_dsn, greedy(attempt, every=4), rebuild=True)
+    refused = {f"pub-{n}" for n in (0, 4, 8)}
+    assert (summary.events, summary.applied, summary.refused) == (12, 9, 3)
+    assert {r.operation_id for r in summary.refusals} == refused
+    assert {r.sqlstate for r in summary.refusals} == {"42501"}
+    # Nothing was submitted, begun or enqueued; the refused events' own upserts rolled back.
+    assert tuple(await pg.fetchrow(COUNTS)) == before
+    rows = await pg.fetch("SELECT operation_id FROM demo_projection.published_reports")
+    assert {r["operation_id"] for r in rows} == {e.operation_id for e in batch} - refused
+    ledger = await pg.fetch(
+        "SELECT operation_id, reason FROM ops.replay_refusals WHERE run_id = $1", summary.run_id
+    )
+    assert {(r["operation_id"], r["reason"]) for r in ledger} == {
+        (op, "insufficient_privilege") for op in refused
+    }
+    run = await pg.fetchrow("SELECT * FROM ops.replay_runs WHERE run_id = $1", summary.run_id)
+    assert (run["events"], run["applied"], run["refused"]) == (12, 9, 3)
+    assert run["finished_at"] is not None
+    report = await collect_status(pg)
+    assert [(x.workflow, x.refusals) for x in report.replay_refusals] == [(REPORT_PROJECTION, 3)]
+
+
+async def test_a_handler_that_leaves_the_principal_is_caught(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    batch = [published(n) for n in range(3)]
+    await mark_published(pg, batch)
+
+    async def escape(tx: Any, event: Event) -> None:
+        await tx.execute("RESET ROLE")
+
+    with pytest.raises(ProjectionPrincipalLost):
+        await do_replay(pg_dsn, greedy(escape, every=2))
+    assert await pg.fetchval("SELECT count(*) FROM demo_projection.published_reports") == 0
+    # Control: the honest projection replays the same events.
+    summary = await do_replay(pg_dsn, report_projection(CATALOG))
+    assert summary.applied == 3
+
+
+async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.Connection) -> None:
+    await mark_published(pg, [published(1)])
+    # Control: inside the window.
+    since = datetime.now(UTC) - timedelta(seconds=30)
+    summary = await do_replay(pg_dsn, report_projection(CATALOG), since=since, retention_s=60.0)
+    assert summary.applied == 1
+    with pytest.raises(ReplayWindowExceeded):
+        await do_replay(pg_dsn, report_projection(CATALOG), retention_s=60.0)
+    too_old = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "2h",
+                      ACCORD_RELAY_RETENTION_S="60")  # fmt: skip
+    assert too_old.returncode == 2
+    assert "ReplayWindowExceeded" in too_old.stderr
+    with pytest.raises(UnknownProjection):
+        projection_for("report", CATALOG)
