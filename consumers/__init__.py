@@ -14,7 +14,15 @@ from consumers.errors import (
     TransientFailure,
 )
 from consumers.handlers import Handler, Handlers
-from consumers.inbox import Consumer, Delivery, InboxOutcome, prune, record_delivery, reserve
+from consumers.inbox import (
+    Consumer,
+    Delivery,
+    InboxOutcome,
+    prune,
+    record_delivery,
+    reserve,
+    reserve_many,
+)
 from consumers.poison import PoisonReason, PoisonRecord
 from consumers.runtime import ConsumerRuntime, RuntimeConfig
 
@@ -43,4 +51,5 @@ __all__ = [
     "prune",
     "record_delivery",
     "reserve",
+    "reserve_many",
 ]

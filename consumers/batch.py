@@ -148,8 +148,7 @@ class BatchProcessor:
         """Fast path: the batch in one transaction. On any failure, again per savepoint."""
         try:
             async with conn.transaction():
-                for item in ready:
-                    item.outcome = await self._reserve_and_handle(conn, item)
+                await self._apply_all(conn, ready)
             return
         except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
             _raise_if_lost(conn, exc)
@@ -175,6 +174,19 @@ class BatchProcessor:
                 item.outcome = await self._reserve_and_handle(conn, item)
         except Exception as exc:  # noqa: BLE001 - classified: permanent, transient or lost
             _classify(conn, item, exc)
+
+    async def _apply_all(self, conn: Any, ready: list[Item]) -> None:
+        """Every message's inbox decision (one round trip when all are new), then handlers."""
+        batch = []
+        for item in ready:
+            assert item.event is not None and item.digest is not None
+            batch.append((item.event, item.delivery, item.digest))
+        decided = await inbox.reserve_many(conn, self.consumer, batch)
+        for item, fresh in zip(ready, decided, strict=True):
+            if fresh:
+                assert item.handler is not None and item.event is not None
+                await item.handler(conn, item.event)
+            item.outcome = InboxOutcome.NEW if fresh else InboxOutcome.DUPLICATE
 
     async def _reserve_and_handle(self, conn: Any, item: Item) -> InboxOutcome:
         assert item.event is not None and item.handler is not None

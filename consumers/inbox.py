@@ -16,6 +16,7 @@ event whose row was pruned can never be mistaken for a new one.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -129,6 +130,49 @@ async def reserve(
         "the inbox row kept changing under reserve",
         tenant=event.tenant,
         operation_id=event.operation_id,
+    )
+
+
+async def reserve_many(
+    tx: Any, consumer: Consumer, batch: Sequence[tuple[Event, Delivery, str]]
+) -> list[bool]:
+    """Runs in the caller's transaction; never commits. ``reserve`` for a batch of
+    (event, delivery, digest), each still its own decision, in one round trip for the
+    common case: newly reserved operations are decided (and logged) by one statement;
+    every other one (duplicate, conflict, too old) is then decided by ``reserve`` itself,
+    in order, with the same results and errors as calling ``reserve`` one by one.
+    """
+    require_transaction(tx)
+    if not batch:
+        return []
+    columns = list(zip(*(_row(e, d, digest) for e, d, digest in batch), strict=True))
+    fresh = {
+        record["n"]
+        for record in await tx.fetch(
+            sql.RESERVE_MANY, *map(list, columns), consumer.name, consumer.replay_window_s
+        )
+    }
+    decided: list[bool] = []
+    for n, (event, delivery, digest) in enumerate(batch, start=1):
+        if n in fresh:
+            decided.append(True)
+        else:
+            decided.append(await reserve(tx, consumer, event, delivery, digest=digest))
+    return decided
+
+
+def _row(event: Event, delivery: Delivery, digest: str) -> tuple[Any, ...]:
+    return (
+        event.tenant,
+        event.operation_id,
+        event.event_id,
+        digest,
+        event.type,
+        event.version,
+        event.occurred_at,
+        delivery.publish_id,
+        delivery.redelivered,
+        delivery.delivery_count,
     )
 
 

@@ -21,6 +21,40 @@ WITH verdict AS (
 SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, (SELECT too_old FROM verdict) AS too_old
 """
 
+# Reserve a batch of operations in one round trip; returns the ordinals newly reserved (the
+# first arrival of each). Rows are inserted in key order so concurrent batches lock alike.
+RESERVE_MANY = """
+WITH incoming AS (
+    SELECT * FROM unnest(
+        $1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::int[],
+        $7::timestamptz[], $8::text[], $9::bool[], $10::int[]
+    ) WITH ORDINALITY AS t(tenant, operation_id, event_id, digest, event_type, version,
+                          occurred_at, publish_id, redelivered, delivery_count, n)
+), reserved AS (
+    INSERT INTO consumers.inbox
+        (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
+    SELECT tenant, $11, operation_id, event_id, digest, event_type, version, occurred_at
+    FROM incoming
+    WHERE occurred_at >= statement_timestamp() - make_interval(secs => $12::float8)
+    ORDER BY tenant, operation_id, n
+    ON CONFLICT DO NOTHING
+    RETURNING tenant, operation_id, event_id
+), first_arrival AS (
+    SELECT min(i.n) AS n
+    FROM reserved AS r
+    JOIN incoming AS i USING (tenant, operation_id, event_id)
+    GROUP BY r.tenant, r.operation_id
+), delivered AS (
+    INSERT INTO consumers.deliveries
+        (tenant, consumer, operation_id, event_id, publish_id, redelivered, delivery_count,
+         outcome)
+    SELECT i.tenant, $11, i.operation_id, i.event_id, i.publish_id, i.redelivered,
+           i.delivery_count, 'new'
+    FROM first_arrival AS f JOIN incoming AS i USING (n)
+)
+SELECT n FROM first_arrival
+"""
+
 # The inbox rows that collide with an incoming event: its operation, or its event id.
 # Two lookups (one per unique index) rather than an OR that would scan the consumer's rows.
 COLLISIONS = """

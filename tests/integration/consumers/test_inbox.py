@@ -17,6 +17,7 @@ from consumers import (
     ReplayTooOld,
     prune,
     reserve,
+    reserve_many,
 )
 from consumers import sql as consumer_sql
 from schemas.errors import NotInTransaction
@@ -177,3 +178,36 @@ async def test_collision_lookup_uses_the_unique_indexes(pg: asyncpg.Connection) 
     plan = "\n".join(r[0] for r in await pg.fetch("EXPLAIN " + query))
     assert "inbox_pkey" in plan and "inbox_event_key" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+async def test_reserve_many_decides_each_message_like_reserve(pg: asyncpg.Connection) -> None:
+    kept = report()
+    assert await _reserve(pg, kept) is True
+    a, b = report(), report()
+    batch = [a, b, a, kept, b.model_copy(update={"event_id": uuid.uuid4()})]
+    async with pg.transaction():
+        decided = await reserve_many(
+            pg,
+            CONSUMER,
+            [(e, Delivery(publish_id=str(i)), CATALOG.digest(e)) for i, e in enumerate(batch)],
+        )
+    # first arrivals are new; a repeat in the same batch and an applied one are duplicates
+    assert decided == [True, True, False, False, False]
+    assert await counts(pg) == {"new": 3, "duplicate": 3}
+    logged = await pg.fetch("SELECT publish_id FROM consumers.deliveries WHERE outcome = 'new'")
+    assert sorted(str(r["publish_id"]) for r in logged) == ["0", "1", "None"]
+    changed = report(a.operation_id, subject="changed")
+    with pytest.raises(InboxConflict):
+        async with pg.transaction():
+            await reserve_many(
+                pg,
+                CONSUMER,
+                [
+                    (report(), Delivery(), CATALOG.digest(report())),
+                    (changed, Delivery(), CATALOG.digest(changed)),
+                ],
+            )
+    stale = report(occurred_at=datetime.now(UTC) - timedelta(hours=2))
+    with pytest.raises(ReplayTooOld):
+        async with pg.transaction():
+            await reserve_many(pg, CONSUMER, [(stale, Delivery(), CATALOG.digest(stale))])
