@@ -1,6 +1,9 @@
 """Ownership and effects: the SQL jobs module, the single claimant, and its fences."""
 
+from jobs.authority import TenantRestore, authority_watch, check_restore, require_authority
 from jobs.errors import (
+    AuthorityError,
+    AuthorityRefused,
     EffectAlreadyBegun,
     EffectConflict,
     EffectError,
@@ -12,12 +15,17 @@ from jobs.errors import (
     JobConflict,
     JobNotFound,
     JobsError,
+    LedgerUnavailable,
+    LookupUnavailable,
     RegistrationError,
+    RepairRefused,
+    RestoreDetected,
     WorkflowNotDrained,
     WorkflowNotRegistered,
     WorkflowOwnedElsewhere,
 )
 from jobs.fence import locked
+from jobs.ledger import FileLedger, Ledger, LedgerEntry, LedgerRecord, LedgerWhy, PgLedger
 from jobs.models import (
     Cancellation,
     Effect,
@@ -31,9 +39,15 @@ from jobs.models import (
     RescueReport,
     Submitted,
 )
+from jobs.reconcile import Answer, ReconcileReport, UnresolvedEffect
+from jobs.repair import AuditRow, EffectResolved, EpochAdvanced, Escalated, Repaired
 from jobs.store import Callback, Store, submit
 
 __all__ = [
+    "Answer",
+    "AuditRow",
+    "AuthorityError",
+    "AuthorityRefused",
     "Callback",
     "Cancellation",
     "Effect",
@@ -41,10 +55,14 @@ __all__ = [
     "EffectConflict",
     "EffectError",
     "EffectNotPending",
+    "EffectResolved",
     "EffectState",
     "EffectsDisabled",
     "EffectsUnresolved",
+    "EpochAdvanced",
+    "Escalated",
     "FenceLost",
+    "FileLedger",
     "Health",
     "InvalidLeaseLength",
     "JobConflict",
@@ -53,15 +71,31 @@ __all__ = [
     "JobView",
     "JobsError",
     "Lease",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerRecord",
+    "LedgerUnavailable",
+    "LedgerWhy",
+    "LookupUnavailable",
+    "PgLedger",
+    "ReconcileReport",
     "Registration",
     "RegistrationError",
+    "RepairRefused",
+    "Repaired",
     "RescueReport",
     "Rescued",
+    "RestoreDetected",
     "Store",
     "Submitted",
+    "TenantRestore",
+    "UnresolvedEffect",
     "WorkflowNotDrained",
     "WorkflowNotRegistered",
     "WorkflowOwnedElsewhere",
+    "authority_watch",
+    "check_restore",
     "locked",
+    "require_authority",
     "submit",
 ]

@@ -12,10 +12,16 @@
         │   ├── EffectConflict        the key was begun with another intent digest
         │   ├── EffectNotPending      no pending record of this attempt to finish
         │   └── EffectsUnresolved     publish refused while an effect is pending or unknown
-        └── RegistrationError         the workflow class's queue owner does not allow this
-            ├── WorkflowNotRegistered no queue owner is registered for the class
-            ├── WorkflowOwnedElsewhere another queue owner serves the class
-            └── WorkflowNotDrained    the owner cannot change while work is open
+        ├── RegistrationError         the workflow class's queue owner does not allow this
+        │   ├── WorkflowNotRegistered no queue owner is registered for the class
+        │   ├── WorkflowOwnedElsewhere another queue owner serves the class
+        │   └── WorkflowNotDrained    the owner cannot change while work is open
+        ├── AuthorityError            authority cannot be verified, or a change was refused
+        │   ├── LedgerUnavailable     the authority ledger cannot be read or written
+        │   ├── AuthorityRefused      the database refused the change (reason = why)
+        │   └── RestoreDetected       the database is behind the ledger for some tenant
+        ├── RepairRefused             a repair refused (reason = why: running, not_held, ...)
+        └── LookupUnavailable         a receipt lookup gave no definite answer (reconcile later)
 
 ``FenceLost.reason`` is the first lease field that no longer matches: ``missing``,
 ``tenant``, ``operation``, ``generation``, ``owner``, ``attempt``, ``state``, ``epoch``,
@@ -130,3 +136,39 @@ class WorkflowNotDrained(RegistrationError):
     """The workflow class still has queued, running or unknown work; transfer it explicitly."""
 
     reason = "workflow_not_drained"
+
+
+class AuthorityError(JobsError):
+    """Authority cannot be verified, or a change of it was refused."""
+
+    reason = "authority"
+
+
+class LedgerUnavailable(AuthorityError):
+    """The authority ledger cannot be read or written; refusing to trust the database alone."""
+
+    reason = "ledger_unavailable"
+
+
+class AuthorityRefused(AuthorityError):
+    """The database refused the authority change."""
+
+    reason = "authority_refused"
+
+
+class RestoreDetected(AuthorityError):
+    """The database is behind the authority ledger (a restore): affected tenants are frozen."""
+
+    reason = "restore_detected"
+
+
+class RepairRefused(JobsError):
+    """The repair was refused."""
+
+    reason = "repair_refused"
+
+
+class LookupUnavailable(JobsError):
+    """The provider's receipt lookup gave no definite answer; the effect stays unresolved."""
+
+    reason = "lookup_unavailable"

@@ -43,6 +43,19 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(default=60.0, gt=0)
     journal_dir: str = "var/journal"
     ledger_path: str = "var/authority.ledger"
+    # The ledger in a separate PostgreSQL database instead of ledger_path (several hosts).
+    ledger_pg_dsn: str = ""
+    # How often processes compare the database with the ledger (restore detection).
+    authority_check_s: float = Field(default=10.0, gt=0)
+    # Repairs (`accord repair`, `accord reconcile`) connect here (default pg_dsn) as this role.
+    repair_pg_dsn: str = ""
+    repair_role: str = "accord_repair"
+    # Unresolved effects older than this are escalated (never resolved by time).
+    effect_escalate_after_s: float = Field(default=3600.0, ge=0)
+    # A provider's "never seen" is trusted only for effects older than this.
+    reconcile_settle_s: float = Field(default=60.0, ge=0)
+    # The provider's base URL (http://host:port) for receipt lookups; empty: no lookup.
+    provider_url: str = ""
     object_dir: str = "var/objects"
     # The provider the demo's report job calls as an effect (`python -m accord.provider`).
     provider_url: str = "http://127.0.0.1:8077"

@@ -1,0 +1,198 @@
+"""Authority epochs against the ledger: changes written ledger-first, and restore detection.
+
+Invariant it owns: **the ledger is never behind an epoch the database committed.** Every
+change of a tenant's authority here (rotate, restrict, lift) runs in the caller's
+transaction as: lock the tenant row (``jobs.authority_lock``) → append the ledger record and
+wait for it to be durable → change the row. The caller commits. The crash windows are:
+
+* ledger appended, database not committed (crash, rollback, refused): the ledger is *ahead*.
+  The next check sees the database behind and treats it exactly like a restore (frozen,
+  held, advanced by a repair principal). Safe and loud: a person looks.
+* the reverse cannot happen on these paths. ``jobs.Store.rotate_epoch`` and ``freeze`` are
+  ledger-less primitives; when :func:`check_restore` finds the database *ahead* of the ledger
+  it appends an ``observed`` record, closing that gap from then on.
+
+:func:`check_restore` compares each tenant's database epoch with the ledger's highest. A
+database behind the ledger was restored (or lost a commit the ledger saw): the tenant is
+frozen (no claim, no fence passes, so no effect begins and nothing publishes), its queued and
+running work becomes ``held`` with generation + 1 (no old lease is valid again), and a
+detection row is opened. Only a repair principal moves the epoch past the ledger again
+(jobs.repair.advance_epoch). Processes run :func:`require_authority` at start and
+:func:`authority_watch` in their task group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import asyncpg
+
+from jobs import repair_sql
+from jobs.errors import AuthorityRefused, RestoreDetected
+from jobs.ledger import Ledger, LedgerRecord, LedgerWhy
+from schemas.db import require_transaction
+
+log = logging.getLogger("jobs.authority")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRestore:
+    """An open restore detection: the tenant's database epoch is behind its ledger epoch."""
+
+    restore_id: int
+    tenant: str
+    db_epoch: int
+    ledger_epoch: int
+    held_jobs: int
+    newly_detected: bool
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> TenantRestore:
+        return cls(
+            restore_id=row["restore_id"],
+            tenant=row["tenant"],
+            db_epoch=row["db_epoch"],
+            ledger_epoch=row["ledger_epoch"],
+            held_jobs=row["held_jobs"],
+            newly_detected=row["newly_detected"],
+        )
+
+
+async def _change(
+    tx: Any,
+    ledger: Ledger,
+    tenant: str,
+    why: LedgerWhy,
+    frozen: bool | None,
+    who: str | None,
+    evidence: str | None,
+) -> int:
+    require_transaction(tx)
+    row = await tx.fetchrow(repair_sql.AUTHORITY_LOCK, tenant)
+    if why is LedgerWhy.LIFT:
+        entry = (await ledger.read()).get(tenant)
+        if row["open_restore"] or (entry is not None and entry.epoch > row["epoch"]):
+            raise AuthorityRefused(reason="restore_unresolved", tenant=tenant)
+    epoch = int(row["epoch"]) + 1
+    frozen = bool(row["frozen"]) if frozen is None else frozen
+    # Ledger first (durable), then the row: see the module docstring for the crash windows.
+    record = LedgerRecord(
+        tenant=tenant, epoch=epoch, frozen=frozen, why=why, who=who, evidence=evidence
+    )
+    await ledger.append(record)
+    status = await tx.fetchval(repair_sql.AUTHORITY_SET, tenant, epoch, frozen)
+    if status is not None:
+        raise AuthorityRefused(reason=status, tenant=tenant, epoch=epoch)
+    return epoch
+
+
+async def rotate(tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None) -> int:
+    """Runs in the caller's transaction; never commits. Advances the tenant's epoch by one,
+    ledger first; once committed every lease under the old epoch fails its fence. Keeps the
+    tenant's restriction as it is. Returns the new epoch."""
+    return await _change(tx, ledger, tenant, LedgerWhy.ROTATE, None, who, None)
+
+
+async def restrict(
+    tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
+) -> int:
+    """Runs in the caller's transaction; never commits. Restricts the tenant: epoch + 1 and
+    frozen, ledger first (so lifting it later cannot revive an old lease). Returns the epoch."""
+    return await _change(tx, ledger, tenant, LedgerWhy.RESTRICT, True, who, evidence)
+
+
+async def lift(
+    tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
+) -> int:
+    """Runs in the caller's transaction; never commits. Lifts a restriction (epoch + 1, not
+    frozen). Raises AuthorityRefused(reason="restore_unresolved") while the database is behind
+    the ledger or a detected restore is open: only a repair principal lifts those."""
+    return await _change(tx, ledger, tenant, LedgerWhy.LIFT, False, who, evidence)
+
+
+async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestore]:
+    """Compare every tenant's database epoch with the ledger. Each behind it is frozen, its
+    queued and running work held, and a detection opened (each in its own short transaction;
+    idempotent). A database ahead of the ledger is recorded in the ledger as ``observed``.
+    Returns the detections this pass made or refreshed. Raises LedgerUnavailable."""
+    entries = await ledger.read()
+    restores: list[TenantRestore] = []
+    async with pool.acquire() as conn:
+        db = {row["tenant"]: row for row in await conn.fetch(repair_sql.TENANTS)}
+        for tenant, entry in sorted(entries.items()):
+            seen = db.get(tenant)
+            if seen is not None and seen["epoch"] >= entry.epoch:
+                continue
+            # Re-checked under the tenant row lock: a change in flight (ledger written, row
+            # not yet committed) holds that lock, so it is waited for, not mistaken.
+            row = await conn.fetchrow(repair_sql.AUTHORITY_HOLD, tenant, entry.epoch)
+            if row is not None:
+                restores.append(TenantRestore.from_record(row))
+    for restore in restores:
+        if restore.newly_detected:
+            log.warning(
+                "restore detected: tenant=%s db_epoch=%d ledger_epoch=%d held=%d",
+                restore.tenant,
+                restore.db_epoch,
+                restore.ledger_epoch,
+                restore.held_jobs,
+            )
+    for tenant, row in sorted(db.items()):
+        known = entries.get(tenant)
+        if known is None or row["epoch"] > known.epoch:
+            observed = LedgerRecord(
+                tenant=tenant, epoch=row["epoch"], frozen=row["frozen"], why=LedgerWhy.OBSERVED
+            )
+            await ledger.append(observed)
+    return restores
+
+
+async def open_restores(pool: asyncpg.Pool) -> list[TenantRestore]:
+    """Read-only: every detected restore no repair principal has resolved yet."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(repair_sql.OPEN_RESTORES)
+    return [TenantRestore.from_record(row) for row in rows]
+
+
+async def require_authority(
+    pool: asyncpg.Pool, ledger: Ledger, *, refuse_restored: bool = False
+) -> list[TenantRestore]:
+    """Start-up check for every process: runs :func:`check_restore` and returns the open
+    detections (affected tenants stay frozen; the process may serve the others). Raises
+    LedgerUnavailable when the ledger cannot be verified (refuse to start), and
+    RestoreDetected when ``refuse_restored`` and any detection is open."""
+    await check_restore(pool, ledger)
+    restores = await open_restores(pool)
+    if refuse_restored and restores:
+        raise RestoreDetected(tenants=[r.tenant for r in restores])
+    return restores
+
+
+OnRestore = Callable[[list[TenantRestore]], Awaitable[None]]
+
+
+async def authority_watch(
+    pool: asyncpg.Pool,
+    ledger: Ledger,
+    interval_s: float,
+    *,
+    on_restore: OnRestore | None = None,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run :func:`check_restore` now and every ``interval_s`` seconds, for ever (start it in
+    the process's task group with ``tg.start``: it reports started after the first pass).
+    ``on_restore`` gets each pass's new detections. Errors propagate: a ledger that cannot be
+    verified stops the process rather than letting it run unchecked."""
+    restores = await check_restore(pool, ledger)
+    task_status.started()
+    while True:
+        fresh = [r for r in restores if r.newly_detected]
+        if fresh and on_restore is not None:
+            await on_restore(fresh)
+        await anyio.sleep(interval_s)
+        restores = await check_restore(pool, ledger)

@@ -1,0 +1,149 @@
+"""Reconciliation: unknown effects are resolved only with evidence, never by a timeout.
+
+Invariant it owns: an effect leaves ``unknown`` (or an orphaned ``pending``) only through
+jobs.repair.resolve_effect with an evidence reference, i.e. through the repair path and its
+audit row. Where the provider offers a receipt lookup by idempotency key, :func:`reconcile`
+asks it: a receipt is evidence of acceptance (``succeeded``); a definite "never seen" is
+evidence that nothing was dispatched (``failed_before_dispatch``: the job may run again). No
+definite answer, or no lookup at all, leaves the effect unresolved; once it is older than the
+configured age it is *escalated* (jobs.effect_escalations, a state for status and metrics).
+
+A "never seen" is only trusted once the effect is older than ``settle_s``: a request still in
+flight towards the provider could otherwise be accepted just after the lookup.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from jobs import repair, repair_sql
+from jobs.errors import LookupUnavailable, RepairRefused
+from jobs.models import EffectState, JobState
+
+
+@dataclass(frozen=True, slots=True)
+class UnresolvedEffect:
+    """An effect record that needs reconciliation (a row of ``jobs.reconciliation``)."""
+
+    tenant: str
+    job_id: int
+    workflow: str
+    operation_id: str
+    job_state: JobState
+    effect_key: str
+    seq: int
+    intent_digest: str
+    state: EffectState
+    receipt: str | None
+    attempt_id: uuid.UUID
+    generation: int
+    begun_at: datetime
+    escalated_at: datetime | None
+    age_s: float
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> UnresolvedEffect:
+        values = {f.name: row[f.name] for f in fields(cls)}
+        values["job_state"] = JobState(values["job_state"])
+        values["state"] = EffectState(values["state"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A provider's definite answer about one effect: its receipt, or None if it never saw
+    the request; ``evidence`` is the reference recorded in the audit row."""
+
+    receipt: str | None
+    evidence: str
+
+
+#: Ask the provider about one effect (by the effect's idempotency key). Raises
+#: LookupUnavailable when there is no definite answer.
+Lookup = Callable[[UnresolvedEffect], Awaitable[Answer]]
+
+
+class Left(StrEnum):
+    """Why an effect stayed unresolved in this pass."""
+
+    NO_LOOKUP = "no_lookup"  # the provider offers no receipt lookup: a person resolves it
+    LOOKUP_UNAVAILABLE = "lookup_unavailable"
+    SETTLING = "settling"  # "never seen" is not trusted before settle_s
+    REFUSED = "refused"  # the repair refused (e.g. the job is running again)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What one pass did."""
+
+    resolved: tuple[repair.EffectResolved, ...] = ()
+    left: tuple[tuple[UnresolvedEffect, Left], ...] = ()
+    escalated: tuple[repair.Escalated, ...] = ()
+
+
+async def unresolved(conn: Any, *, limit: int = 100) -> list[UnresolvedEffect]:
+    """Read-only: up to ``limit`` effects needing reconciliation, oldest first."""
+    rows = await conn.fetch(repair_sql.RECONCILIATION, limit)
+    return [UnresolvedEffect.from_record(row) for row in rows]
+
+
+async def _resolve(
+    conn: Any, effect: UnresolvedEffect, answer: Answer, who: str
+) -> repair.EffectResolved | None:
+    outcome = (
+        EffectState.SUCCEEDED if answer.receipt is not None else EffectState.FAILED_BEFORE_DISPATCH
+    )
+    try:
+        async with conn.transaction():
+            return await repair.resolve_effect(
+                conn,
+                effect.job_id,
+                effect.effect_key,
+                outcome,
+                who=who,
+                evidence=answer.evidence,
+                receipt=answer.receipt,
+            )
+    except RepairRefused:
+        return None
+
+
+async def reconcile(
+    conn: Any,
+    lookup: Lookup | None,
+    *,
+    who: str,
+    escalate_after_s: float,
+    settle_s: float = 60.0,
+    limit: int = 100,
+) -> ReconcileReport:
+    """Owns its transactions (one per resolution, on a repair-role connection ``conn``):
+    resolves what the provider answers definitely, leaves the rest, then escalates
+    unresolved effects older than ``escalate_after_s``. Never resolves anything by age."""
+    resolved: list[repair.EffectResolved] = []
+    left: list[tuple[UnresolvedEffect, Left]] = []
+    for effect in await unresolved(conn, limit=limit):
+        if lookup is None:
+            left.append((effect, Left.NO_LOOKUP))
+            continue
+        try:
+            answer = await lookup(effect)
+        except LookupUnavailable:
+            left.append((effect, Left.LOOKUP_UNAVAILABLE))
+            continue
+        if answer.receipt is None and effect.age_s < settle_s:
+            left.append((effect, Left.SETTLING))
+            continue
+        done = await _resolve(conn, effect, answer, who)
+        if done is None:
+            left.append((effect, Left.REFUSED))
+        else:
+            resolved.append(done)
+    async with conn.transaction():
+        escalated = await repair.escalate(conn, escalate_after_s)
+    return ReconcileReport(tuple(resolved), tuple(left), tuple(escalated))

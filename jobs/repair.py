@@ -1,0 +1,202 @@
+"""Repairs: the only operations the repair principal (role ``accord_repair``) can run.
+
+Invariant it owns: repair authority is narrower than execution authority. Each repair is one
+checked SQL function (migration 0006) that locks its row, refuses running (leased) jobs,
+needs a named principal and evidence, and writes a ``jobs.repair_audit`` row in the same
+transaction; the worker role cannot call them, and the repair role cannot claim, renew,
+publish or begin an effect. The repair role has no DML on the jobs tables at all.
+
+Every function takes the caller's transaction (on a connection whose role is
+``accord_repair``, or the owner) and never commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from jobs import repair_sql
+from jobs.errors import RepairRefused
+from jobs.ledger import Ledger, LedgerRecord, LedgerWhy
+from jobs.models import EffectState, JobState
+from schemas.db import require_transaction
+
+#: The principals of migration 0006 (NOLOGIN group roles; grant them to LOGIN users).
+WORKER_ROLE = "accord_worker"
+REPAIR_ROLE = "accord_repair"
+
+
+@dataclass(frozen=True, slots=True)
+class Repaired:
+    """A job a repair changed: its new state and the audit row that records it."""
+
+    job_id: int
+    state: JobState
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class EffectResolved:
+    """An unresolved effect record resolved with evidence."""
+
+    job_id: int
+    effect_key: str
+    seq: int
+    outcome: EffectState
+    job_state: JobState
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochAdvanced:
+    """A tenant's epoch advanced past the ledger by a repair principal."""
+
+    tenant: str
+    epoch: int
+    ledger_epoch: int
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Escalated:
+    """An unresolved effect escalated by age (a state, never a resolution)."""
+
+    job_id: int
+    effect_key: str
+    seq: int
+    tenant: str
+    age_s: float
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> Escalated:
+        return cls(row["job_id"], row["effect_key"], row["seq"], row["tenant"], row["age_s"])
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One ``jobs.repair_audit`` row."""
+
+    audit_id: int
+    at: datetime
+    action: str
+    who: str
+    db_user: str
+    db_role: str
+    tenant: str
+    job_id: int | None
+    effect_key: str | None
+    seq: int | None
+    outcome: str
+    evidence: str
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> AuditRow:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+def _require_principal(who: str, evidence: str) -> None:
+    if not who.strip():
+        raise RepairRefused(reason="no_principal")
+    if not evidence.strip():
+        raise RepairRefused(reason="no_evidence")
+
+
+def _refused(status: str | None, **ids: Any) -> None:
+    if status is not None:
+        raise RepairRefused(reason=status, **ids)
+
+
+async def resolve_effect(
+    tx: Any,
+    job_id: int,
+    effect_key: str,
+    outcome: EffectState,
+    *,
+    who: str,
+    evidence: str,
+    receipt: str | None = None,
+) -> EffectResolved:
+    """Runs in the caller's transaction; never commits. Resolves the latest record of
+    ``effect_key`` (unknown, or pending on a job no longer running) to ``outcome``
+    (succeeded or failed_before_dispatch) with evidence; an ``unknown`` job with nothing left
+    forbidding a rerun goes back to ``queued``. Raises RepairRefused (reason: running,
+    missing, missing_effect, not_unresolved, invalid_outcome, no_principal, no_evidence)."""
+    require_transaction(tx)
+    outcome = EffectState(outcome)
+    row = await tx.fetchrow(
+        repair_sql.RESOLVE_EFFECT, job_id, effect_key, str(outcome), receipt, who, evidence
+    )
+    _refused(row["status"], job_id=job_id, effect_key=effect_key)
+    state = JobState(row["job_state"])
+    return EffectResolved(job_id, effect_key, row["seq"], outcome, state, row["audit_id"])
+
+
+async def release_hold(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+    """Runs in the caller's transaction; never commits. A held job goes to queued (or unknown
+    if an effect forbids running it again). Raises RepairRefused (running, not_held, missing,
+    restore_unresolved: advance the tenant's epoch first)."""
+    require_transaction(tx)
+    row = await tx.fetchrow(repair_sql.RELEASE_HOLD, job_id, who, evidence)
+    _refused(row["status"], job_id=job_id, state=row["job_state"])
+    return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
+
+
+async def requeue_poison(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+    """Runs in the caller's transaction; never commits. A poison job goes back to queued with
+    a fresh attempt budget. Raises RepairRefused (running, not_poison, effects_unresolved)."""
+    require_transaction(tx)
+    row = await tx.fetchrow(repair_sql.REQUEUE_POISON, job_id, who, evidence)
+    _refused(row["status"], job_id=job_id, state=row["job_state"])
+    return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
+
+
+async def advance_epoch(
+    tx: Any, ledger: Ledger, tenant: str, *, who: str, evidence: str
+) -> EpochAdvanced:
+    """Runs in the caller's transaction; never commits. Validates and advances the tenant's
+    epoch past both the database and the ledger, lifts the freeze and resolves the open restore
+    detection; held work stays held (release it per job, after looking). Ledger first: the
+    new epoch is appended (durable) under the tenant row lock before the row changes, so a
+    rollback leaves the ledger ahead, which the next check treats as a restore again."""
+    require_transaction(tx)
+    _require_principal(who, evidence)
+    row = await tx.fetchrow(repair_sql.AUTHORITY_LOCK, tenant)
+    entry = (await ledger.read()).get(tenant)
+    ledger_epoch = entry.epoch if entry is not None else 0
+    epoch = max(int(row["epoch"]), ledger_epoch) + 1
+    await ledger.append(
+        LedgerRecord(
+            tenant=tenant,
+            epoch=epoch,
+            frozen=False,
+            why=LedgerWhy.REPAIR_ADVANCE,
+            who=who,
+            evidence=evidence,
+        )
+    )
+    done = await tx.fetchrow(repair_sql.ADVANCE_EPOCH, tenant, epoch, ledger_epoch, who, evidence)
+    _refused(done["status"], tenant=tenant)
+    return EpochAdvanced(tenant, epoch, ledger_epoch, done["audit_id"])
+
+
+async def escalate(tx: Any, older_than_s: float, *, limit: int = 1000) -> list[Escalated]:
+    """Runs in the caller's transaction; never commits. Marks unresolved effects begun more
+    than ``older_than_s`` ago as escalated (once each). Never resolves anything."""
+    require_transaction(tx)
+    rows = await tx.fetch(repair_sql.ESCALATE, float(older_than_s), limit)
+    return [Escalated.from_record(row) for row in rows]
+
+
+async def audit(
+    conn: Any, *, job_id: int | None = None, tenant: str | None = None
+) -> list[AuditRow]:
+    """Read-only: the audit rows of one job or one tenant, oldest first."""
+    if job_id is not None:
+        rows = await conn.fetch(repair_sql.AUDIT_FOR_JOB, job_id)
+    elif tenant is not None:
+        rows = await conn.fetch(repair_sql.AUDIT_FOR_TENANT, tenant)
+    else:
+        raise ValueError("audit needs a job_id or a tenant")
+    return [AuditRow.from_record(row) for row in rows]

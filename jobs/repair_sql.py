@@ -1,0 +1,99 @@
+"""SQL of authority, restore detection, repair and reconciliation. Values only as $n parameters.
+
+The checked operations are the functions of migration 0006; the roles that may call each are
+granted there (accord_worker, accord_repair).
+"""
+
+# Lock tenant $1's authority row (created if missing) until the transaction ends.
+AUTHORITY_LOCK = "SELECT epoch, frozen, open_restore FROM jobs.authority_lock($1)"
+
+# Set tenant $1's epoch to $2 (must advance) and its restriction to $3; NULL or a refusal.
+AUTHORITY_SET = "SELECT jobs.authority_set($1, $2, $3)"
+
+# Every tenant's authority row.
+TENANTS = "SELECT tenant, epoch, frozen FROM jobs.tenants ORDER BY tenant"
+
+# If tenant $1's epoch is behind ledger epoch $2: freeze it, hold its work, record it.
+AUTHORITY_HOLD = (
+    "SELECT restore_id, tenant, db_epoch, ledger_epoch, held_jobs, newly_detected"
+    " FROM jobs.authority_hold($1, $2)"
+)
+
+# Open restore detections (unresolved), oldest first.
+OPEN_RESTORES = (
+    "SELECT restore_id, tenant, db_epoch, ledger_epoch, held_jobs, false AS newly_detected"
+    " FROM jobs.authority_restores WHERE resolved_at IS NULL ORDER BY restore_id"
+)
+
+# Resolve effect $2 of job $1 to outcome $3 (receipt $4) as principal $5 with evidence $6.
+RESOLVE_EFFECT = (
+    "SELECT status, seq, job_state, audit_id"
+    " FROM jobs.repair_resolve_effect($1, $2, $3, $4, $5, $6)"
+)
+
+# Release held job $1 as principal $2 with evidence $3.
+RELEASE_HOLD = "SELECT status, job_state, audit_id FROM jobs.repair_release_hold($1, $2, $3)"
+
+# Requeue poison job $1 as principal $2 with evidence $3.
+REQUEUE_POISON = "SELECT status, job_state, audit_id FROM jobs.repair_requeue_poison($1, $2, $3)"
+
+# Advance tenant $1's epoch to $2, past ledger epoch $3, as principal $4 with evidence $5.
+ADVANCE_EPOCH = "SELECT status, epoch, audit_id FROM jobs.repair_advance_epoch($1, $2, $3, $4, $5)"
+
+# Escalate up to $2 unresolved effects begun more than $1 seconds ago.
+ESCALATE = "SELECT job_id, effect_key, seq, tenant, age_s FROM jobs.repair_escalate($1, $2)"
+
+# Up to $1 effects needing reconciliation, oldest first, with their age in seconds.
+RECONCILIATION = (
+    "SELECT tenant, job_id, workflow, operation_id, job_state, effect_key, seq, intent_digest,"
+    " state, receipt, attempt_id, generation, begun_at, escalated_at,"
+    " extract(epoch FROM now() - begun_at)::double precision AS age_s"
+    " FROM jobs.reconciliation ORDER BY begun_at LIMIT $1"
+)
+
+# The audit rows of job $1, oldest first.
+AUDIT_FOR_JOB = (
+    "SELECT audit_id, at, action, who, db_user, db_role, tenant, job_id, effect_key, seq,"
+    " outcome, evidence, detail FROM jobs.repair_audit WHERE job_id = $1 ORDER BY audit_id"
+)
+
+# The audit rows of tenant $1, oldest first.
+AUDIT_FOR_TENANT = (
+    "SELECT audit_id, at, action, who, db_user, db_role, tenant, job_id, effect_key, seq,"
+    " outcome, evidence, detail FROM jobs.repair_audit WHERE tenant = $1 ORDER BY audit_id"
+)
+
+# -- the PostgreSQL ledger (a separate database, never the one it guards) ----------------
+
+# Create the ledger schema, its append-only table and guard (idempotent).
+LEDGER_ENSURE = """
+CREATE SCHEMA IF NOT EXISTS accord_ledger;
+CREATE TABLE IF NOT EXISTS accord_ledger.records (
+    seq      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant   text        NOT NULL CHECK (tenant <> ''),
+    epoch    bigint      NOT NULL CHECK (epoch >= 1),
+    frozen   boolean     NOT NULL,
+    why      text        NOT NULL,
+    at       timestamptz NOT NULL,
+    who      text,
+    evidence text
+);
+CREATE OR REPLACE FUNCTION accord_ledger.append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the authority ledger is append-only'
+        USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+CREATE OR REPLACE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON accord_ledger.records
+    FOR EACH ROW EXECUTE FUNCTION accord_ledger.append_only();
+"""
+
+# Every ledger record, in append order.
+LEDGER_READ = (
+    "SELECT tenant, epoch, frozen, why, at, who, evidence FROM accord_ledger.records ORDER BY seq"
+)
+
+# Append one ledger record.
+LEDGER_APPEND = (
+    "INSERT INTO accord_ledger.records (tenant, epoch, frozen, why, at, who, evidence)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+)
