@@ -60,8 +60,8 @@ def relay_env(dsn: str, amqp_url: str, topo: Topology) -> dict[str, str]:
         ACCORD_TOPOLOGY_PREFIX=topo.prefix,
         ACCORD_RELAY_IN_FLIGHT=str(IN_FLIGHT),
         ACCORD_RELAY_BATCH=str(IN_FLIGHT),
-        ACCORD_RELAY_LEASE_S="1.5",
-        ACCORD_RELAY_PUBLISH_TIMEOUT_S="1.0",
+        ACCORD_RELAY_LEASE_S="3.0",
+        ACCORD_RELAY_PUBLISH_TIMEOUT_S="2.0",
         ACCORD_RELAY_POLL_S="0.1",
     )
     return env
@@ -81,8 +81,11 @@ async def start_relay(env: dict[str, str], log: Path) -> Process:
     seen = b""
     with anyio.fail_after(20):
         while b"relay ready" not in seen:
-            chunk = await process.stdout.receive()
-            seen += chunk
+            try:
+                seen += await process.stdout.receive()
+            except anyio.EndOfStream:
+                text = await anyio.Path(log).read_text()
+                pytest.fail(f"accord relay exited before ready: {text[-1000:]}")
     return process
 
 
@@ -129,16 +132,21 @@ async def test_sigkill_loop_loses_nothing_and_bounds_duplicates(
         with anyio.fail_after(20):
             code = await final.wait()
         await final.aclose()
-    assert code == 0, log.read_text()[-2000:]
+    relay_log = log.read_text()
+    assert code == 0, relay_log[-2000:]
     found = await drain_with_bodies(amqp_url, topo.queue("report"))
     assert set(found) == set(ids), "a committed event was lost"
     counts = Counter({k: len(v) for k, v in found.items()})
     duplicates = sum(counts.values()) - len(counts)
-    assert duplicates <= IN_FLIGHT * killed, (duplicates, killed)
+    # Each kill can repeat at most what that relay had in flight; a publish that did not
+    # count (logged, e.g. a confirm timeout on a loaded machine) can repeat one more.
+    failed_publishes = relay_log.count("publish failed:")
+    bound = IN_FLIGHT * killed + failed_publishes
+    assert duplicates <= bound, (duplicates, killed, failed_publishes, relay_log[-2000:])
     for message_id, copies in found.items():
         assert {body for body, _ in copies} == {copies[0][0]}  # byte-identical re-publishes
         assert {ce_id for _, ce_id in copies} == {message_id}
-    print(f"kills={killed} duplicates={duplicates} bound={IN_FLIGHT * killed}")
+    print(f"kills={killed} duplicates={duplicates} failed={failed_publishes} bound={bound}")
 
 
 def rabbitmqctl(*args: str) -> None:

@@ -66,7 +66,9 @@ async def test_committed_events_all_arrive_and_rolled_back_never_do(
     assert 0.25 * total < len(rolled_back) < 0.35 * total
     assert set(counts) == set(committed)  # every commit arrived, no rollback ever did
     assert not set(counts) & set(rolled_back)
-    assert max(counts.values()) == 1  # no crash here, so no duplicate either
+    # No crash here: a duplicate needs a publish that did not count (e.g. a confirm timeout
+    # on a loaded broker), and each such failure can cause at most one.
+    assert sum(counts.values()) - len(counts) <= sum(relay.stats.failures.values())
 
 
 async def test_late_commit_with_lower_id_is_still_published(
@@ -99,7 +101,10 @@ async def test_two_relays_at_once_lose_nothing(pg_dsn: str, amqp_url: str, topo:
     await helpers.run_until_settled(relays, pg_dsn, total, within_s=60)
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == {str(i) for i in ids}
-    assert max(counts.values()) == 1  # SKIP LOCKED: each row claimed by one relay at a time
+    # SKIP LOCKED: each row is claimed by one relay at a time, so a duplicate needs a
+    # publish that did not count (a confirm timeout on a loaded broker).
+    failures = sum(sum(r.stats.failures.values()) for r in relays)
+    assert sum(counts.values()) - len(counts) <= failures
     assert all(r.stats.published > 0 for r in relays)
 
 
