@@ -54,10 +54,9 @@ class Settings(BaseSettings):
     effect_escalate_after_s: float = Field(default=3600.0, ge=0)
     # A provider's "never seen" is trusted only for effects older than this.
     reconcile_settle_s: float = Field(default=60.0, ge=0)
-    # The provider's base URL (http://host:port) for receipt lookups; empty: no lookup.
-    provider_url: str = ""
     object_dir: str = "var/objects"
-    # The provider the demo's report job calls as an effect (`python -m accord.provider`).
+    # The provider the demo's report job calls as an effect (`python -m accord.provider`) and
+    # `accord reconcile` asks for receipts by idempotency key; empty: no lookup.
     provider_url: str = "http://127.0.0.1:8077"
     metrics_port: int = Field(default=0, ge=0)
 
