@@ -86,12 +86,20 @@ def families(report: StatusReport) -> list[Metric]:
         _gauge("accord_unresolved_effect_oldest_age_seconds", "Age of the oldest such effect",
                eff, [(e.tenant, e.workflow, e.effect_state, e.job_state, e.oldest_age_s)
                      for e in r.effects]),
+        _gauge("accord_unresolved_effects_escalated", "Of those, escalated to a human", eff,
+               [(e.tenant, e.workflow, e.effect_state, e.job_state, e.escalated)
+                for e in r.effects]),
         _gauge("accord_escalated_effects", "Unknown effects escalated to a human", [],
                [(r.escalated_effects,)]),
         _gauge("accord_tenant_epoch", "Authority epoch", ["tenant"],
                [(t.tenant, t.epoch) for t in r.tenants]),
         _gauge("accord_tenant_frozen", "1 when the tenant's authority is frozen", ["tenant"],
                [(t.tenant, int(t.frozen)) for t in r.tenants]),
+        _gauge("accord_tenant_held_jobs", "Jobs held (old epoch or frozen authority)",
+               ["tenant"], [(t.tenant, t.held) for t in r.tenants]),
+        _gauge("accord_tenant_restore_detected", "1 while a restore detection is open",
+               ["tenant"], [(t.tenant, int(t.restore_ledger_epoch is not None))
+                            for t in r.tenants]),
         _gauge("accord_workflow_live_leases", "Unexpired leases (worker evidence)",
                ["workflow"], [(w.workflow, w.live_leases) for w in r.workflows]),
         _gauge("accord_workflow_effects_enabled", "1 when the class may run effects",

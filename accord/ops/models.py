@@ -16,9 +16,9 @@ from typing import Any
 
 #: The job states the report counts (succeeded and failed are history, not work).
 REPORTED_STATES = ("queued", "running", "poison", "unknown", "canceled", "held")
-#: Effect states whose outcome is not known; `escalated` exists once migration 0006 does
-#: (a state the CHECK constraint does not allow simply matches no row).
-UNRESOLVED_EFFECT_STATES = ("pending", "unknown", "escalated")
+#: Effect states whose outcome is not known (escalation is a mark on such an effect, kept in
+#: jobs.effect_escalations, not a state of its own).
+UNRESOLVED_EFFECT_STATES = ("pending", "unknown")
 
 
 class WaitCategory(StrEnum):
@@ -114,35 +114,39 @@ class WaitingGroup:
 
 @dataclass(frozen=True, slots=True)
 class EffectGroup:
-    """Effects with an unknown outcome (pending, unknown, escalated) by job and effect state."""
+    """Effects with an unknown outcome (pending, unknown) by job and effect state; how many of
+    them were escalated to a human."""
 
     tenant: str
     workflow: str
     effect_state: str
     job_state: str
     effects: int
+    escalated: int
     oldest_age_s: float
 
     @classmethod
     def from_record(cls, r: Record) -> EffectGroup:
         return cls(
             r["tenant"], r["workflow"], r["effect_state"], r["job_state"], r["effects"],
-            r["oldest_age_s"],
+            r["escalated"], r["oldest_age_s"],
         )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class TenantAuthority:
-    """A tenant's authority epoch, whether it is frozen, and its held jobs."""
+    """A tenant's authority epoch, whether it is frozen, its held jobs, and the ledger epoch of
+    an open restore detection (None: none open)."""
 
     tenant: str
     epoch: int
     frozen: bool
     held: int
+    restore_ledger_epoch: int | None
 
     @classmethod
     def from_record(cls, r: Record) -> TenantAuthority:
-        return cls(r["tenant"], r["epoch"], r["frozen"], r["held"])
+        return cls(r["tenant"], r["epoch"], r["frozen"], r["held"], r["restore_ledger_epoch"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +261,7 @@ class StatusReport:
 
     @property
     def escalated_effects(self) -> int:
-        return sum(e.effects for e in self.effects if e.effect_state == "escalated")
+        return sum(e.escalated for e in self.effects)
 
     def count(self, state: str) -> int:
         """Jobs in ``state`` across tenants and workflow classes."""

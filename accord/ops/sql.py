@@ -34,39 +34,35 @@ WITH live AS (
     SELECT workflow, count(*) AS leases FROM jobs.jobs
     WHERE state = 'running' AND lease_expires_at > now()
     GROUP BY workflow
-), candidates AS (
-    SELECT j.job_id, j.state, j.tenant, j.workflow, j.created_at, j.run_after, j.epoch,
-           j.lease_expires_at, j.last_error, t.epoch AS tenant_epoch, t.frozen,
-           w.workflow IS NOT NULL AS registered, COALESCE(w.effects_enabled, false) AS effects,
-           COALESCE(l.leases, 0) AS leases,
-           EXISTS (SELECT 1 FROM jobs.effects e
-                   WHERE e.job_id = j.job_id AND e.state = ANY ($1::text[])) AS unresolved,
-           EXISTS (SELECT 1 FROM jobs.effects e
-                   WHERE e.job_id = j.job_id AND e.state = 'succeeded') AS effect_done
+), unresolved AS (
+    SELECT DISTINCT e.job_id FROM jobs.effects e WHERE e.state = ANY ($1::text[])
+), classified AS (
+    SELECT j.state, j.tenant, j.workflow, j.created_at, CASE
+        WHEN j.state = 'held' THEN 'held'
+        WHEN j.state = 'unknown' THEN 'unresolved_effect'
+        WHEN j.state IN ('canceled', 'failed', 'poison') THEN 'unresolved_effect'
+        WHEN j.state = 'running' AND j.epoch IS DISTINCT FROM t.epoch THEN 'epoch_rotated'
+        WHEN j.state = 'running' AND j.lease_expires_at <= now() THEN 'lease_expired'
+        WHEN j.state = 'running' AND t.frozen THEN 'tenant_frozen'
+        WHEN j.state = 'running' THEN NULL
+        WHEN w.workflow IS NULL THEN 'unregistered_workflow'
+        WHEN t.frozen THEN 'tenant_frozen'
+        WHEN u.job_id IS NOT NULL THEN 'unresolved_effect'
+        WHEN EXISTS (SELECT 1 FROM jobs.effects e
+                     WHERE e.job_id = j.job_id AND e.state = 'succeeded') THEN 'blocked_by_effect'
+        WHEN NOT w.effects_enabled AND j.last_error = 'effects_disabled' THEN 'effects_disabled'
+        WHEN j.run_after > now() THEN 'backoff'
+        WHEN l.leases IS NULL THEN 'no_live_worker'
+        ELSE 'workers_busy'
+    END AS reason
     FROM jobs.jobs j
     JOIN jobs.tenants t ON t.tenant = j.tenant
     LEFT JOIN jobs.workflows w ON w.workflow = j.workflow
     LEFT JOIN live l ON l.workflow = j.workflow
-    WHERE j.state IN ('queued', 'held', 'unknown', 'running', 'canceled', 'failed', 'poison')
-), classified AS (
-    SELECT c.*, CASE
-        WHEN c.state = 'held' THEN 'held'
-        WHEN c.state = 'unknown' THEN 'unresolved_effect'
-        WHEN c.state IN ('canceled', 'failed', 'poison') AND c.unresolved THEN 'unresolved_effect'
-        WHEN c.state = 'running' AND c.epoch IS DISTINCT FROM c.tenant_epoch THEN 'epoch_rotated'
-        WHEN c.state = 'running' AND c.lease_expires_at <= now() THEN 'lease_expired'
-        WHEN c.state = 'running' AND c.frozen THEN 'tenant_frozen'
-        WHEN c.state <> 'queued' THEN NULL
-        WHEN NOT c.registered THEN 'unregistered_workflow'
-        WHEN c.frozen THEN 'tenant_frozen'
-        WHEN c.unresolved THEN 'unresolved_effect'
-        WHEN c.effect_done THEN 'blocked_by_effect'
-        WHEN NOT c.effects AND c.last_error = 'effects_disabled' THEN 'effects_disabled'
-        WHEN c.run_after > now() THEN 'backoff'
-        WHEN c.leases = 0 THEN 'no_live_worker'
-        ELSE 'workers_busy'
-    END AS reason
-    FROM candidates c
+    LEFT JOIN unresolved u ON u.job_id = j.job_id
+    -- Finished work waits only when an effect outcome is still unknown (e.g. canceled).
+    WHERE j.state IN ('queued', 'held', 'unknown', 'running')
+       OR (j.state IN ('canceled', 'failed', 'poison') AND u.job_id IS NOT NULL)
 )
 SELECT reason, state, tenant, workflow, count(*)::bigint AS jobs,
        EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
@@ -76,24 +72,30 @@ GROUP BY reason, state, tenant, workflow
 ORDER BY reason, state, tenant, workflow
 """
 
-# Effects whose outcome is not known (states in $1), by tenant, workflow, effect and job state.
+# Effects whose outcome is not known (states in $1), by tenant, workflow, effect and job state,
+# with how many of them were escalated (jobs.effect_escalations, migration 0006).
 UNRESOLVED_EFFECTS = """
 SELECT e.tenant, j.workflow, e.state AS effect_state, j.state AS job_state,
-       count(*)::bigint AS effects,
+       count(*)::bigint AS effects, count(x.job_id)::bigint AS escalated,
        EXTRACT(EPOCH FROM now() - min(e.begun_at))::float8 AS oldest_age_s
 FROM jobs.effects e
 JOIN jobs.jobs j ON j.job_id = e.job_id
+LEFT JOIN jobs.effect_escalations x
+    ON x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq
 WHERE e.state = ANY ($1::text[])
 GROUP BY e.tenant, j.workflow, e.state, j.state
 ORDER BY e.tenant, j.workflow, e.state, j.state
 """
 
-# Each tenant's authority: epoch, frozen, and its held work.
+# Each tenant's authority: epoch, frozen, its held work, and an open restore detection (the
+# ledger's epoch the database is behind; jobs.authority_restores, migration 0006).
 TENANTS = """
 SELECT t.tenant, t.epoch, t.frozen,
        (SELECT count(*) FROM jobs.jobs j WHERE j.tenant = t.tenant AND j.state = 'held')::bigint
-           AS held
+           AS held,
+       r.ledger_epoch AS restore_ledger_epoch
 FROM jobs.tenants t
+LEFT JOIN jobs.authority_restores r ON r.tenant = t.tenant AND r.resolved_at IS NULL
 ORDER BY t.tenant
 """
 

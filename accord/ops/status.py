@@ -146,13 +146,13 @@ def render_table(report: StatusReport) -> str:
     )  # fmt: skip
     lines += _table(
         "effects with unknown outcome",
-        ["tenant", "workflow", "effect", "job_state", "effects", "oldest_s"],
-        [(e.tenant, e.workflow, e.effect_state, e.job_state, e.effects, e.oldest_age_s)
-         for e in r.effects],
+        ["tenant", "workflow", "effect", "job_state", "effects", "escalated", "oldest_s"],
+        [(e.tenant, e.workflow, e.effect_state, e.job_state, e.effects, e.escalated,
+          e.oldest_age_s) for e in r.effects],
     )  # fmt: skip
     lines += _table(
-        "tenants", ["tenant", "epoch", "frozen", "held"],
-        [(t.tenant, t.epoch, t.frozen, t.held) for t in r.tenants],
+        "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],
+        [(t.tenant, t.epoch, t.frozen, t.held, t.restore_ledger_epoch) for t in r.tenants],
     )  # fmt: skip
     lines += _table(
         "workflow classes", ["workflow", "owner", "effects", "live_leases", "last_activity_s"],

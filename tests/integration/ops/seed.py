@@ -21,7 +21,7 @@ from schemas.events import Event
 #: Put into every payload, error text and poison detail: must never reach status or metrics.
 SECRET = "SECRET-7f3a-do-not-print"
 ACME, GLOBEX, INITECH = "acme", "globex", "initech"
-REPORT, DIGEST, MISC = "report", "digest", "misc"
+REPORT, DIGEST, MISC, HOLD = "report", "digest", "misc", "hold"
 
 
 @dataclass
@@ -32,8 +32,8 @@ class Expected:
     attempts: dict[tuple[str, str, str], int] = field(default_factory=dict)
     rescued: dict[tuple[str, str, str], int] = field(default_factory=dict)
     waiting: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
-    effects: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
-    tenants: dict[str, tuple[int, bool, int]] = field(default_factory=dict)
+    effects: dict[tuple[str, str, str, str], tuple[int, int]] = field(default_factory=dict)
+    tenants: dict[str, tuple[int, bool, int, int | None]] = field(default_factory=dict)
     relay_pending: int = 0
     relay_held: int = 0
     deliveries: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -115,19 +115,20 @@ async def seed_jobs(s: Seeder, e: Expected) -> None:
     await s.store.freeze(GLOBEX)
     await s.submit(ACME, MISC, "m-1")
     await seed_held(s)
+    await seed_escalation(s)
 
     e.jobs = {
         ("running", ACME, DIGEST): 1, ("running", ACME, REPORT): 1,
         ("unknown", ACME, REPORT): 1, ("canceled", ACME, REPORT): 1,
         ("poison", ACME, REPORT): 1, ("queued", ACME, REPORT): 3,
         ("queued", ACME, DIGEST): 3, ("queued", GLOBEX, REPORT): 1,
-        ("queued", ACME, MISC): 1, ("held", INITECH, REPORT): 1,
+        ("queued", ACME, MISC): 1, ("held", INITECH, HOLD): 2,
     }  # fmt: skip
     e.attempts = {k: 0 for k in e.jobs} | {
         ("running", ACME, DIGEST): 1, ("running", ACME, REPORT): 1,
         ("unknown", ACME, REPORT): 1, ("canceled", ACME, REPORT): 1,
         ("poison", ACME, REPORT): 1, ("queued", ACME, REPORT): 1,
-        ("queued", ACME, DIGEST): 1,
+        ("queued", ACME, DIGEST): 1, ("held", INITECH, HOLD): 1,
     }  # fmt: skip
     e.rescued = {k: 0 for k in e.jobs} | {("queued", ACME, DIGEST): 1}
     e.waiting = {
@@ -141,21 +142,35 @@ async def seed_jobs(s: Seeder, e: Expected) -> None:
         ("effects_disabled", "queued", ACME, DIGEST): 1,
         ("tenant_frozen", "queued", GLOBEX, REPORT): 1,
         ("unregistered_workflow", "queued", ACME, MISC): 1,
-        ("held", "held", INITECH, REPORT): 1,
+        ("held", "held", INITECH, HOLD): 2,
     }
+    # (effects, escalated) by (tenant, workflow, effect state, job state)
     e.effects = {
-        (ACME, REPORT, "pending", "unknown"): 1,
-        (ACME, REPORT, "unknown", "canceled"): 1,
+        (ACME, REPORT, "pending", "unknown"): (1, 1),
+        (ACME, REPORT, "unknown", "canceled"): (1, 1),
     }
-    e.tenants = {ACME: (1, False, 0), GLOBEX: (1, True, 0), INITECH: (2, False, 1)}
+    # (epoch, frozen, held, restore ledger epoch) by tenant
+    e.tenants = {
+        ACME: (1, False, 0, None), GLOBEX: (1, True, 0, None), INITECH: (1, True, 2, 3),
+    }  # fmt: skip
 
 
 async def seed_held(s: Seeder) -> None:
-    """Work held under an old epoch: the tenant's epoch was rotated past the job's."""
-    job = await s.submit(INITECH, REPORT, "i-held")
-    await s.store.rotate_epoch(INITECH)
-    # Direct write of the hold (what restore repair does to old-epoch work).
-    await s.pool.execute("UPDATE jobs.jobs SET state = 'held', epoch = 1 WHERE job_id = $1", job)
+    """Work held under an old epoch: the ledger says epoch 3 while the database is at 1 (a
+    restore), so authority_hold freezes the tenant and holds its running and queued work."""
+    await s.store.register_workflow(HOLD, "w-hold")
+    await s.submit(INITECH, HOLD, "i-running")
+    await s.claim(HOLD, "w-hold")
+    await s.submit(INITECH, HOLD, "i-queued")
+    held = await s.pool.fetchrow("SELECT * FROM jobs.authority_hold($1, 3)", INITECH)
+    assert (held["db_epoch"], held["held_jobs"]) == (1, 2)
+
+
+async def seed_escalation(s: Seeder) -> None:
+    """Escalate every effect awaiting reconciliation (the unknown job's pending effect and
+    the canceled job's unknown one)."""
+    escalated = await s.pool.fetch("SELECT * FROM jobs.repair_escalate(0, 100)")
+    assert len(escalated) == 2
 
 
 def _event(n: int, tenant: str = ACME) -> Event:

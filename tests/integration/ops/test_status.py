@@ -51,10 +51,13 @@ def check_report(report: StatusReport, e: Expected) -> None:
     assert {(g.state, g.tenant, g.workflow): g.rescued for g in report.jobs} == e.rescued
     waiting = {(str(w.reason), w.state, w.tenant, w.workflow): w.jobs for w in report.waiting}
     assert waiting == e.waiting
-    effects = {(x.tenant, x.workflow, x.effect_state, x.job_state): x.effects
+    effects = {(x.tenant, x.workflow, x.effect_state, x.job_state): (x.effects, x.escalated)
                for x in report.effects}  # fmt: skip
     assert effects == e.effects
-    assert {t.tenant: (t.epoch, t.frozen, t.held) for t in report.tenants} == e.tenants
+    assert report.escalated_effects == 2
+    tenants = {t.tenant: (t.epoch, t.frozen, t.held, t.restore_ledger_epoch)
+               for t in report.tenants}  # fmt: skip
+    assert tenants == e.tenants
     assert (report.relay.pending, report.relay.held) == (e.relay_pending, e.relay_held)
     assert report.relay.lag_s > 0
     assert {(d.consumer, d.tenant, d.outcome): d.deliveries
@@ -77,7 +80,11 @@ async def test_status_matches_the_seeded_states(pool: asyncpg.Pool, seeded: Expe
         "no_worker_capacity", "missing_authority", "invalid_configuration",
         "awaiting_reconciliation", "scheduled_retry", "awaiting_rescue",
     }  # fmt: skip
-    assert {w.workflow: w.live_leases for w in report.workflows} == {"digest": 0, "report": 1}
+    assert {w.workflow: w.live_leases for w in report.workflows} == {
+        "digest": 0,
+        "hold": 0,
+        "report": 1,
+    }
 
 
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
@@ -104,8 +111,9 @@ async def test_cli_json_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: Expected
     printed = json.loads(done.stdout)
     assert _stable(printed) == _stable(to_json(await snapshot(pool)))
     totals = printed["totals"]
-    assert [totals[s] for s in REPORTED_STATES] == [8, 2, 1, 1, 1, 1]
+    assert [totals[s] for s in REPORTED_STATES] == [8, 2, 1, 1, 1, 2]
     assert (totals["inbox_conflicts"], totals["poison_messages"], totals["rescued"]) == (1, 2, 1)
+    assert totals["escalated_effects"] == 2
     table = run_cli(pg_dsn, "status")
     assert table.returncode == 0, table.stderr
     assert "why waiting work waits" in table.stdout and "unresolved_effect" in table.stdout
@@ -147,7 +155,19 @@ async def test_metrics_endpoint_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: 
     effects = by(
         samples, "accord_unresolved_effects", "tenant", "workflow", "effect_state", "job_state"
     )
-    assert effects == seeded.effects
+    assert effects == {k: n for k, (n, _) in seeded.effects.items()}
+    escalated = by(
+        samples, "accord_unresolved_effects_escalated", "tenant", "workflow", "effect_state",
+        "job_state",
+    )  # fmt: skip
+    assert escalated == {k: x for k, (_, x) in seeded.effects.items()}
+    assert samples[("accord_escalated_effects", ())] == 2
+    assert by(samples, "accord_tenant_held_jobs", "tenant") == {
+        (t,): held for t, (_, _, held, _) in seeded.tenants.items()
+    }
+    assert by(samples, "accord_tenant_restore_detected", "tenant") == {
+        ("acme",): 0, ("globex",): 0, ("initech",): 1
+    }  # fmt: skip
     assert by(samples, "accord_jobs_by_state", "state") == {
         (s,): report.count(s) for s in REPORTED_STATES
     }
@@ -160,7 +180,7 @@ async def test_metrics_endpoint_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: 
     assert by(samples, "accord_tenant_frozen", "tenant") == {
         ("acme",): 0,
         ("globex",): 1,
-        ("initech",): 0,
+        ("initech",): 1,
     }
 
 
