@@ -54,11 +54,11 @@ class Principals:
             )
         return done.job_id
 
-    async def claim(self, lease_s: float = 60.0) -> list[Lease]:
-        return await self.store.claim(WORKFLOW, OWNER, lease_s=lease_s, limit=10)
+    async def claim(self, lease_s: float = 60.0, limit: int = 10) -> list[Lease]:
+        return await self.store.claim(WORKFLOW, OWNER, lease_s=lease_s, limit=limit)
 
     async def claim_one(self, lease_s: float = 60.0) -> Lease:
-        leases = await self.claim(lease_s)
+        leases = await self.claim(lease_s, limit=1)
         assert len(leases) == 1, leases
         return leases[0]
 

@@ -1,0 +1,144 @@
+"""Reconciliation resolves unknown effects only with evidence, and escalates the rest by age.
+
+Against the real provider simulator (loopback HTTP, durable evidence) and its receipt lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from accord.commands.reconcile import provider_lookup
+from accord.provider import Fault, ProviderAmbiguous, ProviderClient, ProviderServer
+from jobs import EffectState, JobState, Lease, reconcile
+from jobs.reconcile import Left
+from jobs.repair import audit
+from jobs.runner.effects import idempotency_key
+from tests.integration.authority.conftest import Principals
+
+KEY = "deliver"
+BODY = {"report": "q3"}
+
+
+@pytest.fixture
+async def provider(tmp_path: Path) -> AsyncIterator[ProviderClient]:
+    async with ProviderServer(tmp_path / "evidence.sqlite") as server:
+        yield ProviderClient(server.url, timeout_s=5.0)
+
+
+async def gave_up(p: Principals, lease: Lease) -> None:
+    """The runner's ending for an ambiguous call: outcome unknown, the job given up."""
+    await p.store.finish_effect(lease, KEY, EffectState.UNKNOWN)
+    assert await p.store.fail(lease, "effect outcome unknown", retry=False) is JobState.UNKNOWN
+
+
+async def accepted_but_unanswered(p: Principals, provider: ProviderClient, op: str) -> Lease:
+    await p.submit(op)
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, KEY, "intent")
+    with pytest.raises(ProviderAmbiguous):  # the provider records it, then drops the reply
+        await provider.create_report(
+            idempotency_key(lease, KEY), BODY, fault=Fault.DROP_AFTER_ACCEPT
+        )
+    await gave_up(p, lease)
+    return lease
+
+
+async def never_sent(p: Principals, op: str) -> Lease:
+    await p.submit(op)
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, KEY, "intent")  # then the worker died before sending
+    await gave_up(p, lease)
+    return lease
+
+
+async def test_the_provider_receipt_decides(
+    principals: Principals, provider: ProviderClient
+) -> None:
+    p = principals
+    accepted = await accepted_but_unanswered(p, provider, "a")
+    unseen = await never_sent(p, "b")
+    lookup = provider_lookup(provider)
+    async with p.repair.acquire() as conn:
+        # control: "never seen" is not trusted while a request could still be in flight
+        settling = await reconcile.reconcile(
+            conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=3600
+        )
+        assert [(r.job_id, r.outcome) for r in settling.resolved] == [
+            (accepted.job_id, EffectState.SUCCEEDED)
+        ]
+        assert [(e.job_id, why) for e, why in settling.left] == [(unseen.job_id, Left.SETTLING)]
+        report = await reconcile.reconcile(
+            conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=0
+        )
+        assert [(r.job_id, r.outcome, r.job_state) for r in report.resolved] == [
+            (unseen.job_id, EffectState.FAILED_BEFORE_DISPATCH, JobState.QUEUED)
+        ]
+        assert report.escalated == ()
+        trail = await audit(conn, job_id=accepted.job_id) + await audit(conn, job_id=unseen.job_id)
+    receipt = (await provider.lookup(idempotency_key(accepted, KEY))).receipt_id  # type: ignore[union-attr]
+    assert [(a.action, a.who, a.outcome) for a in trail] == [
+        ("resolve_effect", "reconciler", "succeeded"),
+        ("resolve_effect", "reconciler", "failed_before_dispatch"),
+    ]
+    assert receipt in trail[0].evidence and "never accepted" in trail[1].evidence
+    view = await p.store.job(accepted.job_id)
+    assert view.effects[0].receipt == receipt and not view.needs_reconciliation
+    # the one the provider never saw may run again: same key, a new record, same provider key
+    again = await p.claim_one()
+    assert again.job_id == unseen.job_id
+    assert await p.store.begin_effect(again, KEY, "intent") == 2
+    made = await provider.create_report(idempotency_key(again, KEY), BODY)
+    await p.store.finish_effect(again, KEY, EffectState.SUCCEEDED, receipt=made.receipt_id)
+    await p.store.publish(again)
+    assert (await provider.stats())["accepted"] == 2  # one each, no duplicate
+
+
+async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_path: Path) -> None:
+    p = principals
+    lease = await never_sent(p, "a")
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    gone = provider_lookup(ProviderClient(f"http://127.0.0.1:{port}", connect_timeout_s=1))
+    async with p.repair.acquire() as conn:
+        report = await reconcile.reconcile(conn, gone, who="r", escalate_after_s=3600, settle_s=0)
+    assert report.resolved == ()
+    assert [(e.job_id, why) for e, why in report.left] == [(lease.job_id, Left.LOOKUP_UNAVAILABLE)]
+    assert await p.state(lease.job_id) == "unknown"
+
+
+async def test_without_a_lookup_it_stays_unknown_and_escalates_by_age(
+    principals: Principals, ledger_env: dict[str, str]
+) -> None:
+    p = principals
+    lease = await never_sent(p, "a")
+    async with p.repair.acquire() as conn:
+        young = await reconcile.reconcile(conn, None, who="r", escalate_after_s=3600)
+        assert young.escalated == ()  # control: younger than the configured age
+        assert [why for _, why in young.left] == [Left.NO_LOOKUP]
+    done = await anyio.run_process(
+        [sys.executable, "-m", "accord", "reconcile", "--escalate-after-s", "0"],
+        env={**ledger_env, "ACCORD_PG_DSN": p.dsn, "ACCORD_PROVIDER_URL": ""},
+        check=False,
+    )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr
+    assert f"escalated job={lease.job_id} key={KEY} seq=1" in out
+    assert "resolved=0 left=1 escalated=1" in out
+    async with p.repair.acquire() as conn:
+        [row] = await conn.fetch("SELECT state, escalated_at FROM jobs.reconciliation")
+        assert row["state"] == "unknown" and row["escalated_at"] is not None
+        again = await reconcile.reconcile(conn, None, who="r", escalate_after_s=0)
+        assert again.escalated == ()  # escalated once
+    assert await p.state(lease.job_id) == "unknown"  # never resolved by time
+    assert (await p.store.job(lease.job_id)).needs_reconciliation
+
+
+@pytest.fixture
+def ledger_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "ACCORD_LEDGER_PATH": str(tmp_path / "ledger")}

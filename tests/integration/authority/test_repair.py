@@ -1,0 +1,105 @@
+"""The checked repairs refuse what they must (each after its control), and `accord repair`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+import pytest
+
+from jobs import EffectState, JobState, RepairRefused
+from jobs.repair import release_hold, requeue_poison, resolve_effect
+from tests.integration.authority.conftest import Principals
+
+
+async def refused(p: Principals, repair: object, *args: object, **kwargs: object) -> str:
+    async with p.repair.acquire() as conn:
+        with pytest.raises(RepairRefused) as info:
+            async with conn.transaction():
+                await repair(conn, *args, **kwargs)  # type: ignore[operator]
+    return str(info.value.reason)
+
+
+async def test_requeue_poison_gives_a_fresh_budget(principals: Principals) -> None:
+    p = principals
+    job_id = await p.submit("a", max_attempts=1)
+    lease = await p.claim_one()
+    assert await p.store.fail(lease, "boom", retry=True) is JobState.POISON
+    assert await p.claim() == []
+    assert await refused(p, release_hold, job_id, who="a", evidence="e") == "not_held"
+    assert await refused(p, requeue_poison, job_id, who="a", evidence=" ") == "no_evidence"
+    assert await refused(p, requeue_poison, job_id, who="", evidence="e") == "no_principal"
+    async with p.repair.acquire() as conn, conn.transaction():  # control
+        done = await requeue_poison(conn, job_id, who="alice", evidence="fixed upstream")
+    assert done.state is JobState.QUEUED
+    again = await p.claim_one()
+    assert again.job_id == job_id and again.generation > lease.generation
+    await p.store.publish(again)
+    assert await refused(p, requeue_poison, job_id, who="a", evidence="e") == "not_poison"
+
+
+async def test_resolve_refuses_what_is_not_unresolved(principals: Principals) -> None:
+    p = principals
+    job_id = await p.submit("a")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, "k", "i")
+    await p.store.finish_effect(lease, "k", EffectState.SUCCEEDED)
+    await p.store.fail(lease, "later step failed", retry=False)
+    ok = EffectState.SUCCEEDED
+    assert await refused(p, resolve_effect, job_id, "k", ok, who="a", evidence="e") == (
+        "not_unresolved"
+    )
+    assert await refused(p, resolve_effect, job_id, "nope", ok, who="a", evidence="e") == (
+        "missing_effect"
+    )
+    assert await refused(p, resolve_effect, 999, "k", ok, who="a", evidence="e") == "missing"
+    unknown = EffectState.UNKNOWN
+    assert await refused(p, resolve_effect, job_id, "k", unknown, who="a", evidence="e") == (
+        "invalid_outcome"
+    )
+
+
+async def test_a_pending_effect_of_a_job_no_longer_running_can_be_resolved(
+    principals: Principals,
+) -> None:
+    p = principals
+    job_id = await p.submit("a")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, "k", "i")  # the worker dies: pending stays the evidence
+    await p.expire(job_id)
+    await p.store.rescue()
+    assert await p.state(job_id) == "unknown"
+    async with p.repair.acquire() as conn, conn.transaction():
+        done = await resolve_effect(
+            conn, job_id, "k", EffectState.FAILED_BEFORE_DISPATCH, who="a", evidence="journal"
+        )
+    assert (done.seq, done.job_state) == (1, JobState.QUEUED)
+
+
+async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> None:
+    p = principals
+    job_id = await p.submit("a")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, "k", "i")
+    await p.store.finish_effect(lease, "k", EffectState.UNKNOWN)
+    await p.store.fail(lease, "ambiguous", retry=False)
+    env = {**os.environ, "ACCORD_PG_DSN": p.dsn}
+    base = [sys.executable, "-m", "accord", "repair"]
+    args = ["resolve-effect", "--job", str(job_id), "--key", "k", "--outcome", "succeeded"]
+    done = await anyio.run_process(
+        [*base, *args, "--evidence", "receipt r-1", "--who", "alice", "--receipt", "r-1"],
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"outcome=succeeded" in done.stdout
+    audit = await anyio.run_process([*base, "audit", "--job", str(job_id)], env=env, check=False)
+    assert b"resolve_effect" in audit.stdout and b"db_role=accord_repair" in audit.stdout
+    # a role the login may not take is a configuration error, not a silent fallback
+    bad = await anyio.run_process(
+        [*base, "audit", "--job", str(job_id)],
+        env={**env, "ACCORD_REPAIR_ROLE": "no_such_role_x"},
+        check=False,
+    )
+    assert bad.returncode == 2 and b"ConfigError" in bad.stderr
