@@ -145,8 +145,8 @@ class TenantAuthority:
     restore_ledger_epoch: int | None
 
     @classmethod
-    def from_record(cls, r: Record) -> TenantAuthority:
-        return cls(r["tenant"], r["epoch"], r["frozen"], r["held"], r["restore_ledger_epoch"])
+    def from_record(cls, r: Record, held: int = 0) -> TenantAuthority:
+        return cls(r["tenant"], r["epoch"], r["frozen"], held, r["restore_ledger_epoch"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,13 +87,10 @@ GROUP BY e.tenant, j.workflow, e.state, j.state
 ORDER BY e.tenant, j.workflow, e.state, j.state
 """
 
-# Each tenant's authority: epoch, frozen, its held work, and an open restore detection (the
-# ledger's epoch the database is behind; jobs.authority_restores, migration 0006).
+# Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
+# database is behind; jobs.authority_restores, migration 0006). Held counts come from JOB_GROUPS.
 TENANTS = """
-SELECT t.tenant, t.epoch, t.frozen,
-       (SELECT count(*) FROM jobs.jobs j WHERE j.tenant = t.tenant AND j.state = 'held')::bigint
-           AS held,
-       r.ledger_epoch AS restore_ledger_epoch
+SELECT t.tenant, t.epoch, t.frozen, r.ledger_epoch AS restore_ledger_epoch
 FROM jobs.tenants t
 LEFT JOIN jobs.authority_restores r ON r.tenant = t.tenant AND r.resolved_at IS NULL
 ORDER BY t.tenant

@@ -47,12 +47,19 @@ async def _rows(conn: Any, build: Callable[[Any], T], statement: str, *args: Any
 
 async def _collect(conn: Any) -> StatusReport:
     unresolved = list(models.UNRESOLVED_EFFECT_STATES)
+    jobs = await _rows(conn, JobGroup.from_record, sql.JOB_GROUPS, list(models.REPORTED_STATES))
+    held: dict[str, int] = {}
+    for group in jobs:
+        if group.state == "held":
+            held[group.tenant] = held.get(group.tenant, 0) + group.jobs
     return StatusReport(
         taken_at=await conn.fetchval(sql.NOW),
-        jobs=await _rows(conn, JobGroup.from_record, sql.JOB_GROUPS, list(models.REPORTED_STATES)),
+        jobs=jobs,
         waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
-        tenants=await _rows(conn, TenantAuthority.from_record, sql.TENANTS),
+        tenants=await _rows(
+            conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
+        ),
         workflows=await _rows(conn, WorkflowClass.from_record, sql.WORKFLOWS),
         relay=RelayFigures.from_record(await conn.fetchrow(sql.RELAY)),
         relay_held=await _rows(conn, HeldRows.from_record, sql.RELAY_HELD),
