@@ -1,18 +1,30 @@
-"""`accord demo`: run the end-to-end demo workflow (placeholder)."""
+"""`accord demo [--n N] [--faults]`: the report workflow end to end, with a summary."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
+from accord import runtime
+from accord.demo.run import DemoOptions, run_demo
 from schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("demo", help="run the end-to-end demo workflow")
+    parser.add_argument("--n", type=int, default=24, help="submissions (%(default)s)")
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="also SIGKILL the relay and a worker mid-run and lose some provider replies",
+    )
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="give up after this")
+    parser.add_argument("--workdir", default="var/demo", help="logs, journals, objects")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    print("accord demo: not implemented yet", file=sys.stderr)
-    return 2
+    options = DemoOptions(
+        n=args.n, faults=args.faults, timeout_s=args.timeout_s, workdir=Path(args.workdir)
+    )
+    return int(runtime.run(run_demo, settings, options))
