@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from accord.ops.projections import report_projection
 from consumers import Handlers, InboxConflict
 from jobs import JobConflict, store
 from schemas.errors import ConfigError
@@ -47,7 +48,15 @@ def report_handlers(catalog: Catalog) -> Handlers:
     return handlers
 
 
-WORKFLOWS: dict[str, Callable[[Catalog], Handlers]] = {"report": report_handlers}
+def report_projection_handlers(catalog: Catalog) -> Handlers:
+    """``report_projection``: the live read model of published reports (replayable)."""
+    return report_projection(catalog).handlers
+
+
+WORKFLOWS: dict[str, Callable[[Catalog], Handlers]] = {
+    "report": report_handlers,
+    "report_projection": report_projection_handlers,
+}
 
 
 def handlers_for(workflow: str, catalog: Catalog) -> Handlers:

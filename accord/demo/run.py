@@ -1,7 +1,8 @@
 """`accord demo`: the report workflow end to end on the local services, with a summary.
 
-The orchestrator starts the real processes (`accord relay`, `accord consume --workflow
-report`, two `accord worker --workflow report`) and the provider simulator, accepts N
+The orchestrator starts the real processes (`accord relay`, `accord consume` for the
+``report`` class and its ``report_projection`` read model, two `accord worker --workflow
+report`) and the provider simulator, accepts N
 submissions (some in transactions that roll back), shows progress, and prints what the
 database says happened. With ``faults`` it also SIGKILLs the relay and a worker mid-run
 and makes the provider drop some replies after accepting them: the summary then shows
@@ -112,6 +113,9 @@ def _children(env: dict[str, str], opts: DemoOptions) -> dict[str, Child]:
     return {
         "relay": Child("relay", [*accord, "relay"], env, logs),
         "consumer": Child("consumer", [*accord, "consume", "--workflow", "report"], env, logs),
+        "projection": Child(
+            "projection", [*accord, "consume", "--workflow", "report_projection"], env, logs
+        ),
         "worker-1": Child(
             "worker-1",
             [*accord, *worker, "--journal", str(opts.workdir / "journal" / "w1.journal")],
@@ -259,11 +263,12 @@ async def _wait_settled(
     while True:
         async with pool.acquire() as conn:
             result = await demo_summary.collect(conn, run, rolled_back)
-        # Settled, and the relay has confirmed the report.published events too.
+        # Settled; the relay confirmed report.published and the read model caught up.
         if (
             result.settled
             and result.accepted > 0
             and all(not k.endswith(":pending") for k in result.outbox)
+            and result.projected == result.published
         ):
             return result
         if time.monotonic() > deadline:

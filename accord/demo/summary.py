@@ -41,6 +41,9 @@ OUTBOX = """
 SELECT type, state, count(*) AS n FROM relay.outbox WHERE operation_id LIKE $1 GROUP BY 1, 2
 """
 
+# The live read model (report_projection consumer) rows of this run.
+PROJECTED = "SELECT count(*) FROM demo_projection.published_reports WHERE operation_id LIKE $1"
+
 # Rolled-back submissions must have left nothing anywhere: no outbox row, no job.
 ROLLED_BACK_TRACES = """
 SELECT (SELECT count(*) FROM relay.outbox WHERE operation_id = ANY($1::text[]))
@@ -73,6 +76,7 @@ class Summary:
     attempts: int
     effects: dict[str, int]
     outbox: dict[str, int]
+    projected: int = 0
     waiting: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -94,6 +98,7 @@ class Summary:
             and self.published + reasons == self.accepted
             and self.published == self.jobs.get("succeeded", 0)
             and self.rolled_back_traces == 0
+            and self.projected == self.published
         )
 
 
@@ -107,6 +112,7 @@ async def collect(conn: Any, run: str, rolled_back_ops: list[str]) -> Summary:
         deliveries = {r["outcome"]: r["n"] for r in await conn.fetch(DELIVERIES, like)}
         outbox = {f"{r['type']}:{r['state']}": r["n"] for r in await conn.fetch(OUTBOX, like)}
         traces = await conn.fetchval(ROLLED_BACK_TRACES, rolled_back_ops)
+        projected = await conn.fetchval(PROJECTED, like)
         waiting = [dict(r) for r in await conn.fetch(WAITING, like)]
     return Summary(
         accepted=subs["accepted"],
@@ -118,6 +124,7 @@ async def collect(conn: Any, run: str, rolled_back_ops: list[str]) -> Summary:
         attempts=sum(r["attempts"] or 0 for r in jobs_rows),
         effects=effects,
         outbox=outbox,
+        projected=projected,
         waiting=[w for w in waiting if w["state"] in FINAL_STATES],
     )
 
@@ -147,6 +154,7 @@ def render(s: Summary, elapsed: float) -> str:
         f"effects by outcome        {kv(s.effects)}",
         f"reports published         {s.published}",
         f"outbox rows               {kv(s.outbox)}",
+        f"read model (projection)   {s.projected} published reports",
         f"elapsed                   {elapsed:.1f}s",
     ]
     if s.waiting:
