@@ -23,6 +23,12 @@ RENEW = "SELECT status, lease_expires_at FROM jobs.renew($1, $2, $3, $4, $5, $6,
 # The publish's second fence and the transition to succeeded.
 SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
 
+# Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.
+SUCCEED_MANY = (
+    "SELECT job_id FROM jobs.succeed_many($1::bigint[], $2::text[], $3::text[], $4::text[],"
+    " $5::text[], $6::uuid[], $7::bigint[], $8::bigint[]) AS job_id"
+)
+
 # Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
 FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -27,6 +29,7 @@ from jobs.errors import (
     InvalidLeaseLength,
     JobConflict,
     JobNotFound,
+    JobsError,
 )
 from jobs.models import (
     Cancellation,
@@ -83,29 +86,54 @@ async def submit(
     return Submitted(job_id=row["job_id"], created=row["created"], state=JobState(row["state"]))
 
 
+@dataclass(frozen=True, slots=True)
+class BatchPublished:
+    """The outcome of ``publish_many``: the leases published and the refused with why."""
+
+    published: tuple[Lease, ...]
+    refused: tuple[tuple[Lease, JobsError], ...]
+
+
+def _refusal(lease: Lease, status: str) -> JobsError:
+    """The publish refusal named by ``status``."""
+    if status == "unresolved_effect":
+        return EffectsUnresolved(job_id=lease.job_id, operation_id=lease.operation_id)
+    return fence.fence_lost(lease, status)
+
+
 def _published(lease: Lease, status: str | None) -> None:
     """Raise the publish refusal named by ``status`` (None: published)."""
-    if status == "unresolved_effect":
-        raise EffectsUnresolved(job_id=lease.job_id, operation_id=lease.operation_id)
     if status is not None:
-        raise fence.fence_lost(lease, status)
+        raise _refusal(lease, status)
 
 
 class Store:
-    """The single claimant over an asyncpg pool; each method is one short transaction."""
+    """The single claimant; each method is one short transaction.
+
+    Give it an asyncpg pool (each call acquires a connection) or one connection that a
+    worker keeps for its loop (no acquire/release round trip per call; one call at a time).
+    """
 
     #: The fence helper, for publish callbacks: ``await Store.locked(tx, lease)``.
     locked = staticmethod(fence.locked)
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        db: asyncpg.Pool | Any,
         *,
         backoff_base_s: float = 1.0,
         backoff_max_s: float = 300.0,
     ) -> None:
-        self._pool = pool
+        self._db = db
         self._backoff = (backoff_base_s, backoff_max_s)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        if isinstance(self._db, asyncpg.Pool):
+            async with self._db.acquire() as conn:
+                yield conn
+        else:
+            yield self._db
 
     # -- claiming ------------------------------------------------------------------------
 
@@ -117,7 +145,7 @@ class Store:
         ``owner`` does not serve ``workflow`` (checked in the claim itself, re-read on empty).
         """
         seconds = _lease_seconds(lease_s)
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(sql.CLAIM, workflow, owner, seconds, limit)
             if not rows:
                 await registry.require(conn, workflow, owner)
@@ -127,7 +155,7 @@ class Store:
         """Extends the caller's own unexpired lease from the database clock; raises FenceLost
         otherwise (an expired lease is never revived)."""
         seconds = _lease_seconds(lease_s)
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(sql.RENEW, *lease.fence_args(), seconds)
         if row["status"] is not None:
             raise fence.fence_lost(lease, row["status"])
@@ -150,7 +178,7 @@ class Store:
         EffectsUnresolved (an effect is pending or unknown). Without a callback the fence
         and the transition are one statement, which is its own transaction.
         """
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             if callback is None:
                 _published(lease, await conn.fetchval(sql.SUCCEED, *lease.fence_args()))
                 return
@@ -160,10 +188,27 @@ class Store:
                 # Raised inside the transaction, so the callback's writes roll back.
                 _published(lease, await fence.succeed(conn, lease))
 
+    async def publish_many(self, leases: list[Lease]) -> BatchPublished:
+        """One statement (its own transaction) publishes a batch of leases without callbacks:
+        each lease passes the whole fence on its own row or is refused alone. The refused come
+        back with their error (FenceLost naming the field, or EffectsUnresolved)."""
+        if not leases:
+            return BatchPublished((), ())
+        columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
+        async with self._connection() as conn:
+            done = {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
+            refused: list[tuple[Lease, JobsError]] = []
+            for lease in leases:
+                if lease.job_id not in done:
+                    reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
+                    refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
+        published = tuple(lease for lease in leases if lease.job_id in done)
+        return BatchPublished(published, tuple(refused))
+
     async def fail(self, lease: Lease, reason: str, *, retry: bool) -> JobState:
         """Fenced: gives the job up. Returns its new state: queued (retry, with backoff),
         poison (attempts used up), failed (no retry) or unknown (an effect forbids a rerun)."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(sql.FAIL, *lease.fence_args(), reason, retry, *self._backoff)
         if row["status"] is not None:
             raise fence.fence_lost(lease, row["status"])
@@ -174,7 +219,7 @@ class Store:
     async def begin_effect(self, lease: Lease, key: str, intent_digest: str) -> int:
         """Fenced: records effect ``key`` as pending before dispatch; returns its record's
         seq. Only a recorded failed_before_dispatch lets the same key begin again."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(sql.BEGIN_EFFECT, *lease.fence_args(), key, intent_digest)
         status = row["status"]
         ids: dict[str, Any] = {"job_id": lease.job_id, "effect_key": key}
@@ -199,7 +244,7 @@ class Store:
         outcome = EffectState(outcome)
         if outcome is EffectState.PENDING:
             raise ValueError("finish_effect needs a finished outcome, not pending")
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             status = await conn.fetchval(
                 sql.FINISH_EFFECT, *lease.fence_args(), key, str(outcome), receipt
             )
@@ -213,14 +258,14 @@ class Store:
     async def rescue(self, limit: int = 100) -> RescueReport:
         """One short transaction: returns up to ``limit`` running jobs whose lease expired (or
         whose epoch was rotated) to queued, poison or unknown, each with generation + 1."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(sql.RESCUE, limit, *self._backoff)
         return RescueReport(tuple(Rescued.from_record(row) for row in rows))
 
     async def cancel(self, job_id: int, *, reason: str) -> Cancellation:
         """One short transaction: cancels queued or running work (generation + 1, no lease),
         keeping every effect record. Raises JobNotFound."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(sql.CANCEL, job_id, reason)
         if row is None:
             raise JobNotFound(job_id=job_id)
@@ -237,18 +282,18 @@ class Store:
     async def rotate_epoch(self, tenant: str) -> int:
         """One short transaction: advances the tenant's authority epoch and waits for fenced
         write-backs in flight; afterwards every lease under the old epoch fails its fence."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             epoch: int = await conn.fetchval(sql.ROTATE_EPOCH, tenant)
         return epoch
 
     async def freeze(self, tenant: str) -> None:
         """Freezes the tenant's authority: no claim, no write-back passes the fence."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             await conn.fetchval(sql.SET_FROZEN, tenant, True)
 
     async def unfreeze(self, tenant: str) -> None:
         """Thaws the tenant's authority."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             await conn.fetchval(sql.SET_FROZEN, tenant, False)
 
     # -- registration -----------------------------------------------------------------------
@@ -257,19 +302,19 @@ class Store:
         self, workflow: str, owner: str, *, effects_enabled: bool = False
     ) -> Registration:
         """Registers ``owner`` as the one queue owner of ``workflow`` (see jobs.registry)."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             return await registry.register(conn, workflow, owner, effects_enabled=effects_enabled)
 
     async def require_registration(self, workflow: str, owner: str) -> Registration:
         """Raises WorkflowNotRegistered / WorkflowOwnedElsewhere unless ``owner`` serves it."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await registry.require(conn, workflow, owner)
 
     async def transfer_workflow(
         self, workflow: str, from_owner: str, to_owner: str, *, effects_enabled: bool | None = None
     ) -> Registration:
         """Moves the class and all its work to ``to_owner`` (see jobs.registry.transfer)."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             return await registry.transfer(
                 conn, workflow, from_owner, to_owner, effects_enabled=effects_enabled
             )
@@ -278,7 +323,7 @@ class Store:
 
     async def job(self, job_id: int) -> JobView:
         """Read-only: one job with every effect record it ever had. Raises JobNotFound."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(sql.JOB, job_id)
             if row is None:
                 raise JobNotFound(job_id=job_id)
@@ -287,6 +332,6 @@ class Store:
 
     async def probe(self) -> Health:
         """Health: a read-only transaction that never claims work."""
-        async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+        async with self._connection() as conn, conn.transaction(readonly=True):
             row = await conn.fetchrow(sql.PROBE)
         return Health(database_now=row["database_now"], workflows=row["workflows"])

@@ -11,9 +11,11 @@
 --   locked row and keep the tenant row from its old snapshot (EvalPlanQual), so a rotation
 --   that committed while we waited would go unseen.
 --   https://www.postgresql.org/docs/15/transaction-iso.html#XACT-READ-COMMITTED
--- * Rotation and freeze lock every running job of the tenant after changing the tenant row:
---   each fenced write-back in flight holds its job row until it commits, so when rotation
---   returns no write-back under the old epoch can still commit.
+-- * Rotation, freeze and owner transfer also revoke the running leases they invalidate, on
+--   the job rows themselves (lease_expires_at = now). That waits for every fenced write-back
+--   in flight (each holds its job row until it commits), and a write-back that was waiting
+--   for the row re-checks the *revoked row* (EvalPlanQual re-reads the locked row, not the
+--   joined tenant row), so once rotation returns no write-back under the old epoch commits.
 -- * Rescue locks candidates first, then decides in a new statement (new snapshot) so that an
 --   effect begun or a publish committed just before it took the lock is seen.
 
@@ -68,8 +70,8 @@ CREATE TABLE jobs.jobs (
 CREATE INDEX jobs_claimable_idx ON jobs.jobs (workflow, run_after, job_id) WHERE state = 'queued';
 -- Rescue's index: running work by lease expiry.
 CREATE INDEX jobs_running_idx ON jobs.jobs (lease_expires_at) WHERE state = 'running';
--- Open work per workflow class (the drained check before an owner change).
-CREATE INDEX jobs_open_idx ON jobs.jobs (workflow) WHERE state IN ('running', 'unknown', 'held');
+-- (No index for the drained check before an owner change: it is rare, and every index on
+-- jobs.jobs costs each claim and publish, whose updates are never HOT.)
 
 -- Effect records: one row per begin. Only a failed_before_dispatch record lets the same key
 -- begin again, and then as a new row (seq + 1): a finished outcome is never overwritten.
@@ -340,6 +342,35 @@ BEGIN
     RETURN CASE WHEN v_rows <> 1 THEN 'row_count' END;
 END $$;
 
+-- succeed_many: publish a batch of leases without callbacks in one statement; the whole
+-- fence is in the WHERE clause on each job row. Returns the job ids that succeeded; the
+-- caller names the refusal of the others with jobs.fence.
+CREATE FUNCTION jobs.succeed_many(
+    p_job_ids bigint[], p_tenants text[], p_workflows text[], p_operation_ids text[],
+    p_owners text[], p_attempt_ids uuid[], p_generations bigint[], p_epochs bigint[]
+) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+    UPDATE jobs.jobs j
+    SET state = 'succeeded', lease_expires_at = NULL, last_error = NULL, updated_at = now()
+    FROM unnest(p_job_ids, p_tenants, p_workflows, p_operation_ids, p_owners, p_attempt_ids,
+                p_generations, p_epochs)
+             AS l(job_id, tenant, workflow, operation_id, owner, attempt_id, generation, epoch),
+         jobs.tenants t
+    -- Operation fields compare with IS NOT DISTINCT FROM (never NULL here) so that only the
+    -- primary key can drive this update: an equality on tenant lets a planner without fresh
+    -- statistics scan a whole tenant through jobs_operation_key once per lease.
+    WHERE j.job_id = ANY (p_job_ids) AND j.job_id = l.job_id AND t.tenant = j.tenant
+      AND j.tenant IS NOT DISTINCT FROM l.tenant
+      AND j.workflow IS NOT DISTINCT FROM l.workflow
+      AND j.operation_id IS NOT DISTINCT FROM l.operation_id AND j.owner = l.owner
+      AND j.attempt_id = l.attempt_id AND j.generation = l.generation AND j.state = 'running'
+      AND j.epoch = l.epoch AND t.epoch = l.epoch AND NOT t.frozen
+      AND j.lease_expires_at > clock_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                      WHERE e.job_id = j.job_id AND e.state IN ('pending', 'unknown'))
+    RETURNING j.job_id
+$$;
+
 -- begin_effect: record `pending` before dispatch (fenced). Status: NULL = begun;
 -- 'effects_disabled'; 'already_<state>' (latest record not failed_before_dispatch);
 -- 'intent_conflict' (with the recorded digest); or a fence reason.
@@ -479,16 +510,18 @@ BEGIN
     RETURN QUERY SELECT v_changed, v_state, v_generation, jobs.unresolved_effects(p_job_id);
 END $$;
 
--- Wait for every fenced write-back of the tenant's running work that is in flight.
+-- Drain the tenant's fences: revoke every running lease of the tenant on its row (see the
+-- header). Waits for the fenced write-backs in flight; afterwards none of those leases passes.
 CREATE FUNCTION jobs.drain_fences(p_tenant text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM jobs.jobs j WHERE j.tenant = p_tenant AND j.state = 'running'
-    FOR NO KEY UPDATE;
-END $$;
+LANGUAGE sql AS $$
+    UPDATE jobs.jobs j
+    SET lease_expires_at = least(j.lease_expires_at, clock_timestamp()), updated_at = now()
+    WHERE j.tenant = p_tenant AND j.state = 'running'
+$$;
 
--- rotate_epoch: advance the tenant's authority epoch; every lease under the old one fails
--- its fence ('epoch') from the moment this commits, and rescue returns that work.
+-- rotate_epoch: advance the tenant's authority epoch and revoke its running leases; every
+-- lease under the old epoch fails its fence ('epoch') from the moment this commits, and
+-- rescue returns that work.
 CREATE FUNCTION jobs.rotate_epoch(p_tenant text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -502,7 +535,8 @@ BEGIN
 END $$;
 
 -- set_frozen: freeze (or thaw) a tenant's authority; frozen tenants are neither claimed nor
--- pass a fence.
+-- pass a fence. Freezing revokes the running leases (thawing does not revive them: rescue
+-- returns that work).
 CREATE FUNCTION jobs.set_frozen(p_tenant text, p_frozen boolean) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -511,6 +545,8 @@ BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
     UPDATE jobs.tenants SET frozen = p_frozen, updated_at = now()
     WHERE tenant = p_tenant RETURNING epoch INTO v_epoch;
-    PERFORM jobs.drain_fences(p_tenant);
+    IF p_frozen THEN
+        PERFORM jobs.drain_fences(p_tenant);
+    END IF;
     RETURN v_epoch;
 END $$;

@@ -267,6 +267,30 @@ class Machine(RuleBasedStateMachine):
         self.run(call)
         job.state, job.lease, job.published_by = "succeeded", None, lease.attempt_id
 
+    @rule(picks=st.lists(PICK, min_size=1, max_size=4))
+    def publish_many(self, picks: list[tuple[bool, int]]) -> None:
+        chosen = {le.attempt_id: le for p in picks if (le := self.lease(p)) is not None}
+        batch = list(chosen.values())
+        if not batch:
+            return
+        expected_ok = {
+            le.job_id
+            for le in batch
+            if self.fence(le) is None and not self.by_id(le.job_id).effect_states() & UNRESOLVED
+        }
+        reasons = {le.attempt_id: self.fence(le) for le in batch}
+        done = self.run(self.store.publish_many(batch))
+        assert {le.job_id for le in done.published} == expected_ok
+        for lease, error in done.refused:
+            expected = reasons[lease.attempt_id]
+            if expected is None:
+                assert isinstance(error, EffectsUnresolved)
+            else:
+                assert isinstance(error, FenceLost) and error.reason == expected
+        for lease in done.published:
+            job = self.by_id(lease.job_id)
+            job.state, job.lease, job.published_by = "succeeded", None, None
+
     @rule(pick=PICK, retry=st.booleans())
     def fail(self, pick: tuple[bool, int], retry: bool) -> None:
         lease = self.lease(pick)
@@ -324,11 +348,20 @@ class Machine(RuleBasedStateMachine):
     @rule(tenant=st.sampled_from(TENANTS))
     def rotate(self, tenant: str) -> None:
         self.epoch[tenant] = self.run(self.store.rotate_epoch(tenant))
+        self.revoke(tenant)
+
+    def revoke(self, tenant: str) -> None:
+        """Rotation and freezing revoke the tenant's running leases on their rows."""
+        for job in self.jobs.values():
+            if job.tenant == tenant and job.state == "running":
+                job.expired = True
 
     @rule(tenant=st.sampled_from(TENANTS), frozen=st.booleans())
     def freeze(self, tenant: str, frozen: bool) -> None:
         self.run(self.store.freeze(tenant) if frozen else self.store.unfreeze(tenant))
         self.frozen[tenant] = frozen
+        if frozen:
+            self.revoke(tenant)
 
     # -- invariants ------------------------------------------------------------------------
 

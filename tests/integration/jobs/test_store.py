@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from jobs import (
+    EffectsUnresolved,
     FenceLost,
     InvalidLeaseLength,
     JobNotFound,
@@ -253,16 +254,42 @@ async def test_rotation_invalidates_every_lease_under_the_old_epoch(jobs: Jobs) 
 async def test_frozen_authority_is_not_claimed_and_fails_the_fence(jobs: Jobs) -> None:
     a = await jobs.submit("a")
     lease = await jobs.claim_one()
-    await jobs.submit("b")
+    await jobs.store.publish(lease)  # control
+    b = await jobs.submit("b")
+    lease = await jobs.claim_one()
+    await jobs.submit("c")
     await jobs.store.freeze(TENANT)
     assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(lease)
     assert info.value.reason == "frozen"
     await jobs.store.unfreeze(TENANT)
-    await jobs.store.publish(lease)
-    assert await jobs.state(a) == "succeeded"
-    assert len(await jobs.store.claim(WORKFLOW, OWNER, lease_s=30)) == 1
+    # freezing revoked the running lease; thawing does not revive it: rescue returns the work
+    with pytest.raises(FenceLost) as info:
+        await jobs.store.publish(lease)
+    assert info.value.reason == "lease_expired"
+    assert (await jobs.store.rescue()).requeued == [b]
+    again = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=5)
+    for fresh in again:
+        await jobs.store.publish(fresh)
+    assert {await jobs.state(j) for j in (a, b)} == {"succeeded"} and len(again) == 2
+
+
+async def test_publish_many_fences_each_lease_alone(jobs: Jobs) -> None:
+    ids = [await jobs.submit(f"op{i}") for i in range(4)]
+    leases = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=4)
+    await jobs.store.begin_effect(leases[1], "k", "i")  # unresolved: refused
+    await jobs.store.cancel(ids[2], reason="operator")  # moved on: refused
+    await jobs.expire(ids[3])  # expired: refused
+    done = await jobs.store.publish_many(leases)
+    assert [le.job_id for le in done.published] == [ids[0]]
+    why = {lease.job_id: error for lease, error in done.refused}
+    assert isinstance(why[ids[1]], EffectsUnresolved)
+    assert isinstance(why[ids[2]], FenceLost) and why[ids[2]].reason == "generation"
+    assert isinstance(why[ids[3]], FenceLost) and why[ids[3]].reason == "lease_expired"
+    assert [await jobs.state(j) for j in ids] == ["succeeded", "running", "canceled", "running"]
+    again = await jobs.store.publish_many([leases[0]])
+    assert again.published == () and again.refused[0][1].reason == "state"
 
 
 async def test_probe_never_claims_work(jobs: Jobs) -> None:

@@ -1,0 +1,296 @@
+"""Claim → fenced publish throughput of the jobs store for no-op jobs, against the raw limit
+and PgQueuer, same machine, same run.
+
+    .venv/bin/python -m bench.jobs_bench [--jobs 20000] [--workers 8] [--batch 50] [--rounds 1]
+
+Each variant drains the same number of no-op jobs with the same number of workers and the
+same claim batch size, on its own fresh database, synchronous_commit on (the server default):
+
+* ``raw``: asyncpg, one ``UPDATE … FOR UPDATE SKIP LOCKED`` claim per batch, then one
+  autocommit ``UPDATE … SET state = 'done' WHERE id = $1`` per job. No fence, no lease check:
+  the floor any claim/complete loop pays.
+* ``accord``: ``Store.claim(limit=batch)`` then ``Store.publish(lease, callback)`` per job with
+  a no-op database callback: BEGIN, fence, callback, fence again + succeeded, COMMIT.
+* ``accord-nocb``: ``Store.publish(lease)`` without a callback: the fence and the transition
+  are one statement.
+* ``pgqueuer``: PgQueuer 1.6.0 (installed from PyPI into its own virtualenv under var/bench,
+  never into the project), its QueueManager in drain mode with a no-op entrypoint, one
+  manager per worker. It batches its completions; accord commits each publish.
+
+Prints jobs/s per variant and the ratio to ``raw`` measured in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+
+from accord.runtime import run
+from jobs import Store, sql
+from schemas import migrate
+
+ROOT = Path(__file__).resolve().parents[1]
+PGQUEUER_VENV = ROOT / "var" / "bench" / "venv-pgqueuer"
+PGQUEUER_VERSION = "1.6.0"
+WORKFLOW, OWNER = "bench", "bench-owner"
+
+RAW_SETUP = """
+CREATE TABLE bench_raw (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    state text NOT NULL DEFAULT 'queued',
+    owner text,
+    lease_expires_at timestamptz,
+    payload jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX bench_raw_queued ON bench_raw (id) WHERE state = 'queued';
+"""
+RAW_FILL = "INSERT INTO bench_raw (payload) SELECT '{}'::jsonb FROM generate_series(1, $1)"
+RAW_CLAIM = """
+UPDATE bench_raw r SET state = 'running', owner = $1,
+       lease_expires_at = now() + interval '60 seconds'
+FROM (SELECT id FROM bench_raw WHERE state = 'queued' ORDER BY id LIMIT $2
+      FOR UPDATE SKIP LOCKED) c
+WHERE r.id = c.id RETURNING r.id
+"""
+RAW_COMPLETE = "UPDATE bench_raw SET state = 'done', lease_expires_at = NULL WHERE id = $1"
+RAW_COMPLETE_MANY = (
+    "UPDATE bench_raw SET state = 'done', lease_expires_at = NULL WHERE id = ANY($1::bigint[])"
+)
+
+PGQUEUER_SCRIPT = r"""
+import asyncio, json, sys, time
+import asyncpg
+from pgqueuer import AsyncpgDriver, Queries, QueueManager
+from pgqueuer.domain.types import QueueExecutionMode
+
+async def main(dsn, n, workers, batch):
+    conn = await asyncpg.connect(dsn)
+    queries = Queries(AsyncpgDriver(conn))
+    await queries.install()
+    for start in range(0, n, 5000):
+        k = min(5000, n - start)
+        await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+    await conn.close()
+
+    async def one():
+        c = await asyncpg.connect(dsn)
+        qm = QueueManager(Queries(AsyncpgDriver(c)))
+
+        @qm.entrypoint("noop")
+        async def noop(job):
+            return None
+
+        await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
+                     dequeue_timeout=__import__("datetime").timedelta(seconds=0.2))
+        await c.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(workers)))
+    elapsed = time.perf_counter() - t0
+    c = await asyncpg.connect(dsn)
+    left = await c.fetchval("SELECT count(*) FROM pgqueuer")
+    await c.close()
+    print(json.dumps({"elapsed": elapsed, "left": left}))
+
+try:
+    import uvloop
+    uvloop.install()
+except ImportError:
+    pass
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+"""
+
+
+def with_database(dsn: str, name: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+async def fresh_database(admin_dsn: str) -> str:
+    name = f"accord_bench_jobs_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = with_database(admin_dsn, name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate.migrate(conn)
+    finally:
+        await conn.close()
+    return dsn
+
+
+async def drop_database(admin_dsn: str, dsn: str) -> None:
+    name = urlsplit(dsn).path.lstrip("/")
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def drain(workers: int, loop: Callable[[], Awaitable[int]]) -> tuple[float, int]:
+    """Run ``workers`` copies of ``loop`` (each returns jobs done); elapsed seconds, total."""
+    done: list[int] = []
+
+    async def one() -> None:
+        done.append(await loop())
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(workers):
+            tg.start_soon(one)
+    return time.perf_counter() - started, sum(done)
+
+
+async def bench_raw(
+    dsn: str, n: int, workers: int, batch: int, *, batched: bool = False
+) -> tuple[float, int]:
+    pool = await asyncpg.create_pool(dsn, min_size=workers, max_size=workers)
+    assert pool is not None
+    try:
+        await pool.execute(RAW_SETUP)
+        await pool.execute(RAW_FILL, n)
+
+        async def loop() -> int:
+            me, count = uuid.uuid4().hex, 0
+            async with pool.acquire() as conn:
+                while ids := await conn.fetch(RAW_CLAIM, me, batch):
+                    if batched:
+                        await conn.execute(RAW_COMPLETE_MANY, [row["id"] for row in ids])
+                    else:
+                        for row in ids:
+                            await conn.execute(RAW_COMPLETE, row["id"])
+                    count += len(ids)
+            return count
+
+        return await drain(workers, loop)
+    finally:
+        await pool.close()
+
+
+async def noop(tx: Any) -> None:
+    return None
+
+
+async def bench_accord(
+    dsn: str, n: int, workers: int, batch: int, *, mode: str
+) -> tuple[float, int]:
+    pool = await asyncpg.create_pool(dsn, min_size=workers, max_size=workers)
+    assert pool is not None
+    try:
+        store = Store(pool)
+        await store.register_workflow(WORKFLOW, OWNER)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.executemany(
+                sql.SUBMIT, [("t", WORKFLOW, f"op{i}", "d", "{}", 5) for i in range(n)]
+            )
+
+        async def loop() -> int:
+            count = 0
+            # Like the raw loop, each worker keeps its own connection.
+            async with pool.acquire() as conn:
+                mine = Store(conn)
+                while leases := await mine.claim(WORKFLOW, OWNER, lease_s=60, limit=batch):
+                    if mode == "batch":
+                        done = await mine.publish_many(leases)
+                        assert not done.refused, done.refused
+                    else:
+                        for lease in leases:
+                            await mine.publish(lease, noop if mode == "callback" else None)
+                    count += len(leases)
+            return count
+
+        elapsed, done = await drain(workers, loop)
+        ok = await pool.fetchval("SELECT count(*) FROM jobs.jobs WHERE state = 'succeeded'")
+        assert ok == n == done, (ok, n, done)
+        return elapsed, done
+    finally:
+        await pool.close()
+
+
+def ensure_pgqueuer_venv() -> Path:
+    """var/bench/venv-pgqueuer with pgqueuer==1.6.0 (pip, from PyPI), created once."""
+    python = PGQUEUER_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import pgqueuer, sys; print(pgqueuer.__version__)"]
+    if python.exists():
+        done = subprocess.run(probe, capture_output=True, text=True, check=False)
+        if done.stdout.strip() == PGQUEUER_VERSION:
+            return python
+    PGQUEUER_VENV.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(PGQUEUER_VENV)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", f"pgqueuer=={PGQUEUER_VERSION}", "uvloop"],
+        check=True,
+    )
+    return python
+
+
+async def bench_pgqueuer(
+    python: Path, dsn: str, n: int, workers: int, batch: int
+) -> tuple[float, int]:
+    done = await anyio.run_process(
+        [str(python), "-c", PGQUEUER_SCRIPT, dsn, str(n), str(workers), str(batch)], check=True
+    )
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert result["left"] == 0, result
+    return float(result["elapsed"]), n
+
+
+async def main(args: argparse.Namespace) -> None:
+    admin = os.environ.get("ACCORD_PG_DSN_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+    python = None if args.skip_pgqueuer else ensure_pgqueuer_venv()
+    n, w, b = args.jobs, args.workers, args.batch
+    print(f"jobs bench: {n} no-op jobs, {w} workers, claim batch {b}, rounds {args.rounds}")
+    for rnd in range(1, args.rounds + 1):
+        variants: dict[str, Callable[[str], Awaitable[tuple[float, int]]]] = {
+            "raw": lambda d: bench_raw(d, n, w, b),
+            "accord": lambda d: bench_accord(d, n, w, b, mode="callback"),
+            "accord-nocb": lambda d: bench_accord(d, n, w, b, mode="nocb"),
+            "raw-batch": lambda d: bench_raw(d, n, w, b, batched=True),
+            "accord-batch": lambda d: bench_accord(d, n, w, b, mode="batch"),
+        }
+        if python is not None:
+            variants["pgqueuer"] = lambda d: bench_pgqueuer(python, d, n, w, b)
+        rates: dict[str, float] = {}
+        for name, variant in variants.items():
+            dsn = await fresh_database(admin)
+            try:
+                elapsed, done = await variant(dsn)
+            finally:
+                await drop_database(admin, dsn)
+            rates[name] = done / elapsed
+        for name, rate in rates.items():
+            base = "raw-batch" if name.endswith("batch") or name == "pgqueuer" else "raw"
+            ratio = rate / rates[base]
+            print(f"round {rnd}  {name:<13} {rate:8.0f} jobs/s  {ratio:5.2f} x {base}")
+        if "pgqueuer" in rates:
+            for name in ("accord", "accord-nocb", "accord-batch"):
+                print(f"round {rnd}  {name} / pgqueuer = {rates[name] / rates['pgqueuer']:.2f}")
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--skip-pgqueuer", action="store_true")
+    run(main, parser.parse_args())
+
+
+if __name__ == "__main__":
+    cli()
