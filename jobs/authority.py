@@ -142,13 +142,13 @@ async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestor
                 restore.ledger_epoch,
                 restore.held_jobs,
             )
-    for tenant, row in sorted(db.items()):
-        known = entries.get(tenant)
-        if known is None or row["epoch"] > known.epoch:
-            observed = LedgerRecord(
-                tenant=tenant, epoch=row["epoch"], frozen=row["frozen"], why=LedgerWhy.OBSERVED
-            )
-            await ledger.append(observed)
+    observed = [
+        LedgerRecord(tenant=t, epoch=row["epoch"], frozen=row["frozen"], why=LedgerWhy.OBSERVED)
+        for t, row in sorted(db.items())
+        if t not in entries or row["epoch"] > entries[t].epoch
+    ]
+    if observed:
+        await ledger.append(*observed)
     return restores
 
 

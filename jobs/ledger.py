@@ -102,8 +102,8 @@ class Ledger(Protocol):
         """Each tenant's highest epoch. Raises LedgerUnavailable if it cannot be verified."""
         ...
 
-    async def append(self, record: LedgerRecord) -> None:
-        """Make ``record`` durable before returning. Raises LedgerUnavailable."""
+    async def append(self, *records: LedgerRecord) -> None:
+        """Make ``records`` durable, in order, before returning. Raises LedgerUnavailable."""
         ...
 
 
@@ -117,8 +117,8 @@ class FileLedger:
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
 
-    async def append(self, record: LedgerRecord) -> None:
-        await anyio.to_thread.run_sync(self.append_sync, record)
+    async def append(self, *records: LedgerRecord) -> None:
+        await anyio.to_thread.run_sync(self.append_sync, *records)
 
     def records(self) -> list[LedgerRecord]:
         """Every verified record, in append order (blocking; a torn tail is not a record)."""
@@ -137,7 +137,7 @@ class FileLedger:
     def read_sync(self) -> dict[str, LedgerEntry]:
         return summarize(self.records())
 
-    def append_sync(self, record: LedgerRecord) -> None:
+    def append_sync(self, *records: LedgerRecord) -> None:
         """Open under the exclusive lock (retrying while another writer holds it), repair a
         torn tail (an unacknowledged intent), append with fsync, close."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +158,8 @@ class FileLedger:
             with journal:
                 if journal.scan.tail is not Tail.CLEAN:
                     journal.repair()
-                journal.append(record)
+                for record in records:
+                    journal.append(record)
         except (OSError, JournalError) as exc:
             raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
 
@@ -188,13 +189,14 @@ class PgLedger:
             raise LedgerUnavailable("the ledger database did not answer", detail=str(exc)) from exc
         return summarize(_parse(dict(row), "ledger row") for row in rows)
 
-    async def append(self, record: LedgerRecord) -> None:
-        args = (record.tenant, record.epoch, record.frozen, str(record.why), record.at)
+    async def append(self, *records: LedgerRecord) -> None:
+        rows = [(r.tenant, r.epoch, r.frozen, str(r.why), r.at, r.who, r.evidence) for r in records]
         try:
             # synchronous_commit on: the append returns only once the commit is durable.
             conn = await connect(self._dsn, server_settings={"synchronous_commit": "on"})
             try:
-                await conn.execute(repair_sql.LEDGER_APPEND, *args, record.who, record.evidence)
+                async with conn.transaction():
+                    await conn.executemany(repair_sql.LEDGER_APPEND, rows)
             finally:
                 await conn.close()
         except (ServiceUnavailable, asyncpg.PostgresError) as exc:
