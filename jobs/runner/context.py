@@ -21,7 +21,7 @@ import asyncpg
 
 from jobs.errors import FenceLost
 from jobs.models import EffectState, Lease
-from jobs.runner import sql
+from jobs.runner import effects, sql
 from jobs.runner.effects import (
     EffectUnknown,
     FailedBeforeDispatch,
@@ -29,7 +29,6 @@ from jobs.runner.effects import (
     Success,
     classify_error,
     classify_result,
-    idempotency_key,
     intent_digest,
 )
 from jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
@@ -103,7 +102,7 @@ class JobContext:
 
     def idempotency_key(self, effect_key: str) -> str:
         """A provider idempotency key for ``effect_key``: same for every attempt of the job."""
-        return idempotency_key(self._lease, effect_key)
+        return effects.idempotency_key(self._lease, effect_key)
 
     def renewed(self, lease: Lease) -> None:
         """The heartbeat's hook: the renewed lease replaces the current one."""

@@ -108,8 +108,10 @@ class WorkerStats:
     endings: Counter[str] = field(default_factory=Counter)
     rescued: Counter[str] = field(default_factory=Counter)
     recent: deque[Finished] = field(default_factory=lambda: deque(maxlen=1000))
-    # Effects this process left pending or unknown (reported, for reconciliation).
-    unresolved: list[tuple[EffectRef, EffectState]] = field(default_factory=list)
+    # The latest effects this process left pending or unknown (each also logged).
+    unresolved: deque[tuple[EffectRef, EffectState]] = field(
+        default_factory=lambda: deque(maxlen=1000)
+    )
 
 
 class Worker:
@@ -214,7 +216,10 @@ class Worker:
                 await self._nap(self.config.poll_s)
                 continue
             wanted = min(free, self.config.claim_batch)
+            # Reserve the slots before the claim: another class's loop must not claim them too.
+            self._running += wanted
             started = anyio.current_time()  # before the claim: the local lease clock is early
+            leases: list[Lease] = []
             try:
                 leases = await self._store.claim(
                     registered.workflow,
@@ -224,16 +229,16 @@ class Worker:
                 )
             except SERVICE_LOST as exc:
                 log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
-                await self._nap(backoff, stop_only=True)
                 backoff = min(backoff * 2, 30.0)
-                continue
-            backoff = self.config.poll_s
+            else:
+                backoff = self.config.poll_s
+            finally:
+                self._release(wanted - len(leases))
             for lease in leases:
-                self._running += 1
                 self.stats.claimed += 1
                 jobs.start_soon(self._run_job, registered, lease, started)
             if len(leases) < wanted:
-                await self._nap(self.config.poll_s)
+                await self._nap(backoff if backoff > self.config.poll_s else self.config.poll_s)
 
     async def _rescue_loop(self, every_s: float) -> None:
         while not self._stopping:
@@ -259,8 +264,10 @@ class Worker:
         with anyio.move_on_after(seconds):
             await event.wait()
 
-    def _slot_freed(self) -> None:
-        self._running -= 1
+    def _release(self, slots: int) -> None:
+        if slots <= 0:
+            return
+        self._running -= slots
         self._wake.set()
         self._wake = anyio.Event()
         if self._stopping:
@@ -293,7 +300,7 @@ class Worker:
             finished = await self._execute(registered, ctx, claimed_at)
             self._note(finished)
         finally:
-            self._slot_freed()
+            self._release(1)
 
     async def _execute(
         self, registered: Registered, ctx: JobContext, claimed_at: float

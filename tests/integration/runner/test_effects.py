@@ -67,7 +67,7 @@ async def test_lost_provider_reply_is_unknown_never_retried_one_accepted_request
     accepted = [e for e in rig.provider.evidence() if e.idempotency_key == begin["idempotency_key"]]
     assert len(accepted) == 1
     assert len(rig.provider.evidence()) == 2  # the control's and this one
-    assert worker.stats.unresolved == [(_ref(job_id), EffectState.UNKNOWN)]
+    assert list(worker.stats.unresolved) == [(_ref(job_id), EffectState.UNKNOWN)]
 
 
 async def test_cancel_after_effect_intent_keeps_and_reports_the_effect(rig: Rig) -> None:
@@ -100,7 +100,7 @@ async def test_cancel_after_effect_intent_keeps_and_reports_the_effect(rig: Rig)
     assert view.state is JobState.CANCELED and view.needs_reconciliation
     # the fence refused the outcome: the pending row is the evidence, kept by the cancel
     assert [(e.effect_key, e.state) for e in view.effects] == [(EFFECT_KEY, EffectState.PENDING)]
-    assert worker.stats.unresolved == [(_ref(job_id), EffectState.PENDING)]
+    assert list(worker.stats.unresolved) == [(_ref(job_id), EffectState.PENDING)]
     # reported again by the next start of this runner, from its journal
     worker.journal.close()
     with open_journal(rig.journal_path(), "w1") as journal:

@@ -12,7 +12,7 @@ import pytest
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.provider import Fault
 from jobs import FenceLost, JobState, submit
-from jobs.runner import Ending, JobContext, scan_journal
+from jobs.runner import Ending, Handler, JobContext, scan_journal
 from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,11 +70,31 @@ async def test_several_workers_and_classes_side_by_side_each_job_runs_once(rig: 
         runs.append((ctx.lease.operation_id, ctx.lease.generation))
         await anyio.sleep(0.01)
 
+    def counted(handler: Handler, box: dict[str, int]) -> Handler:
+        async def run(ctx: JobContext) -> None:
+            box["now"] += 1
+            box["max"] = max(box["max"], box["now"])
+            try:
+                await handler(ctx)
+            finally:
+                box["now"] -= 1
+
+        return run
+
     reports = [await rig.submit_report(f"r{i}") for i in range(6)]
     tallies = [await rig.submit_job(f"t{i}", "tally") for i in range(12)]
-    handlers = {WORKFLOW: (report_handler(rig.client), 30.0), "tally": (tally, 30.0)}
-    one = rig.worker(handlers, journal="w1", concurrency=3)
-    two = rig.worker(handlers, journal="w2", concurrency=2)
+    boxes = [{"now": 0, "max": 0}, {"now": 0, "max": 0}]
+    one, two = (
+        rig.worker(
+            {
+                WORKFLOW: (counted(report_handler(rig.client), box), 30.0),
+                "tally": (counted(tally, box), 30.0),
+            },
+            journal=name,
+            concurrency=concurrency,
+        )
+        for name, concurrency, box in (("w1", 3, boxes[0]), ("w2", 2, boxes[1]))
+    )
     async with running(one), running(two):
 
         async def all_done() -> bool:
@@ -88,6 +108,8 @@ async def test_several_workers_and_classes_side_by_side_each_job_runs_once(rig: 
     assert len(rig.provider.evidence()) == len(reports)
     assert await rig.pool.fetchval("SELECT count(*) FROM demo.reports") == len(reports)
     assert one.stats.claimed + two.stats.claimed == len(reports) + len(tallies)
+    # two classes share each worker's slots: never more at once than its concurrency
+    assert boxes[0]["max"] <= 3 and boxes[1]["max"] <= 2
 
 
 async def test_heartbeat_keeps_a_long_handler_s_lease(rig: Rig) -> None:
