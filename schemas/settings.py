@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     # The provider the demo's report job calls as an effect (`python -m accord.provider`) and
     # `accord reconcile` asks for receipts by idempotency key; empty: no lookup.
     provider_url: str = "http://127.0.0.1:8077"
+    # The demo report job's drafting time before its provider call (0: none).
+    demo_draft_s: float = Field(default=0.0, ge=0)
     metrics_port: int = Field(default=0, ge=0)
 
 

@@ -91,7 +91,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     options = options_from(args, settings)
     provider = ProviderClient(settings.provider_url)
-    handlers = demo_job.handlers(provider, timeout_s=args.timeout_s)
+    handlers = demo_job.handlers(provider, timeout_s=args.timeout_s, draft_s=settings.demo_draft_s)
     return int(runtime.run(serve, settings, options, handlers))
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
+
 from accord.demo import sql
 from accord.demo.domain import PUBLISHED
 from accord.provider import ProviderClient, ProviderRefused
@@ -109,11 +111,17 @@ async def create_at_provider(
     return done.receipt
 
 
-def report_handler(provider: ProviderClient) -> Handler:
-    """The ``report`` job handler, calling ``provider``."""
+def report_handler(provider: ProviderClient, *, draft_s: float = 0.0) -> Handler:
+    """The ``report`` job handler, calling ``provider``.
+
+    ``draft_s`` stands for the computation before the external call (a model drafting the
+    report): work a lost lease may waste, but that never needs reconciliation.
+    """
 
     async def generate_report(ctx: JobContext) -> None:
         request = ReportAcceptedV1.model_validate(ctx.payload)
+        if draft_s > 0:
+            await anyio.sleep(draft_s)
         receipt = await create_at_provider(ctx, provider, request)
         object_key = await ctx.put_object(render_report(ctx, request, receipt))
         await ctx.publish(publish_report(ctx, request, object_key, receipt), object_key=object_key)
@@ -121,9 +129,11 @@ def report_handler(provider: ProviderClient) -> Handler:
     return generate_report
 
 
-def handlers(provider: ProviderClient, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Registered]:
+def handlers(
+    provider: ProviderClient, *, timeout_s: float = DEFAULT_TIMEOUT_S, draft_s: float = 0.0
+) -> list[Registered]:
     """The demo's job handlers, by workflow class."""
-    return [Registered(WORKFLOW, report_handler(provider), timeout_s)]
+    return [Registered(WORKFLOW, report_handler(provider, draft_s=draft_s), timeout_s)]
 
 
 async def register_demo(store: Store, owner: str = DEFAULT_OWNER) -> Registration:

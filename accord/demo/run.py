@@ -31,6 +31,7 @@ from accord.demo.domain import accept_submission, operation_for
 from accord.demo.job import register_demo
 from accord.provider import Fault, ProviderServer
 from jobs import Store
+from jobs.runner.journal import scan_journal
 from schemas import migrate
 from schemas.db import connect, create_pool, ensure_database
 from schemas.settings import Settings
@@ -96,6 +97,7 @@ def _child_env(settings: Settings, provider_url: str, opts: DemoOptions) -> dict
         ACCORD_JOURNAL_DIR=str(opts.workdir / "journal"),
         ACCORD_OBJECT_DIR=str(opts.workdir / "objects"),
         ACCORD_RELAY_POLL_S="0.2",
+        ACCORD_DEMO_DRAFT_S="0.3",
         # Short relay leases: a killed relay's claimed rows are taken over within seconds.
         ACCORD_RELAY_LEASE_S="5",
         ACCORD_RELAY_PUBLISH_TIMEOUT_S="3",
@@ -234,12 +236,30 @@ async def _inject_faults(
     print("fault: SIGKILL relay mid-stream (a new one takes over)", flush=True)
     await children["relay"].kill()
     await children["relay"].start()
-    await _when(pool, run, lambda s: s.jobs.get("running", 0) >= 2)
-    print("fault: SIGKILL worker-1 while jobs are running", flush=True)
+    held = await _held_by(pool, opts.workdir / "journal" / "w1.journal")
+    print(f"fault: SIGKILL worker-1 while it holds {held} running job(s)", flush=True)
     await children["worker-1"].kill()
     await anyio.sleep(opts.lease_s + 1)
     print("fault: worker-1 restarted; rescue has settled its expired leases", flush=True)
     await children["worker-1"].start()
+
+
+def _claimed_attempts(journal: Path) -> list[str]:
+    """The attempt ids a worker journaled as claims (read without its lock: append-only)."""
+    if not journal.exists():
+        return []
+    return [str(r["attempt_id"]) for r in scan_journal(journal).records if r["type"] == "claim"]
+
+
+async def _held_by(pool: asyncpg.Pool, journal: Path, at_least: int = 1) -> int:
+    """Wait until the worker with this journal holds running jobs (its claims, still current)."""
+    while True:
+        attempts = await anyio.to_thread.run_sync(_claimed_attempts, journal)
+        async with pool.acquire() as conn:
+            held: int = await conn.fetchval(demo_summary.RUNNING_ATTEMPTS, attempts)
+        if held >= at_least:
+            return held
+        await anyio.sleep(0.02)
 
 
 async def _show_progress(pool: asyncpg.Pool, run: str, started: float) -> None:

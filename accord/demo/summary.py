@@ -44,6 +44,11 @@ SELECT type, state, count(*) AS n FROM relay.outbox WHERE operation_id LIKE $1 G
 # The live read model (report_projection consumer) rows of this run.
 PROJECTED = "SELECT count(*) FROM demo_projection.published_reports WHERE operation_id LIKE $1"
 
+# How many of these attempts (one worker's journaled claims) still hold a running job.
+RUNNING_ATTEMPTS = """
+SELECT count(*) FROM jobs.jobs WHERE state = 'running' AND attempt_id = ANY($1::uuid[])
+"""
+
 # Rolled-back submissions must have left nothing anywhere: no outbox row, no job.
 ROLLED_BACK_TRACES = """
 SELECT (SELECT count(*) FROM relay.outbox WHERE operation_id = ANY($1::text[]))
