@@ -4,9 +4,9 @@ Runs as the repair role (see `accord repair`). For each effect needing reconcili
 asks the provider for the receipt of the effect's idempotency key (the same key the runner
 sent: jobs.runner.effects.idempotency_key). A receipt resolves it to ``succeeded``; a
 definite "never seen", for an effect older than ``reconcile_settle_s``, resolves it to
-``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. Without
-``--provider-url`` (or ``ACCORD_PROVIDER_URL``) there is no lookup: a person resolves with
-`accord repair resolve-effect`. Either way, effects unresolved for longer than
+``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. With an
+empty provider URL (``--provider-url ''`` or ``ACCORD_PROVIDER_URL=``) there is no lookup: a
+person resolves with `accord repair resolve-effect`. Either way, effects unresolved for longer than
 ``effect_escalate_after_s`` are escalated, never resolved by time.
 """
 
