@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
+
+from schemas.settings import Settings
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
@@ -15,3 +18,20 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     except ImportError:
         return anyio.run(main, *args)
     return anyio.run(main, *args, backend_options={"use_uvloop": True})
+
+
+@contextmanager
+def metrics(settings: Settings) -> Iterator[None]:
+    """`/metrics` inside a long-running process when ``metrics_port`` is set (else nothing).
+
+    The status figures come from the database on each scrape; the process's own publish and
+    process spans feed the OpenTelemetry messaging metrics on the same endpoint.
+    """
+    if settings.metrics_port <= 0:
+        yield
+        return
+    from accord.ops import install_span_metrics, serving
+
+    with serving(settings.metrics_port, dsn=settings.pg_dsn) as server:
+        install_span_metrics(server.messaging)
+        yield

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     # Repairs (`accord repair`, `accord reconcile`) connect here (default pg_dsn) as this role.
     repair_pg_dsn: str = ""
     repair_role: str = "accord_repair"
+    # `accord worker` executes jobs as this role (execution authority: no repair rights);
+    # empty: as the DSN's own user.
+    worker_role: str = "accord_worker"
     # Unresolved effects older than this are escalated (never resolved by time).
     effect_escalate_after_s: float = Field(default=3600.0, ge=0)
     # A provider's "never seen" is trusted only for effects older than this.

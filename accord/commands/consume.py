@@ -49,7 +49,8 @@ def config_from(args: argparse.Namespace, settings: Settings) -> RuntimeConfig:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = config_from(args, settings)
-    return int(runtime.run(_main, settings, config))
+    with runtime.metrics(settings):
+        return int(runtime.run(_main, settings, config))
 
 
 async def _main(settings: Settings, config: RuntimeConfig) -> int:

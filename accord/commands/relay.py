@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    return int(runtime.run(_main, settings))
+    with runtime.metrics(settings):
+        return int(runtime.run(_main, settings))
 
 
 def relay_config(settings: Settings) -> RelayConfig:

@@ -15,17 +15,21 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from accord import runtime
+from accord.commands.repair import ledger_from_settings
 from accord.demo import job as demo_job
 from accord.provider import ProviderClient
 from jobs import Store
+from jobs.authority import authority_watch, require_authority
 from jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
 from schemas import migrate
 from schemas.db import connect, create_pool
@@ -92,7 +96,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     options = options_from(args, settings)
     provider = ProviderClient(settings.provider_url)
     handlers = demo_job.handlers(provider, timeout_s=args.timeout_s, draft_s=settings.demo_draft_s)
-    return int(runtime.run(serve, settings, options, handlers))
+    with runtime.metrics(settings):
+        return int(runtime.run(serve, settings, options, handlers))
 
 
 async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[Registered]) -> int:
@@ -109,12 +114,20 @@ async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[R
         await migrate.require_current(conn)  # refuse a schema older than the code
     finally:
         await conn.close()
+    # Execution authority only: the worker role can claim, renew, publish and record
+    # effects through the jobs functions, and cannot repair (0006_authority.sql).
+    role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
     pool = await create_pool(
-        settings.pg_dsn, min_size=1, max_size=2 * options.config.concurrency + 2
+        settings.pg_dsn, min_size=1, max_size=2 * options.config.concurrency + 2, **role
     )
     try:
         store = Store(pool)
         await store.require_registration(options.workflow, options.config.owner)
+        # A database behind the authority ledger is a restore: its tenants stay frozen and
+        # their old-epoch work held until a repair principal advances the epoch (DESIGN §8).
+        ledger = ledger_from_settings(settings)
+        for restore in await require_authority(pool, ledger):
+            log.warning("tenant %s is frozen after a detected restore", restore.tenant)
         with open_journal(options.journal, options.runner_id) as journal:
             worker = Worker(
                 store,
@@ -124,14 +137,18 @@ async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[R
                 pool=pool,
             )
             worker.register_all(chosen)
-            await _run(worker, options)
+            watch = partial(authority_watch, pool, ledger, settings.authority_check_s)
+            await _run(worker, options, watch)
     finally:
         await pool.close()
     return 0
 
 
-async def _run(worker: Worker, options: WorkerOptions) -> None:
+async def _run(
+    worker: Worker, options: WorkerOptions, watch: Callable[..., Coroutine[Any, Any, None]]
+) -> None:
     async with anyio.create_task_group() as tg:
+        await tg.start(watch)
 
         async def run_then_stop(*, task_status: anyio.abc.TaskStatus[None]) -> None:
             await worker.run(task_status=task_status)

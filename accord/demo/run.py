@@ -96,6 +96,7 @@ def _child_env(settings: Settings, provider_url: str, opts: DemoOptions) -> dict
         ACCORD_CONSUMER_TENANTS=",".join(TENANTS),
         ACCORD_JOURNAL_DIR=str(opts.workdir / "journal"),
         ACCORD_OBJECT_DIR=str(opts.workdir / "objects"),
+        ACCORD_LEDGER_PATH=str(opts.workdir / "authority.ledger"),
         ACCORD_RELAY_POLL_S="0.2",
         ACCORD_DEMO_DRAFT_S="0.3",
         # Short relay leases: a killed relay's claimed rows are taken over within seconds.
@@ -216,6 +217,9 @@ async def _supervise(
     kills = {c.name: c.kills for c in children.values() if c.kills}
     if kills:
         print(f"processes killed with SIGKILL: {kills}")
+    if result.waiting and not opts.faults:
+        print("without injected faults every submission should have been published")
+        return 1
     return 0 if result.adds_up else 1
 
 

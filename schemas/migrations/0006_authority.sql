@@ -473,6 +473,8 @@ GRANT INSERT ON jobs.results TO accord_worker;
 GRANT USAGE ON SCHEMA relay TO accord_worker;
 GRANT USAGE ON SCHEMA schemas TO accord_worker, accord_repair;
 GRANT INSERT ON relay.outbox TO accord_worker;
+-- enqueue's INSERT ... RETURNING id reads the new row's id (a column privilege).
+GRANT SELECT (id, event_id) ON relay.outbox TO accord_worker;
 GRANT USAGE ON SEQUENCE relay.outbox_id_seq TO accord_worker;
 GRANT SELECT ON schemas.migrations TO accord_worker, accord_repair;
 

@@ -32,3 +32,8 @@ CREATE TABLE demo.reports (
     PRIMARY KEY (tenant, report_id),
     FOREIGN KEY (tenant, report_id) REFERENCES demo.submissions (tenant, report_id)
 );
+
+-- The report job runs as the execution principal (accord_worker, 0006): its fenced publish
+-- writes the report and marks the submission; it never deletes domain rows.
+GRANT USAGE ON SCHEMA demo TO accord_worker;
+GRANT SELECT, INSERT, UPDATE ON demo.submissions, demo.reports TO accord_worker;

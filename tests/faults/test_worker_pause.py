@@ -116,6 +116,7 @@ async def test_paused_worker_cannot_publish_the_reclaiming_worker_can(
             "ACCORD_PG_DSN": pg_dsn,
             "ACCORD_PROVIDER_URL": provider.url,
             "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
+            "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"),
         }
         stale = await _start(env, tmp_path, "stale", mode, "--compute-s", "1.5")
         try:

@@ -28,6 +28,7 @@ def _env(pg_dsn: str, tmp: Path, provider_url: str = "http://127.0.0.1:9") -> di
         "ACCORD_PROVIDER_URL": provider_url,
         "ACCORD_JOURNAL_DIR": str(tmp / "journal"),
         "ACCORD_OBJECT_DIR": str(tmp / "objects"),
+        "ACCORD_LEDGER_PATH": str(tmp / "authority.ledger"),
     }
 
 
