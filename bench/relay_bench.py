@@ -1,12 +1,16 @@
 """Relay throughput and enqueue latency against raw limits measured in the same run.
 
-    .venv/bin/python -m bench.relay_bench [--rows 20000] [--rounds 2] [--tx 2000]
+    .venv/bin/python -m bench.relay_bench [--rows 20000] [--rounds 2] [--tx 1000]
+                                          [--latency-rounds 3] [--latency-only]
 
 1. Throughput: outbox rows → confirmed in a quorum queue, 1 KiB payloads. The relay
    (``relay.Relay``) against the raw limit of the same work written directly with asyncpg
    and aio-pika: claim a batch, publish it with pipelined confirms, mark it published.
-2. Latency that ``enqueue`` adds to a one-row domain transaction (p50/p99), the two kinds
-   of transaction interleaved so drift hits both equally.
+2. Latency that ``enqueue`` adds to a one-row domain transaction (p50/p99), against two
+   baselines: the old toy (an unindexed two-column table) and a realistic domain row
+   shaped like demo.submissions (a primary key, a CHECK, a few columns). All kinds of
+   transaction are interleaved so drift hits them equally; each figure is the median over
+   rounds of that round's percentile. Also the WAL each statement writes.
 
 Needs PostgreSQL and RabbitMQ (ACCORD_PG_DSN's server, ACCORD_AMQP_URL); creates and
 drops its own database and broker names.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 import uuid
@@ -57,7 +62,7 @@ UPDATE relay.outbox SET state = 'pending', published_at = NULL, lease_token = NU
 """
 
 
-def event(n: int) -> Event:
+def event(n: int, event_id: uuid.UUID | None = None) -> Event:
     # ~1 KiB JSON body
     return Event(
         tenant="bench",
@@ -65,6 +70,7 @@ def event(n: int) -> Event:
         type="report.accepted",
         version=1,
         payload={"report_id": f"r{n}", "subject": "x" * 990},
+        **({"event_id": event_id} if event_id is not None else {}),
     )
 
 
@@ -171,63 +177,160 @@ async def accord_relay(dsn: str, url: str, exchange_name: str, total: int) -> fl
     return total / elapsed
 
 
-async def enqueue_latency(dsn: str, n: int) -> dict[str, list[float]]:
-    """Per-transaction latency of four interleaved one-row domain transactions.
+DOMAINS = {
+    # The old toy baseline: an unindexed two-column table.
+    "toy": (
+        "CREATE TABLE IF NOT EXISTS bench_toy (id bigserial, note text)",
+        "INSERT INTO bench_toy (note) VALUES ($1)",
+    ),
+    # A realistic domain row, shaped like demo.submissions: a primary key, a CHECK and a
+    # few short columns (the subject is kept short so the baseline is not inflated).
+    "real": (
+        """CREATE TABLE IF NOT EXISTS bench_submissions (
+            tenant text NOT NULL, report_id text NOT NULL, subject text NOT NULL,
+            operation_id text NOT NULL, event_id uuid NOT NULL,
+            state text NOT NULL DEFAULT 'accepted' CHECK (state IN ('accepted', 'published')),
+            accepted_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (tenant, report_id))""",
+        """INSERT INTO bench_submissions (tenant, report_id, subject, operation_id, event_id)
+           VALUES ($1, $2, 'quarterly report for the board', $3, $4)""",
+    ),
+}
+KINDS = ("plain", "round_trip", "raw_insert", "enqueue", "enqueue_v7")
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUIDv7 (RFC 9562): 48-bit Unix ms, version, 74 random bits."""
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (time.time_ns() // 1_000_000) << 80 | 0x7 << 76 | (rand >> 62) << 64
+    return uuid.UUID(int=value | 0b10 << 62 | rand & ((1 << 62) - 1))
+
+
+def domain_args(domain: str, e: Event) -> tuple[Any, ...]:
+    if domain == "toy":
+        return (e.operation_id,)
+    return (e.tenant, e.operation_id, e.operation_id, e.event_id)
+
+
+def outbox_args(e: Event) -> tuple[Any, ...]:
+    body, digest = encode_payload(e), CATALOG.digest(e)
+    fields = (e.event_id, e.tenant, e.operation_id, e.type, e.version, e.authority_epoch)
+    return (*fields, digest, body, None, e.occurred_at)
+
+
+async def one_round(
+    conn: asyncpg.Connection, domain: str, kinds: tuple[str, ...], n: int, seq: list[int]
+) -> dict[str, list[float]]:
+    """One round of interleaved one-row domain transactions, one sample per kind in turn.
 
     ``plain``: the domain INSERT alone. ``round_trip``: plus a bare ``SELECT 1`` (the floor
-    of any second statement). ``raw_insert``: plus the outbox INSERT with precomputed
-    arguments (the floor of a one-statement outbox). ``enqueue``: plus ``relay.enqueue``.
+    of any second statement). ``raw_insert``: plus the ENQUEUE statement, its arguments
+    computed before the clock starts (the floor of a one-statement outbox).
+    ``enqueue``: plus ``relay.enqueue``. ``enqueue_v7``: the same with a time-ordered
+    UUIDv7 event id instead of the ``Event`` default uuid4 (a what-if, not the default).
     """
-    conn = await asyncpg.connect(dsn)
-    await conn.execute("CREATE TABLE IF NOT EXISTS bench_domain (id bigserial, note text)")
-    domain = "INSERT INTO bench_domain (note) VALUES ($1)"
-
-    async def plain(e: Event) -> None:
-        async with conn.transaction():
-            await conn.execute(domain, e.operation_id)
-
-    async def round_trip(e: Event) -> None:
-        async with conn.transaction():
-            await conn.execute(domain, e.operation_id)
-            await conn.fetchval("SELECT 1")
-
-    async def raw_insert(e: Event) -> None:
-        body, digest = encode_payload(e), CATALOG.digest(e)
-        async with conn.transaction():
-            await conn.execute(domain, e.operation_id)
-            await conn.fetchval(
-                relay_sql.ENQUEUE, e.event_id, e.tenant, e.operation_id, e.type, e.version,
-                e.authority_epoch, digest, body, None, e.occurred_at,
-            )  # fmt: skip
-
-    async def with_enqueue(e: Event) -> None:
-        async with conn.transaction():
-            await conn.execute(domain, e.operation_id)
-            await enqueue(conn, e)
-
-    kinds = {
-        "plain": plain,
-        "round_trip": round_trip,
-        "raw_insert": raw_insert,
-        "enqueue": with_enqueue,
-    }
+    insert = DOMAINS[domain][1]
     samples: dict[str, list[float]] = {k: [] for k in kinds}
-    for i in range(n + 100):
-        for kind, run in kinds.items():
-            e = event(i * 10 + len(samples[kind]))
+    for i in range(n + 50):
+        for kind in kinds:
+            seq[0] += 1
+            e = event(seq[0], uuid7() if kind == "enqueue_v7" else None)
+            args, raw = domain_args(domain, e), outbox_args(e) if kind == "raw_insert" else ()
             t0 = time.perf_counter()
-            await run(e)
-            if i >= 100:  # warm-up: prepared statements, caches
+            async with conn.transaction():
+                await conn.execute(insert, *args)
+                if kind == "round_trip":
+                    await conn.fetchval("SELECT 1")
+                elif kind == "raw_insert":
+                    await conn.fetchval(relay_sql.ENQUEUE, *raw)
+                elif kind != "plain":
+                    await enqueue(conn, e)
+            if i >= 50:  # warm-up: prepared statements, caches
                 samples[kind].append(time.perf_counter() - t0)
-    await conn.close()
     return samples
+
+
+async def wal_bytes(conn: asyncpg.Connection) -> dict[str, float]:
+    """WAL written by each statement of the transaction (EXPLAIN (ANALYZE, WAL), rolled back)."""
+    out: dict[str, float] = {}
+    e = event(10**9)
+    statements = {f"{d}_domain": (DOMAINS[d][1], domain_args(d, e)) for d in DOMAINS}
+    statements["outbox_row"] = (relay_sql.ENQUEUE, outbox_args(e))
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        for label, (stmt, args) in statements.items():
+            plan = json.loads(
+                await conn.fetchval(f"EXPLAIN (ANALYZE, WAL, FORMAT JSON) {stmt}", *args)
+            )
+            out[f"wal_{label}_bytes"] = plan[0]["Plan"].get("WAL Bytes", 0)
+            out[f"wal_{label}_fpi"] = plan[0]["Plan"].get("WAL FPI", 0)
+    finally:
+        await tx.rollback()
+    return out
+
+
+async def enqueue_latency(dsn: str, n: int, rounds: int) -> dict[str, float]:
+    """p50/p99 per kind and domain: the median over rounds of each round's percentile."""
+    conn = await asyncpg.connect(dsn)
+    for create, _ in DOMAINS.values():
+        await conn.execute(create)
+    p50: dict[str, list[float]] = {}
+    p99: dict[str, list[float]] = {}
+    seq = [0]
+    for r in range(rounds):
+        for domain in DOMAINS:
+            for kind, values in (await one_round(conn, domain, KINDS, n, seq)).items():
+                p50.setdefault(f"{domain}_{kind}", []).append(pct(values, 50))
+                p99.setdefault(f"{domain}_{kind}", []).append(pct(values, 99))
+        print(
+            f"  latency round {r + 1}/{rounds}: "
+            + " ".join(f"{k}={v[-1]:.0f}" for k, v in p50.items())
+        )
+    results: dict[str, float] = {}
+    for key in p50:
+        results[f"{key}_p50_us"] = statistics.median(p50[key])
+        results[f"{key}_p99_us"] = statistics.median(p99[key])
+    for domain in DOMAINS:
+        for kind in KINDS[1:]:
+            for q in ("p50", "p99"):
+                base = results[f"{domain}_plain_{q}_us"]
+                results[f"{domain}_{kind}_adds_{q}"] = results[f"{domain}_{kind}_{q}_us"] / base - 1
+    results.update(await wal_bytes(conn))
+    await conn.close()
+    return results
 
 
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] * 1e6
 
 
-async def main(rows: int, rounds: int, tx: int) -> dict[str, Any]:
+async def throughput(
+    conn: asyncpg.Connection, dsn: str, url: str, topo: Topology, rows: int, rounds: int
+) -> dict[str, float]:
+    """Best-of-rounds relay and raw rows per second, the two alternating."""
+    channel = await (amqp := await aio_pika.connect(url)).channel()
+    queues = await declare(channel, topo)
+    await fill(conn, rows)
+    raw: list[float] = []
+    ours: list[float] = []
+    for _ in range(rounds):
+        for label, fn, sink in (("raw", raw_relay, raw), ("relay", accord_relay, ours)):
+            await conn.execute(RESET)
+            await conn.execute("VACUUM relay.outbox")
+            await queues["report"].purge()
+            rate = await fn(dsn, url, topo.exchange, rows)
+            sink.append(rate)
+            print(f"  {label:6s} {rate:8.0f} rows/s")
+    await queues["report"].purge()
+    await amqp.close()
+    return {
+        "raw_rows_per_s": max(raw),
+        "relay_rows_per_s": max(ours),
+        "throughput_ratio": max(ours) / max(raw),
+    }
+
+
+async def main(rows: int, rounds: int, tx: int, latency_rounds: int, latency_only: bool) -> Any:
     settings = load_settings()
     name = f"accord_bench_{uuid.uuid4().hex[:8]}"
     admin_dsn = urlunsplit(urlsplit(settings.pg_dsn)._replace(path="/postgres"))
@@ -237,72 +340,68 @@ async def main(rows: int, rounds: int, tx: int) -> dict[str, Any]:
     topo = Topology(
         f"bench{uuid.uuid4().hex[:6]}", (WorkflowQueue("report", ("report.accepted.v1",)),)
     )
-    amqp = await aio_pika.connect(settings.amqp_url)
-    channel = await amqp.channel()
-    queues = await declare(channel, topo)
-    results: dict[str, Any] = {"rows": rows, "batch": BATCH}
+    results: dict[str, Any] = {"rows": rows, "batch": BATCH, "tx_per_round": tx}
     try:
         conn = await asyncpg.connect(dsn)
         await migrate.migrate(conn)
-        await fill(conn, rows)
-        raw: list[float] = []
-        ours: list[float] = []
-        for _ in range(rounds):
-            for label, fn, sink in (("raw", raw_relay, raw), ("relay", accord_relay, ours)):
-                await conn.execute(RESET)
-                await conn.execute("VACUUM relay.outbox")
-                await queues["report"].purge()
-                rate = await fn(dsn, settings.amqp_url, topo.exchange, rows)
-                sink.append(rate)
-                print(f"  {label:6s} {rate:8.0f} rows/s")
-        await queues["report"].purge()
+        if not latency_only:
+            results.update(await throughput(conn, dsn, settings.amqp_url, topo, rows, rounds))
         await conn.close()
-        results["raw_rows_per_s"] = max(raw)
-        results["relay_rows_per_s"] = max(ours)
-        results["throughput_ratio"] = max(ours) / max(raw)
-        for label, values in (await enqueue_latency(dsn, tx)).items():
-            results[f"{label}_p50_us"] = pct(values, 50)
-            results[f"{label}_p99_us"] = pct(values, 99)
-        for label in ("round_trip", "raw_insert", "enqueue"):
-            for q in ("p50", "p99"):
-                results[f"{label}_adds_{q}"] = (
-                    results[f"{label}_{q}_us"] / results[f"plain_{q}_us"] - 1
-                )
+        results.update(await enqueue_latency(dsn, tx, latency_rounds))
     finally:
-        exchanges, names = topo.names()
-        for q in names:
-            await channel.queue_delete(q)
-        for x in exchanges:
-            await channel.exchange_delete(x)
-        await amqp.close()
+        if not latency_only:
+            amqp = await aio_pika.connect(settings.amqp_url)
+            channel = await amqp.channel()
+            exchanges, names = topo.names()
+            for q in names:
+                await channel.queue_delete(q)
+            for x in exchanges:
+                await channel.exchange_delete(x)
+            await amqp.close()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
     return results
+
+
+def report(r: dict[str, Any]) -> None:
+    if "throughput_ratio" in r:
+        print(
+            f"relay/raw throughput: {r['throughput_ratio']:.2f} "
+            f"(relay {r['relay_rows_per_s']:.0f}/s, raw {r['raw_rows_per_s']:.0f}/s; goal >= 0.8)"
+        )
+    for domain, label in (("toy", "toy domain row"), ("real", "realistic domain row")):
+        d = f"{domain}_"
+        print(
+            f"{label}: enqueue adds p50 {r[d + 'enqueue_adds_p50']:+.1%} "
+            f"({r[d + 'plain_p50_us']:.0f} → {r[d + 'enqueue_p50_us']:.0f} µs; goal <= +15%), "
+            f"p99 {r[d + 'enqueue_adds_p99']:+.1%} "
+            f"({r[d + 'plain_p99_us']:.0f} → {r[d + 'enqueue_p99_us']:.0f} µs)"
+        )
+        print(
+            f"  floors at p50: a second statement (SELECT 1) {r[d + 'round_trip_adds_p50']:+.1%}, "
+            f"the bare ENQUEUE statement {r[d + 'raw_insert_adds_p50']:+.1%}; "
+            f"enqueue with UUIDv7 event ids {r[d + 'enqueue_v7_adds_p50']:+.1%}"
+        )
+    print(
+        f"WAL per statement: toy domain {r['wal_toy_domain_bytes']} B, realistic domain "
+        f"{r['wal_real_domain_bytes']} B, outbox row {r['wal_outbox_row_bytes']} B "
+        f"(full-page images: {r['wal_outbox_row_fpi']})"
+    )
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tx", type=int, default=2000)
+    parser.add_argument("--tx", type=int, default=1000, help="transactions per kind per round")
+    parser.add_argument("--latency-rounds", type=int, default=3)
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput part")
     args = parser.parse_args()
-    results = runtime.run(main, args.rows, args.rounds, args.tx)
+    results = runtime.run(
+        main, args.rows, args.rounds, args.tx, args.latency_rounds, args.latency_only
+    )
     print(json.dumps(results, indent=2))
-    print(
-        f"relay/raw throughput: {results['throughput_ratio']:.2f} "
-        f"(relay {results['relay_rows_per_s']:.0f}/s, "
-        f"raw {results['raw_rows_per_s']:.0f}/s; goal >= 0.8)"
-    )
-    print(
-        f"enqueue adds p50 {results['enqueue_adds_p50']:+.1%} "
-        f"(p50 {results['plain_p50_us']:.0f} → {results['enqueue_p50_us']:.0f} µs; goal <= +15%), "
-        f"p99 {results['enqueue_adds_p99']:+.1%} "
-        f"({results['plain_p99_us']:.0f} → {results['enqueue_p99_us']:.0f} µs)"
-    )
-    print(
-        f"floors at p50: any second statement (SELECT 1) {results['round_trip_adds_p50']:+.1%}, "
-        f"the bare outbox INSERT {results['raw_insert_adds_p50']:+.1%}"
-    )
+    report(results)
 
 
 if __name__ == "__main__":
