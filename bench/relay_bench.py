@@ -382,11 +382,15 @@ def report(r: dict[str, Any]) -> None:
             f"the bare ENQUEUE statement {r[d + 'raw_insert_adds_p50']:+.1%}; "
             f"enqueue with UUIDv7 event ids {r[d + 'enqueue_v7_adds_p50']:+.1%}"
         )
-    print(
-        f"WAL per statement: toy domain {r['wal_toy_domain_bytes']} B, realistic domain "
-        f"{r['wal_real_domain_bytes']} B, outbox row {r['wal_outbox_row_bytes']} B "
-        f"(full-page images: {r['wal_outbox_row_fpi']})"
+    wal = ", ".join(
+        f"{label} {r[f'wal_{key}_bytes']} B ({r[f'wal_{key}_fpi']} full-page images)"
+        for key, label in (
+            ("toy_domain", "toy domain"),
+            ("real_domain", "realistic domain"),
+            ("outbox_row", "outbox row"),
+        )
     )
+    print(f"WAL per statement: {wal}")
 
 
 def cli() -> None:
