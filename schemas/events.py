@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from uuid6 import uuid7
 
 from schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
 
@@ -46,13 +47,20 @@ class Event(BaseModel):
     version: int = Field(ge=1, le=999)
     authority_epoch: int = Field(default=0, ge=0)
     payload: dict[str, Any]
-    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    event_id: uuid.UUID = Field(default_factory=lambda: new_event_id())
     occurred_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @property
     def ce_type(self) -> str:
         """The versioned type on the wire and as the routing key, e.g. ``report.accepted.v1``."""
         return versioned_type(self.type, self.version)
+
+
+def new_event_id() -> uuid.UUID:
+    """A time-ordered (RFC 9562 version 7) id: the outbox's unique index then appends instead
+    of touching a random page per insert (far fewer full-page images in the WAL after each
+    checkpoint). Uniqueness still rests on the 74 random bits, not on the clock."""
+    return uuid.UUID(bytes=uuid7().bytes)
 
 
 def versioned_type(type_: str, version: int) -> str:
