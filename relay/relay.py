@@ -27,21 +27,14 @@ from relay.errors import MessageTooLarge, PublishFailed, Unroutable
 from relay.outbox import OutboxRow, OutboxState, Settlement
 from relay.publisher import Publisher, amqp_publisher
 from schemas import telemetry
-from schemas.db import connect
-from schemas.errors import ConfigError, ServiceUnavailable
+from schemas.db import DB_CONNECTION_LOST, connect
+from schemas.errors import ConfigError
 from schemas.wire import DEFAULT_SOURCE, to_amqp
 
 log = logging.getLogger("accord.relay")
 
 # Errors that mean "a service connection is gone": reconnect, never crash.
-SERVICE_LOST: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    ServiceUnavailable,
-)
+SERVICE_LOST = DB_CONNECTION_LOST
 
 PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
 
@@ -110,7 +103,8 @@ class Relay:
         self.config = config
         self.stats = RelayStats()
         self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))
-        self._wake = anyio.Event()
+        # One event per sleeping loop: ``wake()`` and ``stop()`` reach every loop.
+        self._waiters: set[anyio.Event] = set()
         self._stopping = False
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
@@ -118,10 +112,11 @@ class Relay:
     def stop(self) -> None:
         """Ask the relay to finish its current batch and return (SIGTERM)."""
         self._stopping = True
-        self._wake.set()
+        self.wake()
 
     def wake(self, *_: Any) -> None:
-        self._wake.set()
+        for waiter in self._waiters:
+            waiter.set()
 
     async def run(self) -> None:
         """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself."""
@@ -186,9 +181,14 @@ class Relay:
                 await self._sleep(self.config.poll_s)
 
     async def _sleep(self, seconds: float) -> None:
-        with anyio.move_on_after(seconds):
-            await self._wake.wait()
-        self._wake = anyio.Event()
+        waiter = anyio.Event()
+        self._waiters.add(waiter)
+        try:
+            if not self._stopping:
+                with anyio.move_on_after(seconds):
+                    await waiter.wait()
+        finally:
+            self._waiters.discard(waiter)
 
     async def prune_once(self, conn: asyncpg.Connection) -> int:
         async with conn.transaction():
@@ -282,7 +282,9 @@ class Relay:
         if permanent:
             self.stats.held += 1
             return Settlement(row.id, OutboxState.HELD, reason=reason)
-        delay = min(self.config.retry_max_s, self.config.retry_base_s * 2 ** (row.attempts - 1))
+        # The exponent is capped first: 2 ** 1025 overflows a float long before the cap.
+        doubling = 2.0 ** min(row.attempts - 1, 30)
+        delay = min(self.config.retry_max_s, self.config.retry_base_s * doubling)
         return Settlement(row.id, OutboxState.PENDING, reason=reason, delay_s=delay)
 
     async def _listen_loop(self) -> None:

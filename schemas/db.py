@@ -9,6 +9,20 @@ import asyncpg
 
 from schemas.errors import NotInTransaction, ServiceUnavailable
 
+# Errors that mean "the database connection is gone (or the server restarted)": reconnect
+# and retry, never crash and never treat as a verdict. CrashShutdownError (57P02) is an
+# OperatorInterventionError, not a PostgresConnectionError, so it is named explicitly.
+DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    ServiceUnavailable,
+)
+
 
 def require_transaction(tx: Any) -> None:
     """Raise NotInTransaction unless ``tx`` is an asyncpg connection inside an open transaction."""

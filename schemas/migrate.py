@@ -2,7 +2,8 @@
 
 Invariant: the ledger ``schemas.migrations`` lists exactly the files applied, each with
 the SHA-256 of its text when applied. A changed applied file is refused
-(MigrationTampered); an unknown applied version is refused (SchemaAhead); each
+(MigrationTampered); an unknown applied version is refused (SchemaAhead); a pending file
+numbered below an applied one is refused (it would apply out of order); each
 pending file is applied in its own transaction together with its ledger row, so a
 failed file leaves nothing half-applied. Files are plain SQL that psql can run.
 """
@@ -76,6 +77,16 @@ async def _verify(conn: asyncpg.Connection, code: list[Migration]) -> Status:
                 on_disk=known.checksum[:12],
             )
     done = {row["version"] for row in applied}
+    newest = max(done, default=0)
+    late = [m.version for m in code if m.version not in done and m.version < newest]
+    if late:
+        # Forward-only: a file numbered below an applied one would run in a different order
+        # here than on a fresh database, and the two schemas would drift apart.
+        raise MigrationError(
+            "a pending migration is numbered below one already applied; renumber it",
+            pending=late,
+            newest_applied=newest,
+        )
     return Status(
         applied=tuple(sorted(done)),
         pending=tuple(m.version for m in code if m.version not in done),

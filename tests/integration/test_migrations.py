@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from schemas import migrate
-from schemas.errors import MigrationTampered, SchemaAhead, SchemaBehind
+from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 
 
 async def test_empty_database_migrates_then_second_run_is_noop(empty_pg_dsn: str) -> None:
@@ -72,3 +72,19 @@ async def test_concurrent_migrators_apply_each_file_once(empty_pg_dsn: str) -> N
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_pending_file_below_an_applied_one_is_refused(pg: asyncpg.Connection) -> None:
+    versions = [m.version for m in migrate.load_migrations()]
+    # control: only the newest missing is an ordinary "behind" (it would apply last anyway)
+    await pg.execute("DELETE FROM schemas.migrations WHERE version = $1", versions[-1])
+    assert (await migrate.check(pg)).pending == (versions[-1],)
+    # forbidden: a gap below the newest applied version would apply out of order
+    await pg.execute(
+        "INSERT INTO schemas.migrations (version, name, checksum) SELECT $1, $2, $3",
+        versions[-1], migrate.load_migrations()[-1].name, migrate.load_migrations()[-1].checksum,
+    )  # fmt: skip
+    await pg.execute("DELETE FROM schemas.migrations WHERE version = $1", versions[1])
+    with pytest.raises(MigrationError) as info:
+        await migrate.check(pg)
+    assert info.value.fields["pending"] == [versions[1]]

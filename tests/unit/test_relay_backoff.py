@@ -1,0 +1,26 @@
+"""The relay's retry backoff stays bounded however many times one row failed."""
+
+from __future__ import annotations
+
+from relay import Relay, RelayConfig
+from relay.errors import Nacked
+from relay.outbox import OutboxRow, OutboxState
+from schemas.events import Event
+
+
+def row(attempts: int) -> OutboxRow:
+    event = Event(tenant="t", operation_id="op", type="a.b", version=1, payload={})
+    return OutboxRow(id=1, event=event, digest="d" * 64, body=b"{}", trace={}, attempts=attempts)
+
+
+def test_backoff_doubles_then_caps_and_never_overflows() -> None:
+    config = RelayConfig(pg_dsn="postgresql://x/y", amqp_url="amqp://x/", exchange="e")
+    relay = Relay(config)
+    delays = [relay._failed(row(n), Nacked()).delay_s for n in (1, 2, 3, 1_025, 10**6)]
+    assert delays[0] == config.retry_base_s  # control: the first retry waits the base delay
+    assert delays[1] == 2 * config.retry_base_s
+    assert delays[2] == 4 * config.retry_base_s
+    # 2 ** 1024 would overflow a float: the capped exponent keeps the cap reachable
+    assert delays[3] == delays[4] == config.retry_max_s
+    settled = relay._failed(row(10**6), Nacked())
+    assert settled.state == OutboxState.PENDING and settled.id == 1
