@@ -18,6 +18,7 @@ from importlib import resources
 import asyncpg
 
 from schemas import sql
+from schemas.db import connect
 from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -122,6 +123,15 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         return applied
     finally:
         await conn.execute(sql.UNLOCK, sql.MIGRATION_LOCK_KEY)
+
+
+async def require_current_at(dsn: str) -> None:
+    """Start-up check for a process: connect, refuse a schema older than the code, close."""
+    conn = await connect(dsn)
+    try:
+        await require_current(conn)
+    finally:
+        await conn.close()
 
 
 async def require_current(conn: asyncpg.Connection) -> None:

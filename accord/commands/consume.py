@@ -9,8 +9,7 @@ from accord import runtime, workflows
 from consumers import ConsumerRuntime, RuntimeConfig
 from schemas import migrate
 from schemas.catalog import default_catalog
-from schemas.db import connect
-from schemas.errors import ConfigError, SchemaBehind
+from schemas.errors import ConfigError
 from schemas.settings import Settings
 from schemas.topology import demo_topology
 
@@ -63,12 +62,6 @@ async def _main(settings: Settings, config: RuntimeConfig) -> int:
         catalog=catalog,
         handlers=workflows.handlers_for(config.workflow, catalog),
     )
-    conn = await connect(settings.pg_dsn)
-    try:
-        status = await migrate.check(conn)  # refuse to run on a schema older than the code
-    finally:
-        await conn.close()
-    if status.pending:
-        raise SchemaBehind(pending=list(status.pending))
+    await migrate.require_current_at(settings.pg_dsn)  # refuse a schema older than the code
     await consumer.run(handle_signals=True)
     return 0

@@ -10,7 +10,6 @@ import anyio
 from accord import runtime
 from accord.ops import install_span_metrics, serving
 from schemas import migrate
-from schemas.db import connect
 from schemas.settings import Settings
 
 DEFAULT_PORT = 9464
@@ -34,11 +33,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _main(dsn: str, port: int, addr: str) -> int:
-    conn = await connect(dsn)
-    try:
-        await migrate.require_current(conn)
-    finally:
-        await conn.close()
+    await migrate.require_current_at(dsn)
     with serving(port, dsn=dsn, addr=addr) as server:
         install_span_metrics(server.messaging)
         # The bound port on stdout (flushed) so a supervisor or test can find an ephemeral one.

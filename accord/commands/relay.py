@@ -18,7 +18,6 @@ import anyio
 from accord import runtime
 from relay import Relay, RelayConfig
 from schemas import migrate, topology
-from schemas.db import connect
 from schemas.errors import ServiceUnavailable
 from schemas.settings import Settings
 
@@ -56,11 +55,7 @@ def relay_config(settings: Settings) -> RelayConfig:
 
 
 async def _prepare(settings: Settings) -> None:
-    conn = await connect(settings.pg_dsn)
-    try:
-        await migrate.require_current(conn)
-    finally:
-        await conn.close()
+    await migrate.require_current_at(settings.pg_dsn)
     try:
         amqp = await aio_pika.connect(settings.amqp_url, timeout=10)
     except OSError as exc:

@@ -32,7 +32,7 @@ from jobs import Store
 from jobs.authority import authority_watch, require_authority
 from jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
 from schemas import migrate
-from schemas.db import connect, create_pool
+from schemas.db import create_pool
 from schemas.errors import ConfigError
 from schemas.settings import Settings
 
@@ -109,11 +109,7 @@ async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[R
             workflow=options.workflow,
             known=sorted(h.workflow for h in handlers),
         )
-    conn = await connect(settings.pg_dsn)
-    try:
-        await migrate.require_current(conn)  # refuse a schema older than the code
-    finally:
-        await conn.close()
+    await migrate.require_current_at(settings.pg_dsn)  # refuse a schema older than the code
     # Execution authority only: the worker role can claim, renew, publish and record
     # effects through the jobs functions, and cannot repair (0006_authority.sql).
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
