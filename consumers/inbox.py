@@ -23,7 +23,7 @@ from typing import Any
 
 from consumers import sql
 from consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
-from schemas.db import require_transaction
+from schemas.db import require_transaction, rows_affected
 from schemas.events import Catalog, Event
 
 # Pruning keeps rows this much longer than the window: a reserve whose transaction began
@@ -224,9 +224,4 @@ async def prune(tx: Any, *, window_s: float, limit: int = 1000) -> tuple[int, in
     horizon = window_s + PRUNE_MARGIN_S
     inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit)
     deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit)
-    return _count(inbox), _count(deliveries)
-
-
-def _count(status: str) -> int:
-    """The row count of an asyncpg command status such as ``DELETE 42``."""
-    return int(status.rsplit(" ", 1)[-1])
+    return rows_affected(inbox), rows_affected(deliveries)

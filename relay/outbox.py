@@ -24,7 +24,7 @@ from relay import sql
 from relay.errors import DuplicateEvent
 from schemas import telemetry
 from schemas.catalog import default_catalog
-from schemas.db import require_transaction
+from schemas.db import require_transaction, rows_affected
 from schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
 
 
@@ -181,21 +181,21 @@ async def settle(tx: asyncpg.Connection, token: uuid.UUID, outcomes: Sequence[Se
         [o.publish_id for o in outcomes],
         [o.delay_s for o in outcomes],
     )
-    return int(status.split()[-1])
+    return rows_affected(status)
 
 
 async def prune(tx: asyncpg.Connection, retention_s: float, limit: int) -> int:
     """Runs in the caller's transaction. Deletes one bounded batch of old published rows."""
     require_transaction(tx)
     status: str = await tx.execute(sql.PRUNE, retention_s, limit)
-    return int(status.split()[-1])
+    return rows_affected(status)
 
 
 async def release_held(tx: asyncpg.Connection, tenant: str, event_ids: Sequence[uuid.UUID]) -> int:
     """Runs in the caller's transaction. Makes held rows pending again; rows released."""
     require_transaction(tx)
     status: str = await tx.execute(sql.RELEASE_HELD, tenant, list(event_ids))
-    return int(status.split()[-1])
+    return rows_affected(status)
 
 
 async def stats(conn: asyncpg.Connection) -> OutboxStats:

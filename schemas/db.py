@@ -24,6 +24,11 @@ DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
 )
 
 
+def rows_affected(status: str) -> int:
+    """The row count of an asyncpg command status such as ``UPDATE 3`` or ``INSERT 0 1``."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
 def require_transaction(tx: Any) -> None:
     """Raise NotInTransaction unless ``tx`` is an asyncpg connection inside an open transaction."""
     is_in = getattr(tx, "is_in_transaction", None)
