@@ -24,6 +24,12 @@ DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
 )
 
 
+# A deadline on every statement (asyncpg's command_timeout): a black-holed TCP connection
+# otherwise stalls a loop until the kernel gives up, minutes to hours later. Its
+# TimeoutError is in DB_CONNECTION_LOST, so loops reconnect. `accord migrate` passes None.
+DEFAULT_COMMAND_TIMEOUT_S = 60.0
+
+
 def rows_affected(status: str) -> int:
     """The row count of an asyncpg command status such as ``UPDATE 3`` or ``INSERT 0 1``."""
     return int(status.rsplit(" ", 1)[-1])
@@ -38,6 +44,7 @@ def require_transaction(tx: Any) -> None:
 
 async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection; a refused or unreachable server becomes ServiceUnavailable."""
+    kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
     try:
         return await asyncpg.connect(dsn, **kwargs)
     except (OSError, asyncpg.CannotConnectNowError) as exc:
@@ -72,6 +79,7 @@ async def ensure_database(dsn: str) -> bool:
 
 async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
     """Open a pool; a refused or unreachable server becomes ServiceUnavailable."""
+    kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
     try:
         pool = await asyncpg.create_pool(dsn, **kwargs)
     except (OSError, asyncpg.CannotConnectNowError) as exc:

@@ -30,7 +30,7 @@ async def _main(dsn: str, check_only: bool) -> int:
     if not check_only and await ensure_database(dsn):
         print("created the database")
     try:
-        conn = await connect(dsn)
+        conn = await connect(dsn, command_timeout=None)  # a migration may take long
     except asyncpg.InvalidCatalogNameError:
         print("database is behind the code: it does not exist yet")
         return 1
