@@ -28,11 +28,19 @@ amqp_ready() {
   fi
 }
 
-start_pg() {
-  command -v pg_ctlcluster >/dev/null 2>&1 || {
-    echo "services: PostgreSQL is down and pg_ctlcluster is missing (apt-get install postgresql)" >&2
+apt_install() {
+  # A machine without the service: install it from Debian's packages (needs root).
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "services: installing $*"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+  else
+    echo "services: $* missing and cannot be installed here (need root and apt-get)" >&2
     return 1
-  }
+  fi
+}
+
+start_pg() {
+  command -v pg_ctlcluster >/dev/null 2>&1 || apt_install postgresql postgresql-contrib
   local version
   for version in $(ls /etc/postgresql 2>/dev/null); do
     echo "services: starting PostgreSQL $version/main"
@@ -41,10 +49,7 @@ start_pg() {
 }
 
 start_amqp() {
-  command -v rabbitmq-server >/dev/null 2>&1 || {
-    echo "services: RabbitMQ is down and rabbitmq-server is missing (apt-get install rabbitmq-server)" >&2
-    return 1
-  }
+  command -v rabbitmq-server >/dev/null 2>&1 || apt_install rabbitmq-server
   if rabbitmqctl -q --timeout 10 ping >/dev/null 2>&1; then
     # The Erlang node runs but the broker application is stopped (rabbitmqctl stop_app).
     echo "services: starting the RabbitMQ application"
