@@ -265,11 +265,14 @@ LANGUAGE sql STABLE AS $$
                    WHERE e.job_id = p_job_id AND e.state IN ('pending', 'unknown'))
 $$;
 
--- Retry delay after `attempts` attempts: base * 2^(attempts-1), capped.
+-- Retry delay after `attempts` attempts: base * 2^(attempts-1), capped at p_max_s. The
+-- exponent is capped too (at 30): 2^(attempts-1) itself overflows `make_interval` (and then
+-- double precision) for a few thousand attempts, long before `least` could cap the product.
 CREATE FUNCTION jobs.backoff(p_attempts integer, p_base_s double precision,
                              p_max_s double precision) RETURNS interval
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT make_interval(secs => least(p_max_s, p_base_s * power(2, greatest(p_attempts - 1, 0))))
+    SELECT make_interval(secs => least(
+        p_max_s, p_base_s * power(2::double precision, least(greatest(p_attempts - 1, 0), 30))))
 $$;
 
 -- The state a job leaves `running` for when its worker is gone or gave up: an effect that

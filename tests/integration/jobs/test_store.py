@@ -188,6 +188,33 @@ async def test_rescue_backoff_delays_the_retry(jobs: Jobs) -> None:
     )
 
 
+async def test_backoff_is_capped_for_any_attempt_count(jobs: Jobs) -> None:
+    async def backoff_s(attempts: int, base_s: float = 1.0, max_s: float = 300.0) -> float:
+        seconds: float = await jobs.pool.fetchval(
+            "SELECT extract(epoch FROM jobs.backoff($1, $2, $3))::float8", attempts, base_s, max_s
+        )
+        return seconds
+
+    # control: the exponential part below the cap
+    assert [await backoff_s(n) for n in (0, 1, 2, 3, 9)] == [1, 1, 2, 4, 256]
+    assert await backoff_s(10) == 300
+    # 2^(attempts-1) alone overflowed "value out of range" from about 1,025 attempts on
+    for attempts in (31, 32, 1_025, 1_100, 100_000, 2**31 - 1):
+        assert await backoff_s(attempts) == 300
+    assert await backoff_s(2**31 - 1, 1e-9, 1e9) == pytest.approx(2**30 * 1e-9)
+    # the whole fail path with a huge attempt count: requeued with the capped delay
+    job_id = await jobs.submit("many", max_attempts=1_000_000)
+    lease = await jobs.claim_one()
+    await jobs.pool.execute("UPDATE jobs.jobs SET attempts = 5000 WHERE job_id = $1", job_id)
+    capped = Store(jobs.pool, backoff_base_s=1.0, backoff_max_s=300.0)
+    assert await capped.fail(lease, "boom", retry=True) is JobState.QUEUED
+    assert await jobs.pool.fetchval(
+        "SELECT run_after - now() BETWEEN interval '299 s' AND interval '301 s'"
+        " FROM jobs.jobs WHERE job_id = $1",
+        job_id,
+    )
+
+
 async def test_fail_retry_failed_and_poison(jobs: Jobs) -> None:
     a = await jobs.submit("a", max_attempts=2)
     lease = await jobs.claim_one()
