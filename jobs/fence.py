@@ -47,3 +47,13 @@ async def succeed(tx: Any, lease: Lease) -> str | None:
     require_transaction(tx)
     status: str | None = await tx.fetchval(sql.SUCCEED, *lease.fence_args())
     return status
+
+
+async def record_result(tx: Any, lease: Lease, object_key: str, content_digest: str) -> None:
+    """Runs in the caller's transaction (a publish callback); never commits. Fences again and
+    writes the ``jobs.results`` manifest row that makes ``object_key`` authoritative for the
+    lease's job; raises FenceLost (nothing written) unless ``lease`` still holds it."""
+    require_transaction(tx)
+    reason = await tx.fetchval(sql.RECORD_RESULT, *lease.fence_args(), object_key, content_digest)
+    if reason is not None:
+        raise fence_lost(lease, reason)

@@ -29,6 +29,9 @@ SUCCEED_MANY = (
     " $5::text[], $6::uuid[], $7::bigint[], $8::bigint[]) AS job_id"
 )
 
+# The fenced manifest row naming result object $9 (content digest $10) for the lease's job.
+RECORD_RESULT = "SELECT jobs.record_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+
 # Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
 FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 

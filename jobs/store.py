@@ -116,6 +116,9 @@ class Store:
 
     #: The fence helper, for publish callbacks: ``await Store.locked(tx, lease)``.
     locked = staticmethod(fence.locked)
+    #: The fenced manifest row, for publish callbacks:
+    #: ``await Store.record_result(tx, lease, object_key, content_digest)``.
+    record_result = staticmethod(fence.record_result)
 
     def __init__(
         self,

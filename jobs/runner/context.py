@@ -21,7 +21,7 @@ import asyncpg
 
 from jobs.errors import FenceLost
 from jobs.models import EffectState, Lease
-from jobs.runner import effects, sql
+from jobs.runner import effects
 from jobs.runner.effects import (
     EffectUnknown,
     FailedBeforeDispatch,
@@ -242,13 +242,12 @@ class JobContext:
         return key
 
     async def record_result(self, tx: Any, object_key: str) -> None:
-        """Runs in the publish callback's transaction (the fence holds the job row); never
-        commits. Writes the jobs.results manifest row naming ``object_key``."""
+        """Runs in the publish callback's transaction; never commits. Writes the jobs.results
+        manifest row naming ``object_key`` through the fence (``Store.record_result``): raises
+        FenceLost, and writes nothing, unless this lease still holds the job."""
         require_transaction(tx)
         digest = object_key.removeprefix("sha256-")
-        await tx.execute(
-            sql.INSERT_RESULT, self._lease.job_id, self._lease.tenant, object_key, digest
-        )
+        await Store.record_result(tx, self._lease, object_key, digest)
 
     async def publish(
         self, callback: Callback | None = None, *, object_key: str | None = None

@@ -121,8 +121,8 @@ END $$;
 CREATE TRIGGER effects_guard BEFORE UPDATE OR DELETE ON jobs.effects
     FOR EACH ROW EXECUTE FUNCTION jobs.effects_guard();
 
--- The fenced manifest row that makes a result object authoritative (written from a publish
--- callback; `accord gc-objects` reads object_key from it).
+-- The fenced manifest row that makes a result object authoritative (written by
+-- jobs.record_result from a publish callback; `accord gc-objects` reads object_key from it).
 CREATE TABLE jobs.results (
     job_id         bigint PRIMARY KEY REFERENCES jobs.jobs (job_id),
     tenant         text        NOT NULL,
@@ -347,7 +347,10 @@ END $$;
 
 -- succeed_many: publish a batch of leases without callbacks in one statement; the whole
 -- fence is in the WHERE clause on each job row. Returns the job ids that succeeded; the
--- caller names the refusal of the others with jobs.fence.
+-- caller names the refusal of the others with jobs.fence. This WHERE clause is a second
+-- spelling of jobs.fence + jobs.succeed (one statement instead of three per lease): a test
+-- (tests/integration/jobs/test_store.py) checks, lease by lease, that both refuse exactly
+-- the same leases, so change them together.
 CREATE FUNCTION jobs.succeed_many(
     p_job_ids bigint[], p_tenants text[], p_workflows text[], p_operation_ids text[],
     p_owners text[], p_attempt_ids uuid[], p_generations bigint[], p_epochs bigint[]
@@ -373,6 +376,28 @@ LANGUAGE sql AS $$
                       WHERE e.job_id = j.job_id AND e.state IN ('pending', 'unknown'))
     RETURNING j.job_id
 $$;
+
+-- record_result: the manifest row that makes result object p_object_key authoritative for the
+-- caller's job, fenced (called from a publish callback, inside the publish transaction).
+-- Status: NULL = written; or a fence reason (nothing written).
+CREATE FUNCTION jobs.record_result(
+    p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text,
+    p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text,
+    p_content_digest text
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_reason text;
+BEGIN
+    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                           p_attempt_id, p_generation, p_epoch);
+    IF v_reason IS NOT NULL THEN
+        RETURN v_reason;
+    END IF;
+    INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)
+    VALUES (p_job_id, p_tenant, p_object_key, p_content_digest);
+    RETURN NULL;
+END $$;
 
 -- begin_effect: record `pending` before dispatch (fenced). Status: NULL = begun;
 -- 'effects_disabled'; 'already_<state>' (latest record not failed_before_dispatch);

@@ -3,10 +3,11 @@
 -- jobs/authority.py and docs/authority.md).
 --
 -- Principals (NOLOGIN group roles; deployments grant them to LOGIN users, tests SET ROLE):
--- * accord_worker  executes: submit, claim, the fenced write-backs, rescue, cancel. It has no
---                  INSERT/UPDATE/DELETE on jobs.jobs, jobs.effects or jobs.tenants: every write
---                  goes through a checked SECURITY DEFINER function, so it cannot release a
---                  hold, requeue poison, resolve an effect or move an epoch by plain DML.
+-- * accord_worker  executes: submit, claim, the fenced write-backs (publish, publish_many,
+--                  result manifests), rescue, cancel. It has no INSERT/UPDATE/DELETE on any
+--                  jobs table: every write goes through a checked SECURITY DEFINER function,
+--                  so it cannot release a hold, requeue poison, resolve an effect, move an
+--                  epoch, register a workflow class or write an unfenced manifest by plain DML.
 -- * accord_repair  repairs: it may only call the jobs.repair_* functions (each refuses leased,
 --                  i.e. running, jobs and writes jobs.repair_audit in the same transaction),
 --                  jobs.authority_lock (to advance an epoch past the ledger) and the
@@ -456,7 +457,8 @@ BEGIN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = 'jobs'::regnamespace
           AND p.proname IN ('submit', 'claim', 'fence', 'renew', 'fail', 'succeed',
-                            'begin_effect', 'finish_effect', 'rescue', 'cancel')
+                            'succeed_many', 'record_result', 'begin_effect', 'finish_effect',
+                            'rescue', 'cancel')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pg_temp',
                        f);
@@ -466,9 +468,11 @@ END $$;
 
 GRANT USAGE ON SCHEMA jobs TO accord_worker, accord_repair;
 GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO accord_worker, accord_repair;
--- Registration (the worker registers its workflow class at start) and result manifests.
-GRANT INSERT, UPDATE ON jobs.workflows TO accord_worker;
-GRANT INSERT ON jobs.results TO accord_worker;
+-- No DML on jobs.workflows or jobs.results: registration (owner, effects_enabled) is an
+-- administrative act of the migrating role (the demo orchestrator, deployment tooling), never
+-- of the execution principal, so a worker cannot switch effects on or take over a class without
+-- the drained check; and a result manifest is written only through the fenced
+-- jobs.record_result above, never by a plain INSERT that no fence checks.
 -- Publish callbacks enqueue events in the publish transaction; processes check the schema.
 GRANT USAGE ON SCHEMA relay TO accord_worker;
 GRANT USAGE ON SCHEMA schemas TO accord_worker, accord_repair;

@@ -52,13 +52,20 @@ BEGIN
     RETURN 'fence held';
 END $$;
 
--- A publish callback: the fenced manifest row for h's job.
-CREATE FUNCTION spec.write_result(h text) RETURNS text LANGUAGE sql AS $$
-    INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)
-    SELECT l.job_id, l.tenant, 'results/' || l.holder, 'sha256:x' FROM spec.leases l
-    WHERE l.holder = h
-    RETURNING 'result written by ' || h
-$$;
+-- A publish callback: the fenced manifest row for h's job (jobs.record_result, as
+-- Store.record_result runs it), raising FenceLost with the failing field.
+CREATE FUNCTION spec.write_result(h text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v text;
+BEGIN
+    SELECT jobs.record_result(l.job_id, l.tenant, l.workflow, l.operation_id, l.owner,
+                              l.attempt_id, l.generation, l.epoch, 'results/' || l.holder,
+                              'sha256:x') INTO v FROM spec.leases l WHERE l.holder = h;
+    IF v IS NOT NULL THEN
+        RAISE EXCEPTION 'FenceLost: %', v;
+    END IF;
+    RETURN 'result written by ' || h;
+END $$;
 
 -- The publish's second fence and the transition to succeeded (jobs.succeed), raising.
 CREATE FUNCTION spec.succeed(h text) RETURNS text LANGUAGE plpgsql AS $$

@@ -82,7 +82,8 @@ async def open_principals(dsn: str) -> Principals:
     worker = await role_pool(dsn, WORKER_ROLE)
     repair = await role_pool(dsn, REPAIR_ROLE)
     store = Store(worker, backoff_base_s=0.0)
-    await store.register_workflow(WORKFLOW, OWNER, effects_enabled=True)
+    # Registration is administrative: the owner (migrating role) registers, never the worker.
+    await Store(owner).register_workflow(WORKFLOW, OWNER, effects_enabled=True)
     return Principals(dsn, owner, worker, repair, store)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from jobs import EffectState, JobState, RepairRefused, Store, repair_sql, sql
+from jobs import EffectState, FenceLost, JobState, RepairRefused, Store, repair_sql, sql
 from jobs.repair import audit, release_hold, resolve_effect
 from tests.integration.authority.conftest import OWNER, WORKFLOW, Principals
 
@@ -35,12 +35,7 @@ async def test_the_worker_executes_but_cannot_repair(principals: Principals) -> 
     await p.store.finish_effect(lease, "charge", EffectState.SUCCEEDED, receipt="r-1")
 
     async def manifest(tx: asyncpg.Connection) -> None:
-        await tx.execute(
-            "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
-            " VALUES ($1, $2, 'k', 'd')",
-            lease.job_id,
-            lease.tenant,
-        )
+        await Store.record_result(tx, lease, "k", "d")
 
     await p.store.publish(lease, manifest)
     assert await p.state(job_id) == "succeeded"
@@ -186,3 +181,68 @@ async def test_repairs_are_refused_on_leased_jobs(principals: Principals) -> Non
     assert count == 1  # only the control
     await p.store.finish_effect(lease, "charge", EffectState.SUCCEEDED)
     await p.store.publish(lease)
+
+
+async def test_the_worker_writes_manifests_only_fenced_and_never_registers(
+    principals: Principals,
+) -> None:
+    p = principals
+    job_id = await p.submit("a")
+    lease = await p.claim_one()
+    other = await p.submit("b")  # queued, never claimed: no fence would let a manifest in
+    async with p.owner.acquire() as conn:
+        # control: as accord_worker, the fenced function writes the current lease's manifest
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE accord_worker")
+            await Store.record_result(conn, lease, "sha256-current", "current")
+            # forbidden: a plain INSERT (no fence) and any change of a registration
+            for stmt, args in (
+                (
+                    "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
+                    " VALUES ($1, 'acme', 'sha256-forged', 'forged')",
+                    (other,),
+                ),
+                ("UPDATE jobs.workflows SET effects_enabled = NOT effects_enabled", ()),
+                ("UPDATE jobs.workflows SET owner = 'mallory'", ()),
+                ("INSERT INTO jobs.workflows (workflow, owner) VALUES ('new', 'mallory')", ()),
+            ):
+                with pytest.raises(DENIED):
+                    async with conn.transaction():  # a savepoint per refusal
+                        await conn.execute(stmt, *args)
+            await conn.execute("RESET ROLE")
+        # the worker's Store cannot register either; the owner can (control)
+        with pytest.raises(DENIED):
+            await p.store.register_workflow("new", "mallory", effects_enabled=True)
+        await Store(p.owner).register_workflow("new", "svc")
+    assert (
+        await p.owner.fetchval(
+            "SELECT (owner, effects_enabled)::text FROM jobs.workflows WHERE workflow = $1",
+            WORKFLOW,
+        )
+        == f"({OWNER},t)"
+    )
+    assert await p.owner.fetchval("SELECT object_key FROM jobs.results") == "sha256-current"
+    # a stale lease: expired, rescued and re-claimed; its manifest is refused by the fence
+    await p.owner.execute("DELETE FROM jobs.results")  # the control's row, not published
+    await p.expire(job_id)
+    await p.store.rescue()
+    fresh = await p.claim_one()
+    async with p.worker.acquire() as conn:
+        with pytest.raises(FenceLost) as info:
+            async with conn.transaction():
+                await Store.record_result(conn, lease, "sha256-stale", "stale")
+        assert info.value.reason == "generation"
+        async with conn.transaction():
+            await Store.record_result(conn, fresh, "sha256-fresh", "fresh")
+    assert await p.owner.fetchval("SELECT object_key FROM jobs.results") == "sha256-fresh"
+
+
+async def test_the_worker_publishes_a_batch(principals: Principals) -> None:
+    p = principals
+    ids = [await p.submit(f"op{i}") for i in range(3)]
+    leases = await p.claim(limit=3)
+    await p.expire(ids[2])
+    done = await p.store.publish_many(leases)  # as accord_worker
+    assert [le.job_id for le in done.published] == ids[:2]
+    assert [(le.job_id, err.reason) for le, err in done.refused] == [(ids[2], "lease_expired")]
+    assert [await p.state(j) for j in ids] == ["succeeded", "succeeded", "running"]

@@ -21,13 +21,7 @@ BATCH = 50
 async def worker(pool: asyncpg.Pool, claimed: list[Lease]) -> None:
     async def manifest_for(store: Store, lease: Lease) -> None:
         async def callback(tx: asyncpg.Connection) -> None:
-            await tx.execute(
-                "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
-                " VALUES ($1, $2, $3, 'x')",
-                lease.job_id,
-                lease.tenant,
-                str(lease.attempt_id),
-            )
+            await Store.record_result(tx, lease, str(lease.attempt_id), "x")
 
         await store.publish(lease, callback)
 

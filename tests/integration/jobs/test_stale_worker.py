@@ -9,7 +9,7 @@ from collections import Counter
 import asyncpg
 import pytest
 
-from jobs import FenceLost, JobState, Lease
+from jobs import FenceLost, JobState, Lease, Store
 from tests.integration.jobs.conftest import Jobs
 from tests.support import scaled
 
@@ -19,12 +19,11 @@ MODES = ("expiry", "cancel", "rotation")
 
 def manifest(lease: Lease):  # type: ignore[no-untyped-def]
     async def callback(tx: asyncpg.Connection) -> None:
-        await tx.execute(
-            "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
-            " VALUES ($1, $2, $3, 'sha256:same-plausible-content')",
-            lease.job_id,
-            lease.tenant,
+        await Store.record_result(
+            tx,
+            lease,
             f"results/{lease.job_id}/{lease.attempt_id}",
+            "sha256:same-plausible-content",
         )
 
     return callback

@@ -248,13 +248,7 @@ class Machine(RuleBasedStateMachine):
             return
 
         async def manifest(tx: asyncpg.Connection) -> None:
-            await tx.execute(
-                "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
-                " VALUES ($1, $2, $3, 'x')",
-                lease.job_id,
-                lease.tenant,
-                str(lease.attempt_id),
-            )
+            await Store.record_result(tx, lease, str(lease.attempt_id), "x")
 
         ok, call = self.expect_fence(lease, self.store.publish(lease, manifest))
         if not ok:

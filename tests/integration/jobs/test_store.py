@@ -4,11 +4,14 @@ rescue, cancel, authority. Every refusal is preceded by its allowed control."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
+from typing import Any
 
 import asyncpg
 import pytest
 
 from jobs import (
+    EffectState,
     EffectsUnresolved,
     FenceLost,
     InvalidLeaseLength,
@@ -16,6 +19,7 @@ from jobs import (
     JobState,
     Lease,
     Store,
+    sql,
 )
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 
@@ -23,13 +27,7 @@ from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 async def results_row(tx: asyncpg.Connection, lease: Lease) -> None:
     """A publish callback: the fenced manifest row."""
     await Store.locked(tx, lease)  # callbacks may re-check the fence; it is re-entrant
-    await tx.execute(
-        "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"
-        " VALUES ($1, $2, $3, 'sha256:x')",
-        lease.job_id,
-        lease.tenant,
-        f"results/{lease.job_id}/{lease.attempt_id}",
-    )
+    await Store.record_result(tx, lease, f"results/{lease.job_id}/{lease.attempt_id}", "sha256:x")
 
 
 def publisher(lease: Lease):  # type: ignore[no-untyped-def]
@@ -326,3 +324,90 @@ async def test_probe_never_claims_work(jobs: Jobs) -> None:
     assert health.workflows == 1
     after = await jobs.pool.fetchrow("SELECT * FROM jobs.jobs WHERE job_id = $1", job_id)
     assert dict(before) == dict(after)
+
+
+async def test_the_batch_publish_refuses_exactly_what_the_fence_refuses(jobs: Jobs) -> None:
+    """``jobs.succeed_many`` spells the fence out in its WHERE clause; ``jobs.succeed`` calls
+    ``jobs.fence``. Lease by lease, each in its own rolled-back transaction, both must agree:
+    the same leases pass, and every refusal the fence names is a refusal of the batch."""
+
+    async def claim_for(tenant: str, op: str) -> Lease:
+        await jobs.submit(op, tenant=tenant)
+        return await jobs.claim_one()
+
+    ok = await claim_for(TENANT, "ok")
+    cases: list[tuple[Lease, str | None]] = [(ok, None)]
+    forged: list[tuple[str, dict[str, Any]]] = [
+        ("missing", {"job_id": -1}),
+        ("tenant", {"tenant": "other"}),
+        ("operation", {"operation_id": "other"}),
+        ("operation", {"workflow": "other"}),
+        ("generation", {"generation": ok.generation + 1}),
+        ("owner", {"owner": "someone-else"}),
+        ("attempt", {"attempt_id": uuid.uuid4()}),
+        ("epoch", {"epoch": ok.epoch + 1}),
+    ]
+    cases += [(dataclasses.replace(ok, **change), reason) for reason, change in forged]
+    gave_up = await claim_for(TENANT, "state")
+    await jobs.store.fail(gave_up, "boom", retry=False)  # failed, same generation
+    expired = await claim_for(TENANT, "expired")
+    await jobs.expire(expired.job_id)
+    unresolved = await claim_for(TENANT, "unresolved")
+    await jobs.store.begin_effect(unresolved, "k", "i")
+    unknown = await claim_for(TENANT, "unknown")
+    await jobs.store.begin_effect(unknown, "k", "i")
+    await jobs.store.finish_effect(unknown, "k", EffectState.UNKNOWN)
+    rotated = await claim_for("rotated", "epoch")
+    await jobs.store.rotate_epoch("rotated")
+    frozen = await claim_for("frozen", "frozen")
+    await jobs.store.freeze("frozen")
+    # Rotation and freezing also revoke the lease on the job row, which alone would refuse;
+    # the tenant's flag and epoch on their own (test-only direct writes) probe those checks.
+    flag_only = await claim_for("flag-only", "frozen")
+    epoch_only = await claim_for("epoch-only", "epoch")
+    await jobs.pool.execute("UPDATE jobs.tenants SET frozen = true WHERE tenant = 'flag-only'")
+    await jobs.pool.execute("UPDATE jobs.tenants SET epoch = 2 WHERE tenant = 'epoch-only'")
+    stateful: list[tuple[Lease, str | None]] = [
+        (gave_up, "state"),
+        (expired, "lease_expired"),
+        (unresolved, "unresolved_effect"),
+        (unknown, "unresolved_effect"),
+        (rotated, "epoch"),
+        (frozen, "frozen"),
+        (flag_only, "frozen"),
+        (epoch_only, "epoch"),
+        # the tenant's epoch matches this lease, the job's (claimed under epoch 1) does not
+        (dataclasses.replace(epoch_only, epoch=epoch_only.epoch + 1), "epoch"),
+    ]
+    cases += stateful
+    async with jobs.pool.acquire() as conn:
+        for lease, expected in cases:
+            single = await rolled_back(conn, conn.fetchval, sql.SUCCEED, *lease.fence_args())
+            batch = await rolled_back(conn, conn.fetch, sql.SUCCEED_MANY, *columns([lease]))
+            assert single == expected, (lease, single)
+            assert [r["job_id"] for r in batch] == ([lease.job_id] if expected is None else [])
+    # the independent jobs in one batch, for real: only the control publishes, each refusal
+    # named as the fence names it (the forgeries of `ok` are left out: once `ok` succeeded,
+    # the fence names their first mismatch after the state, not before)
+    real = [(ok, None), *stateful]
+    done = await jobs.store.publish_many([lease for lease, _ in real])
+    assert done.published == (ok,)
+    named = [
+        "unresolved_effect" if isinstance(err, EffectsUnresolved) else err.fields["reason"]
+        for _, err in done.refused
+    ]
+    assert named == [why for _, why in real[1:]]
+
+
+def columns(leases: list[Lease]) -> list[tuple[object, ...]]:
+    return list(zip(*(lease.fence_args() for lease in leases), strict=True))
+
+
+async def rolled_back(conn: asyncpg.Connection, call: Any, *args: object) -> Any:
+    """``call(*args)`` in a transaction that is always rolled back."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        return await call(*args)
+    finally:
+        await tx.rollback()
