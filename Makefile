@@ -34,8 +34,11 @@ demo: venv services
 	$(BIN)/accord migrate
 	$(BIN)/accord demo
 
+# Each prints its ratios against the raw limits measured in the same run (figures in README).
 bench: venv services
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench.relay_bench
+	$(BIN)/python -m bench.consumer_bench
+	$(BIN)/python -m bench.jobs_bench
 
 clean:
 	rm -rf $(VENV) var
