@@ -37,7 +37,8 @@ class EffectState(StrEnum):
     UNKNOWN = "unknown"
 
 
-#: Effect states after which a job must not run again without reconciliation (claim skips it).
+#: Effect states after which no automatic loop runs a job again (claim skips it; a succeeded
+#: one only until the repair role resumes the job).
 BLOCKING_EFFECTS = frozenset({EffectState.PENDING, EffectState.SUCCEEDED, EffectState.UNKNOWN})
 #: Effect states whose outcome is not known.
 UNRESOLVED_EFFECTS = frozenset({EffectState.PENDING, EffectState.UNKNOWN})
@@ -181,6 +182,18 @@ class Effect:
 
 
 @dataclass(frozen=True, slots=True)
+class EffectStart:
+    """What ``Store.start_effect`` did for one key: began a new pending record (``reused`` is
+    False: dispatch it now), or found the key succeeded in an earlier attempt of this job (a
+    run the repair role resumed): ``reused`` is True, ``seq`` and ``receipt`` are that
+    record's, and nothing may be dispatched."""
+
+    seq: int
+    reused: bool = False
+    receipt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """A job as operators see it, with every effect record it ever had."""
 
@@ -194,11 +207,19 @@ class JobView:
     max_attempts: int
     last_error: str | None
     effects: tuple[Effect, ...]
+    #: The generation at which the repair role resumed the job (None: never resumed).
+    resumed_generation: int | None = None
 
     @property
     def needs_reconciliation(self) -> bool:
         """True while any effect's outcome is unknown or still pending (even when canceled)."""
         return any(e.state in UNRESOLVED_EFFECTS for e in self.effects)
+
+    @property
+    def awaiting_resume(self) -> bool:
+        """``unknown`` with every effect outcome known: nothing is left to reconcile, and only
+        a repair (``jobs.repair.resume``) lets it run again (reusing the recorded outcomes)."""
+        return self.state is JobState.UNKNOWN and not self.needs_reconciliation
 
     @classmethod
     def from_record(cls, row: Mapping[str, Any], effects: tuple[Effect, ...]) -> JobView:
@@ -213,6 +234,7 @@ class JobView:
             max_attempts=row["max_attempts"],
             last_error=row["last_error"],
             effects=effects,
+            resumed_generation=row["resumed_generation"],
         )
 
 

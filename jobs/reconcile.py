@@ -10,6 +10,15 @@ configured age it is *escalated* (jobs.effect_escalations, a state for status an
 
 A "never seen" is only trusted once the effect is older than ``settle_s``: a request still in
 flight towards the provider could otherwise be accepted just after the lookup.
+
+A resolution that leaves its job ``unknown`` with nothing unresolved (an effect of it
+succeeded: typically the provider accepted and the reply was lost) also *resumes* the job in
+the same transaction, through the same repair path (jobs.repair.resume, its own audit row,
+the provider's answer as evidence): the job is queued again, and its next run gets the
+recorded receipt instead of dispatching again, then publishes. Only what this pass resolved
+is resumed; an ``unknown`` job whose effects were already all known (e.g. its handler failed
+after the effect) waits for a person (`accord repair resume`), so no loop reruns a job that
+keeps failing after its effect.
 """
 
 from __future__ import annotations
@@ -84,6 +93,8 @@ class ReconcileReport:
     resolved: tuple[repair.EffectResolved, ...] = ()
     left: tuple[tuple[UnresolvedEffect, Left], ...] = ()
     escalated: tuple[repair.Escalated, ...] = ()
+    #: Jobs a resolution of this pass left with every effect outcome known, resumed.
+    resumed: tuple[repair.Repaired, ...] = ()
 
 
 async def unresolved(conn: Any, *, limit: int = 100) -> list[UnresolvedEffect]:
@@ -92,15 +103,17 @@ async def unresolved(conn: Any, *, limit: int = 100) -> list[UnresolvedEffect]:
     return [UnresolvedEffect.from_record(row) for row in rows]
 
 
-async def _resolve(
-    conn: Any, effect: UnresolvedEffect, answer: Answer, who: str
-) -> repair.EffectResolved | None:
+Resolution = tuple[repair.EffectResolved | None, repair.Repaired | None]
+
+
+async def _resolve(conn: Any, effect: UnresolvedEffect, answer: Answer, who: str) -> Resolution:
+    """One transaction: the resolution and, when it settles the job, the resume."""
     outcome = (
         EffectState.SUCCEEDED if answer.receipt is not None else EffectState.FAILED_BEFORE_DISPATCH
     )
     try:
         async with conn.transaction():
-            return await repair.resolve_effect(
+            done = await repair.resolve_effect(
                 conn,
                 effect.job_id,
                 effect.effect_key,
@@ -109,6 +122,23 @@ async def _resolve(
                 evidence=answer.evidence,
                 receipt=answer.receipt,
             )
+            return done, await _resume_settled(conn, done, answer, who)
+    except RepairRefused:
+        return None, None
+
+
+async def _resume_settled(
+    tx: Any, done: repair.EffectResolved, answer: Answer, who: str
+) -> repair.Repaired | None:
+    """Resume the job if the resolution left it ``unknown`` (resolve_effect requeues it itself
+    when nothing blocks a rerun). A refusal (another effect still unresolved, an open restore)
+    keeps the resolution and leaves the job unknown."""
+    if done.job_state is not JobState.UNKNOWN:
+        return None
+    try:
+        return await repair.resume(
+            tx, done.job_id, who=who, evidence=f"reconciled {done.effect_key}: {answer.evidence}"
+        )
     except RepairRefused:
         return None
 
@@ -123,9 +153,11 @@ async def reconcile(
     limit: int = 100,
 ) -> ReconcileReport:
     """Owns its transactions (one per resolution, on a repair-role connection ``conn``):
-    resolves what the provider answers definitely, leaves the rest, then escalates
-    unresolved effects older than ``escalate_after_s``. Never resolves anything by age."""
+    resolves what the provider answers definitely (resuming a job the resolution leaves
+    ``unknown`` with every outcome known), leaves the rest, then escalates unresolved effects
+    older than ``escalate_after_s``. Never resolves anything by age."""
     resolved: list[repair.EffectResolved] = []
+    resumed: list[repair.Repaired] = []
     left: list[tuple[UnresolvedEffect, Left]] = []
     for effect in await unresolved(conn, limit=limit):
         if lookup is None:
@@ -139,11 +171,13 @@ async def reconcile(
         if answer.receipt is None and effect.age_s < settle_s:
             left.append((effect, Left.SETTLING))
             continue
-        done = await _resolve(conn, effect, answer, who)
+        done, resumed_job = await _resolve(conn, effect, answer, who)
         if done is None:
             left.append((effect, Left.REFUSED))
         else:
             resolved.append(done)
+        if resumed_job is not None:
+            resumed.append(resumed_job)
     async with conn.transaction():
         escalated = await repair.escalate(conn, escalate_after_s)
-    return ReconcileReport(tuple(resolved), tuple(left), tuple(escalated))
+    return ReconcileReport(tuple(resolved), tuple(left), tuple(escalated), tuple(resumed))

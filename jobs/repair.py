@@ -152,6 +152,20 @@ async def requeue_poison(tx: Any, job_id: int, *, who: str, evidence: str) -> Re
     return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
 
 
+async def resume(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+    """Runs in the caller's transaction; never commits. An ``unknown`` job whose effects all
+    have a known outcome (e.g. one succeeded, then the reply, the worker or a later step was
+    lost) goes back to ``queued``, resumable for exactly one claim: that run gets each
+    succeeded effect's recorded outcome (``Store.start_effect``) instead of dispatching it
+    again. No automatic loop does this. Raises RepairRefused (running, missing,
+    not_resumable: only ``unknown`` resumes, a canceled job stays canceled;
+    effects_unresolved: resolve them first; restore_unresolved; no_principal; no_evidence)."""
+    require_transaction(tx)
+    row = await tx.fetchrow(repair_sql.RESUME, job_id, who, evidence)
+    _refused(row["status"], job_id=job_id, state=row["job_state"])
+    return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
+
+
 async def advance_epoch(
     tx: Any, ledger: Ledger, tenant: str, *, who: str, evidence: str
 ) -> EpochAdvanced:

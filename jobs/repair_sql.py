@@ -37,6 +37,9 @@ RELEASE_HOLD = "SELECT status, job_state, audit_id FROM jobs.repair_release_hold
 # Requeue poison job $1 as principal $2 with evidence $3.
 REQUEUE_POISON = "SELECT status, job_state, audit_id FROM jobs.repair_requeue_poison($1, $2, $3)"
 
+# Resume unknown job $1 (every effect outcome known) as principal $2 with evidence $3.
+RESUME = "SELECT status, job_state, audit_id FROM jobs.repair_resume($1, $2, $3)"
+
 # Advance tenant $1's epoch to $2, past ledger epoch $3, as principal $4 with evidence $5.
 ADVANCE_EPOCH = "SELECT status, epoch, audit_id FROM jobs.repair_advance_epoch($1, $2, $3, $4, $5)"
 

@@ -35,9 +35,10 @@ RECORD_RESULT = "SELECT jobs.record_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $
 # Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
 FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 
-# Record effect $9 pending with intent digest $10 before dispatch (fenced).
+# Record effect $9 pending with intent digest $10 before dispatch (fenced); or, for a key that
+# succeeded in an earlier attempt (a resumed job), its recorded seq and receipt ('recorded').
 BEGIN_EFFECT = (
-    "SELECT status, seq, recorded_digest"
+    "SELECT status, seq, recorded_digest, receipt"
     " FROM jobs.begin_effect($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 )
 
@@ -62,7 +63,7 @@ TENANT = "SELECT tenant, epoch, frozen FROM jobs.tenants WHERE tenant = $1"
 # One job, for operators.
 JOB = (
     "SELECT job_id, tenant, workflow, operation_id, state, generation, attempts, max_attempts,"
-    " last_error FROM jobs.jobs WHERE job_id = $1"
+    " last_error, resumed_generation FROM jobs.jobs WHERE job_id = $1"
 )
 
 # Every effect record of one job, in begin order.

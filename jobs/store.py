@@ -34,6 +34,7 @@ from jobs.errors import (
 from jobs.models import (
     Cancellation,
     Effect,
+    EffectStart,
     EffectState,
     Health,
     JobState,
@@ -221,14 +222,34 @@ class Store:
 
     async def begin_effect(self, lease: Lease, key: str, intent_digest: str) -> int:
         """Fenced: records effect ``key`` as pending before dispatch; returns its record's
-        seq. Only a recorded failed_before_dispatch lets the same key begin again."""
+        seq. Only a recorded failed_before_dispatch lets the same key begin again; a key that
+        succeeded (in this attempt or an earlier one) raises EffectAlreadyBegun — use
+        ``start_effect`` to get an earlier attempt's recorded outcome instead."""
+        start = await self.start_effect(lease, key, intent_digest)
+        if start.reused:
+            raise EffectAlreadyBegun(
+                state=str(EffectState.SUCCEEDED),
+                job_id=lease.job_id,
+                effect_key=key,
+                seq=start.seq,
+                receipt=start.receipt,
+            )
+        return start.seq
+
+    async def start_effect(self, lease: Lease, key: str, intent_digest: str) -> EffectStart:
+        """Fenced: begins effect ``key`` (a new pending record, before dispatch), or, when the
+        key succeeded in an earlier attempt of this job (a run the repair role resumed),
+        returns that record's seq and receipt with ``reused=True``: never dispatch it again.
+        Raises like ``begin_effect`` otherwise (EffectAlreadyBegun for pending, unknown, or
+        succeeded in this very attempt; EffectConflict for another intent; FenceLost; ...)."""
         async with self._connection() as conn:
             row = await conn.fetchrow(sql.BEGIN_EFFECT, *lease.fence_args(), key, intent_digest)
         status = row["status"]
         ids: dict[str, Any] = {"job_id": lease.job_id, "effect_key": key}
         if status is None:
-            seq: int = row["seq"]
-            return seq
+            return EffectStart(row["seq"])
+        if status == "recorded":
+            return EffectStart(row["seq"], reused=True, receipt=row["receipt"])
         if status == "effects_disabled":
             raise EffectsDisabled(workflow=lease.workflow, **ids)
         if status.startswith("already_"):

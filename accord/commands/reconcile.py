@@ -4,7 +4,10 @@ Runs as the repair role (see `accord repair`). For each effect needing reconcili
 asks the provider for the receipt of the effect's idempotency key (the same key the runner
 sent: jobs.runner.effects.idempotency_key). A receipt resolves it to ``succeeded``; a
 definite "never seen", for an effect older than ``reconcile_settle_s``, resolves it to
-``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. With an
+``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. A
+resolution that leaves the job with every effect outcome known (one succeeded) also resumes
+it (`accord repair resume`, audited, the provider's answer as evidence): its next run reuses
+the recorded receipt and publishes. With an
 empty provider URL (``--provider-url ''`` or ``ACCORD_PROVIDER_URL=``) there is no lookup: a
 person resolves with `accord repair resolve-effect`. Either way, effects unresolved for longer than
 ``effect_escalate_after_s`` are escalated, never resolved by time.
@@ -100,12 +103,14 @@ async def _main(args: argparse.Namespace, settings: Settings) -> int:
             f"resolved job={done.job_id} key={done.effect_key} seq={done.seq}"
             f" outcome={done.outcome} job_state={done.job_state} audit={done.audit_id}"
         )
+    for job in report.resumed:
+        print(f"resumed job={job.job_id} state={job.state} audit={job.audit_id}")
     for effect, why in report.left:
         print(f"left job={effect.job_id} key={effect.effect_key} seq={effect.seq} why={why}")
     for e in report.escalated:
         print(f"escalated job={e.job_id} key={e.effect_key} seq={e.seq} age_s={e.age_s:.0f}")
     print(
-        f"reconcile: resolved={len(report.resolved)} left={len(report.left)}"
-        f" escalated={len(report.escalated)}"
+        f"reconcile: resolved={len(report.resolved)} resumed={len(report.resumed)}"
+        f" left={len(report.left)} escalated={len(report.escalated)}"
     )
     return 0

@@ -3,12 +3,14 @@
 Every subcommand connects to ``repair_pg_dsn`` (default ``pg_dsn``) with ``role`` set to
 ``repair_role`` (``accord_repair``) at connection start, so even an owner DSN runs with the
 repair principal's narrow rights: it can resolve an effect with evidence, release a hold,
-requeue poison and advance an epoch past the ledger, each audited, and nothing else.
+requeue poison, resume an ``unknown`` job whose effects are all resolved, and advance an
+epoch past the ledger, each audited, and nothing else.
 
     accord repair resolve-effect --job J --key K --outcome succeeded|failed_before_dispatch \\
         --evidence REF --who NAME [--receipt R]
     accord repair release-hold --job J --evidence REF --who NAME
     accord repair requeue-poison --job J --evidence REF --who NAME
+    accord repair resume --job J --evidence REF --who NAME   (unknown, every effect resolved)
     accord repair advance-epoch --tenant T --evidence REF --who NAME
     accord repair restore-check          (exit 1 while a detected restore is open)
     accord repair audit (--job J | --tenant T)
@@ -79,6 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
         ("release-hold", "release a held job (after its tenant's epoch was advanced)"),
         ("requeue-poison", "requeue a poison job with a fresh attempt budget"),
+        (
+            "resume",
+            "requeue an unknown job whose effects are all resolved; its next run reuses each"
+            " succeeded effect's recorded receipt instead of calling again",
+        ),
     ):
         op = ops.add_parser(name, help=text)
         op.add_argument("--job", type=int, required=True)
@@ -146,6 +153,15 @@ async def _requeue(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _resume(args: argparse.Namespace, settings: Settings) -> int:
+    async def work(tx: Any) -> repair.Repaired:
+        return await repair.resume(tx, args.job, who=args.who, evidence=args.evidence)
+
+    done: repair.Repaired = await _in_transaction(settings, work)
+    print(f"resumed job={done.job_id} state={done.state} audit={done.audit_id}")
+    return 0
+
+
 async def _advance(args: argparse.Namespace, settings: Settings) -> int:
     ledger = ledger_from_settings(settings)
 
@@ -198,6 +214,7 @@ _OPS: dict[str, Callable[[argparse.Namespace, Settings], Awaitable[int]]] = {
     "resolve-effect": _resolve,
     "release-hold": _release,
     "requeue-poison": _requeue,
+    "resume": _resume,
     "advance-epoch": _advance,
     "restore-check": _restore_check,
     "audit": _audit,

@@ -42,6 +42,7 @@ class WaitReason(StrEnum):
     UNREGISTERED_WORKFLOW = "unregistered_workflow"
     EFFECTS_DISABLED = "effects_disabled"
     UNRESOLVED_EFFECT = "unresolved_effect"
+    AWAITING_RESUME = "awaiting_resume"  # unknown, every effect known: `accord repair resume`
     BLOCKED_BY_EFFECT = "blocked_by_effect"
     BACKOFF = "backoff"
     LEASE_EXPIRED = "lease_expired"
@@ -60,6 +61,7 @@ _CATEGORY = {
     WaitReason.UNREGISTERED_WORKFLOW: WaitCategory.INVALID_CONFIGURATION,
     WaitReason.EFFECTS_DISABLED: WaitCategory.INVALID_CONFIGURATION,
     WaitReason.UNRESOLVED_EFFECT: WaitCategory.AWAITING_RECONCILIATION,
+    WaitReason.AWAITING_RESUME: WaitCategory.AWAITING_RECONCILIATION,
     WaitReason.BLOCKED_BY_EFFECT: WaitCategory.AWAITING_RECONCILIATION,
     WaitReason.BACKOFF: WaitCategory.SCHEDULED_RETRY,
     WaitReason.LEASE_EXPIRED: WaitCategory.AWAITING_RESCUE,

@@ -39,6 +39,8 @@ WITH live AS (
 ), classified AS (
     SELECT j.state, j.tenant, j.workflow, j.created_at, CASE
         WHEN j.state = 'held' THEN 'held'
+        -- unknown with every effect outcome known (one succeeded): only a repair resumes it
+        WHEN j.state = 'unknown' AND u.job_id IS NULL THEN 'awaiting_resume'
         WHEN j.state = 'unknown' THEN 'unresolved_effect'
         WHEN j.state IN ('canceled', 'failed', 'poison') THEN 'unresolved_effect'
         WHEN j.state = 'running' AND j.epoch IS DISTINCT FROM t.epoch THEN 'epoch_rotated'
@@ -48,8 +50,10 @@ WITH live AS (
         WHEN w.workflow IS NULL THEN 'unregistered_workflow'
         WHEN t.frozen THEN 'tenant_frozen'
         WHEN u.job_id IS NOT NULL THEN 'unresolved_effect'
-        WHEN EXISTS (SELECT 1 FROM jobs.effects e
-                     WHERE e.job_id = j.job_id AND e.state = 'succeeded') THEN 'blocked_by_effect'
+        WHEN j.resumed_generation IS DISTINCT FROM j.generation
+             AND EXISTS (SELECT 1 FROM jobs.effects e
+                         WHERE e.job_id = j.job_id AND e.state = 'succeeded')
+            THEN 'blocked_by_effect'
         WHEN NOT w.effects_enabled AND j.last_error = 'effects_disabled' THEN 'effects_disabled'
         WHEN j.run_after > now() THEN 'backoff'
         WHEN l.leases IS NULL THEN 'no_live_worker'

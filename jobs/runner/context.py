@@ -6,7 +6,9 @@ can compute whatever it likes and still change nothing. An effect is recorded ``
 (fenced) and journaled (fsynced) *before* its call is dispatched; the call itself runs
 outside any transaction, under the handler's deadline; its outcome is then recorded even
 when the handler is being cancelled. If recording the outcome fails, the pending row is
-the evidence and keeps blocking a redispatch.
+the evidence and keeps blocking a redispatch. In a run the repair role resumed, a key that
+succeeded in an earlier attempt is never dispatched again: its recorded receipt is returned
+(and journaled as reused).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class EffectTrail:
     """What this attempt did with its effects (process-local; the database is the truth)."""
 
     begun: list[EffectRef] = field(default_factory=list)
+    # Effects an earlier attempt recorded succeeded, whose outcome this attempt reused.
+    reused: list[EffectRef] = field(default_factory=list)
     # Effects this attempt left pending (outcome not recorded) or recorded unknown.
     unresolved: dict[EffectRef, EffectState] = field(default_factory=dict)
 
@@ -120,16 +124,21 @@ class JobContext:
     ) -> Success:
         """Fenced begin → journal → ``call()`` outside any transaction → recorded outcome.
 
-        Returns the Success. Raises FenceLost / EffectAlreadyBegun / EffectConflict /
-        EffectsDisabled before dispatch (nothing was called); FailedBeforeDispatch (recorded:
-        the same key and intent may begin again); EffectUnknown (recorded unknown, or left
-        pending: never redo it); or the cancellation that interrupted the call (recorded
-        unknown first).
+        Returns the Success. If an earlier attempt of this job recorded ``key`` succeeded (a
+        run the repair role resumed), ``call`` is not called: the recorded receipt comes back
+        as the Success, journaled as reused. Raises FenceLost / EffectAlreadyBegun /
+        EffectConflict / EffectsDisabled before dispatch (nothing was called);
+        FailedBeforeDispatch (recorded: the same key and intent may begin again);
+        EffectUnknown (recorded unknown, or left pending: never redo it); or the cancellation
+        that interrupted the call (recorded unknown first).
         """
         lease = self._lease
         digest = intent_digest(lease, key, intent)
-        seq = await self._store.begin_effect(lease, key, digest)
-        ref = EffectRef(lease.job_id, key, seq)
+        start = await self._store.start_effect(lease, key, digest)
+        ref = EffectRef(lease.job_id, key, start.seq)
+        if start.reused:
+            return await self._reuse(ref, start.receipt)
+        seq = start.seq
         self.trail.begun.append(ref)
         self.trail.unresolved[ref] = EffectState.PENDING
         try:
@@ -147,6 +156,30 @@ class JobContext:
             await self._record(ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail="journal"))
             raise
         return await self._dispatch(ref, call)
+
+    async def _reuse(self, ref: EffectRef, receipt: str | None) -> Success:
+        """An earlier attempt's recorded success: journal that it was reused, dispatch nothing."""
+        self.trail.reused.append(ref)
+        await self._journal(
+            EffectOutcome(
+                **_claim_fields(self._lease),
+                effect_key=ref.effect_key,
+                seq=ref.seq,
+                outcome=EffectState.SUCCEEDED,
+                receipt=receipt,
+                detail="recorded outcome reused",
+                reused=True,
+            )
+        )
+        log.info(
+            "effect already succeeded in an earlier attempt, not dispatched again:"
+            " job=%s key=%s seq=%s receipt=%s",
+            ref.job_id,
+            ref.effect_key,
+            ref.seq,
+            receipt,
+        )
+        return Success(receipt)
 
     async def _dispatch(self, ref: EffectRef, call: EffectCall) -> Success:
         try:

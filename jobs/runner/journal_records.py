@@ -57,7 +57,9 @@ class EffectBegin(_Record):
 
 
 class EffectOutcome(_Record):
-    """What dispatching the effect returned: a receipt on success, else why not."""
+    """What dispatching the effect returned: a receipt on success, else why not. With
+    ``reused`` the attempt dispatched nothing: ``seq`` names the record an earlier attempt
+    finished ``succeeded`` (a job the repair role resumed), whose receipt this attempt used."""
 
     type: Literal[RecordType.EFFECT_OUTCOME] = RecordType.EFFECT_OUTCOME
     effect_key: str = Field(min_length=1)
@@ -65,6 +67,7 @@ class EffectOutcome(_Record):
     outcome: EffectState
     receipt: str | None = None
     detail: str | None = None
+    reused: bool = False
 
     @field_validator("outcome")
     @classmethod

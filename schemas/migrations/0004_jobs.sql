@@ -52,6 +52,11 @@ CREATE TABLE jobs.jobs (
     max_attempts     integer     NOT NULL DEFAULT 5,
     run_after        timestamptz NOT NULL DEFAULT now(),
     last_error       text,
+    -- Set only by the repair role (jobs.repair_resume, migration 0006): the generation at which
+    -- a person or the reconciler, with evidence, let this job run again although an effect of
+    -- it succeeded. Claim takes such a job only while generation still equals it (the claim
+    -- itself advances the generation, so the permission is used up by one claim).
+    resumed_generation bigint,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT jobs_state_check CHECK (
@@ -160,6 +165,10 @@ END $$;
 -- claim: one statement, SKIP LOCKED, a batch of up to p_limit due jobs of one workflow class
 -- for its registered owner. The workflow row is read FOR KEY SHARE so that an owner transfer
 -- (FOR UPDATE) waits for claims in flight and later claims see the new owner.
+-- Eligible: queued, due, tenant not frozen, no pending or unknown effect, and no succeeded
+-- effect unless the repair role resumed the job (resumed_generation = generation). No
+-- automatic loop sets resumed_generation, so rescue and fail(retry) never rerun a job whose
+-- effect succeeded; a resumed run reuses the recorded outcome (begin_effect 'recorded').
 CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double precision,
                            p_limit integer)
 RETURNS TABLE (job_id bigint, tenant text, workflow text, operation_id text, owner text,
@@ -178,7 +187,10 @@ LANGUAGE sql AS $$
           AND EXISTS (SELECT 1 FROM registered)
           AND NOT EXISTS (
               SELECT 1 FROM jobs.effects e
-              WHERE e.job_id = j.job_id AND e.state IN ('pending', 'succeeded', 'unknown'))
+              WHERE e.job_id = j.job_id
+                AND (e.state IN ('pending', 'unknown')
+                     OR (e.state = 'succeeded'
+                         AND j.resumed_generation IS DISTINCT FROM j.generation)))
         ORDER BY j.run_after, j.job_id
         LIMIT p_limit
         FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -251,7 +263,9 @@ BEGIN
     RETURN QUERY SELECT CASE WHEN v_until IS NULL THEN 'row_count' END, v_until;
 END $$;
 
--- Does this job have an effect that forbids running it again? (pending, succeeded, unknown)
+-- Does this job have an effect that forbids running it again automatically? (pending,
+-- succeeded, unknown; only the repair role's jobs.repair_resume lets a job whose effects all
+-- finished, one of them succeeded, run again, and that run reuses the recorded outcome.)
 CREATE FUNCTION jobs.blocking_effects(p_job_id bigint) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM jobs.effects e
@@ -400,12 +414,15 @@ BEGIN
 END $$;
 
 -- begin_effect: record `pending` before dispatch (fenced). Status: NULL = begun;
--- 'effects_disabled'; 'already_<state>' (latest record not failed_before_dispatch);
+-- 'recorded' = the key's latest record *succeeded in an earlier attempt* (a job resumed by
+-- repair runs again): nothing is begun, the caller must not dispatch and gets that record's
+-- seq and receipt instead; 'effects_disabled'; 'already_<state>' (latest record not
+-- failed_before_dispatch, e.g. pending, unknown, or succeeded in this very attempt);
 -- 'intent_conflict' (with the recorded digest); or a fence reason.
 CREATE FUNCTION jobs.begin_effect(
     p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text,
     p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_key text, p_intent_digest text
-) RETURNS TABLE (status text, seq integer, recorded_digest text)
+) RETURNS TABLE (status text, seq integer, recorded_digest text, receipt text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -416,22 +433,32 @@ BEGIN
     v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
                            p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
-        RETURN QUERY SELECT v_reason, NULL::integer, NULL::text;
+        RETURN QUERY SELECT v_reason, NULL::integer, NULL::text, NULL::text;
         RETURN;
     END IF;
     SELECT w.effects_enabled INTO v_enabled FROM jobs.workflows w WHERE w.workflow = p_workflow;
     IF v_enabled IS NOT TRUE THEN
-        RETURN QUERY SELECT 'effects_disabled'::text, NULL::integer, NULL::text;
+        RETURN QUERY SELECT 'effects_disabled'::text, NULL::integer, NULL::text, NULL::text;
         RETURN;
     END IF;
     SELECT * INTO v_last FROM jobs.effects e
     WHERE e.job_id = p_job_id AND e.effect_key = p_key ORDER BY e.seq DESC LIMIT 1;
+    IF FOUND AND v_last.state = 'succeeded' AND v_last.attempt_id <> p_attempt_id THEN
+        -- Done in an earlier attempt (only a resumed job runs again after that): reuse the
+        -- recorded outcome, never dispatch again; a changed intent is a conflict.
+        RETURN QUERY SELECT CASE WHEN v_last.intent_digest = p_intent_digest THEN 'recorded'
+                                 ELSE 'intent_conflict' END,
+                            v_last.seq, v_last.intent_digest, v_last.receipt;
+        RETURN;
+    END IF;
     IF FOUND AND v_last.state <> 'failed_before_dispatch' THEN
-        RETURN QUERY SELECT 'already_' || v_last.state, v_last.seq, v_last.intent_digest;
+        RETURN QUERY SELECT 'already_' || v_last.state, v_last.seq, v_last.intent_digest,
+                            NULL::text;
         RETURN;
     END IF;
     IF FOUND AND v_last.intent_digest <> p_intent_digest THEN
-        RETURN QUERY SELECT 'intent_conflict'::text, v_last.seq, v_last.intent_digest;
+        RETURN QUERY SELECT 'intent_conflict'::text, v_last.seq, v_last.intent_digest,
+                            NULL::text;
         RETURN;
     END IF;
     RETURN QUERY
@@ -439,7 +466,7 @@ BEGIN
                                        attempt_id, generation)
         VALUES (p_tenant, p_job_id, p_key, coalesce(v_last.seq, 0) + 1, p_intent_digest,
                 'pending', p_attempt_id, p_generation)
-        RETURNING NULL::text, e.seq, e.intent_digest;
+        RETURNING NULL::text, e.seq, e.intent_digest, NULL::text;
 END $$;
 
 -- finish_effect: record the outcome of this attempt's pending record (fenced).

@@ -59,7 +59,8 @@ CREATE TABLE jobs.repair_audit (
     evidence   text        NOT NULL CHECK (evidence <> ''),
     detail     jsonb       NOT NULL DEFAULT '{}'::jsonb,
     CONSTRAINT repair_audit_action_check CHECK (
-        action IN ('resolve_effect', 'release_hold', 'requeue_poison', 'advance_epoch')
+        action IN ('resolve_effect', 'release_hold', 'requeue_poison', 'resume',
+                   'advance_epoch')
     )
 );
 CREATE INDEX repair_audit_job_idx ON jobs.repair_audit (job_id) WHERE job_id IS NOT NULL;
@@ -387,6 +388,57 @@ BEGIN
                                                              'last_error', j.last_error));
 END $$;
 
+-- Resume an `unknown` job whose effects all have a known outcome (typically one succeeded:
+-- the provider accepted, then the reply or the worker was lost, or the handler failed after
+-- the effect). No automatic loop reruns such a job; this repair, with evidence, puts it back
+-- to queued and marks this generation resumable (resumed_generation), which lets one claim
+-- take it. That run's begin_effect returns each succeeded record ('recorded') instead of
+-- dispatching again, so the handler reaches its publish without a second request.
+-- Refused: running (leased); not_resumable (any state but unknown: a canceled job stays
+-- canceled, since cancel withdrew its authority to run, and failed/poison/held/succeeded have
+-- their own meaning or repair); effects_unresolved (a pending or unknown effect: resolve it
+-- first); restore_unresolved (the tenant's detected restore is open).
+CREATE FUNCTION jobs.repair_resume(p_job_id bigint, p_who text, p_evidence text)
+RETURNS TABLE (status text, job_state text, audit_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    j jobs.jobs%ROWTYPE;
+    v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+BEGIN
+    IF v_refusal IS NULL THEN
+        SELECT * INTO j FROM jobs.jobs x WHERE x.job_id = p_job_id FOR UPDATE;
+        v_refusal := CASE
+            WHEN j.job_id IS NULL THEN 'missing'
+            WHEN j.state = 'running' THEN 'running'
+            WHEN j.state <> 'unknown' THEN 'not_resumable'
+            WHEN jobs.unresolved_effects(p_job_id) THEN 'effects_unresolved'
+            WHEN EXISTS (SELECT 1 FROM jobs.authority_restores r
+                         WHERE r.tenant = j.tenant AND r.resolved_at IS NULL)
+                THEN 'restore_unresolved'
+        END;
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT v_refusal, j.state, NULL::bigint;
+        RETURN;
+    END IF;
+    UPDATE jobs.jobs x
+    SET state = 'queued', generation = x.generation + 1, resumed_generation = x.generation + 1,
+        run_after = now(), updated_at = now()
+    WHERE x.job_id = p_job_id;
+    RETURN QUERY SELECT NULL::text, 'queued'::text,
+        jobs.repair_audit_row(
+            'resume', p_who, j.tenant, p_job_id, NULL, NULL, 'queued', p_evidence,
+            jsonb_build_object(
+                'from', j.state, 'generation', j.generation + 1, 'attempts', j.attempts,
+                'last_error', j.last_error,
+                'succeeded_effects', (SELECT coalesce(jsonb_agg(jsonb_build_array(
+                                                 e.effect_key, e.seq, e.receipt)
+                                             ORDER BY e.effect_key, e.seq), '[]'::jsonb)
+                                      FROM jobs.effects e
+                                      WHERE e.job_id = p_job_id AND e.state = 'succeeded')));
+END $$;
+
 -- Advance the tenant's epoch to p_new_epoch, past both its epoch and the ledger's
 -- (p_ledger_epoch, read by the caller, who wrote p_new_epoch to the ledger first), lift the
 -- freeze and resolve the open restore detection. Held work stays held (release it per job).
@@ -488,6 +540,7 @@ GRANT EXECUTE ON FUNCTION
     jobs.repair_resolve_effect(bigint, text, text, text, text, text),
     jobs.repair_release_hold(bigint, text, text),
     jobs.repair_requeue_poison(bigint, text, text),
+    jobs.repair_resume(bigint, text, text),
     jobs.repair_advance_epoch(text, bigint, bigint, text, text),
     jobs.repair_escalate(double precision, integer)
 TO accord_repair;

@@ -103,6 +103,14 @@ CREATE FUNCTION spec.finish_effect(h text, k text, o text) RETURNS text LANGUAGE
     FROM spec.leases l WHERE l.holder = h
 $$;
 
+-- Give h's job up (jobs.fail, retry, no backoff): its new state or the refusal.
+CREATE FUNCTION spec.fail(h text) RETURNS text LANGUAGE sql AS $$
+    SELECT coalesce(r.status, r.state) FROM spec.leases l,
+        jobs.fail(l.job_id, l.tenant, l.workflow, l.operation_id, l.owner, l.attempt_id,
+                  l.generation, l.epoch, 'gave up', true, 0, 0) r
+    WHERE l.holder = h
+$$;
+
 -- Make job j's lease expired without sleeping (as the Python tests do).
 CREATE FUNCTION spec.expire(j bigint) RETURNS integer LANGUAGE sql AS $$
     WITH u AS (

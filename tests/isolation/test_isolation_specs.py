@@ -65,6 +65,7 @@ def test_every_spec_has_expected_output() -> None:
         "renew_vs_reclaim",
         "finish_effect_vs_claim",
         "rescue_vs_completion",
+        "resume_vs_claim",
     }
     if not BLESS:
         missing = [s.stem for s in SPECS if not (HERE / "expected" / f"{s.stem}.out").is_file()]

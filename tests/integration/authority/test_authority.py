@@ -46,7 +46,7 @@ async def test_repair_audit_actions_match_the_check(pg: asyncpg.Connection) -> N
         " WHERE conname = 'repair_audit_action_check'"
     )
     assert set(re.findall(r"'([a-z_]+)'::text", definition)) == {
-        "resolve_effect", "release_hold", "requeue_poison", "advance_epoch",
+        "resolve_effect", "release_hold", "requeue_poison", "resume", "advance_epoch",
     }  # fmt: skip
 
 

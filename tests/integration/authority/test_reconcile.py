@@ -72,6 +72,10 @@ async def test_the_provider_receipt_decides(
         assert [(r.job_id, r.outcome) for r in settling.resolved] == [
             (accepted.job_id, EffectState.SUCCEEDED)
         ]
+        # nothing of that job is unresolved any more: resumed in the same transaction
+        assert [(r.job_id, r.state) for r in settling.resumed] == [
+            (accepted.job_id, JobState.QUEUED)
+        ]
         assert [(e.job_id, why) for e, why in settling.left] == [(unseen.job_id, Left.SETTLING)]
         report = await reconcile.reconcile(
             conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=0
@@ -79,24 +83,32 @@ async def test_the_provider_receipt_decides(
         assert [(r.job_id, r.outcome, r.job_state) for r in report.resolved] == [
             (unseen.job_id, EffectState.FAILED_BEFORE_DISPATCH, JobState.QUEUED)
         ]
-        assert report.escalated == ()
+        assert report.escalated == () and report.resumed == ()  # requeued by the resolution
         trail = await audit(conn, job_id=accepted.job_id) + await audit(conn, job_id=unseen.job_id)
     receipt = (await provider.lookup(idempotency_key(accepted, KEY))).receipt_id  # type: ignore[union-attr]
     assert [(a.action, a.who, a.outcome) for a in trail] == [
         ("resolve_effect", "reconciler", "succeeded"),
+        ("resume", "reconciler", "queued"),
         ("resolve_effect", "reconciler", "failed_before_dispatch"),
     ]
-    assert receipt in trail[0].evidence and "never accepted" in trail[1].evidence
+    assert receipt in trail[0].evidence and receipt in trail[1].evidence
+    assert "never accepted" in trail[2].evidence
     view = await p.store.job(accepted.job_id)
     assert view.effects[0].receipt == receipt and not view.needs_reconciliation
+    both = {lease.job_id: lease for lease in await p.claim(limit=2)}
+    assert set(both) == {accepted.job_id, unseen.job_id}
+    # the accepted one runs again without a second request: the recorded receipt comes back
+    resumed = await p.store.start_effect(both[accepted.job_id], KEY, "intent")
+    assert (resumed.reused, resumed.seq, resumed.receipt) == (True, 1, receipt)
+    await p.store.publish(both[accepted.job_id])
     # the one the provider never saw may run again: same key, a new record, same provider key
-    again = await p.claim_one()
-    assert again.job_id == unseen.job_id
+    again = both[unseen.job_id]
     assert await p.store.begin_effect(again, KEY, "intent") == 2
     made = await provider.create_report(idempotency_key(again, KEY), BODY)
     await p.store.finish_effect(again, KEY, EffectState.SUCCEEDED, receipt=made.receipt_id)
     await p.store.publish(again)
     assert (await provider.stats())["accepted"] == 2  # one each, no duplicate
+    assert {await p.state(j) for j in both} == {"succeeded"}
 
 
 async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_path: Path) -> None:
@@ -129,7 +141,7 @@ async def test_without_a_lookup_it_stays_unknown_and_escalates_by_age(
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr
     assert f"escalated job={lease.job_id} key={KEY} seq=1" in out
-    assert "resolved=0 left=1 escalated=1" in out
+    assert "resolved=0 resumed=0 left=1 escalated=1" in out
     async with p.repair.acquire() as conn:
         [row] = await conn.fetch("SELECT state, escalated_at FROM jobs.reconciliation")
         assert row["state"] == "unknown" and row["escalated_at"] is not None

@@ -1,12 +1,13 @@
 """A hypothesis state machine drives the store on real PostgreSQL through random
 interleavings of submit, claim, renew, begin/finish effect, publish, fail, expire, rescue,
-cancel, rotate and freeze, against a small reference model.
+cancel, rotate, freeze and the repair role's resume, against a small reference model.
 
 Checked after every step: the database agrees with the model (state, generation, attempts,
 effect records); at most one lease per job passes the real fence, and it is the model's
 current one (no double ownership); a result row exists only for a publish the model accepted
 (no publish without the fence); every effect key has at most one record that is not
-failed_before_dispatch, and only such a record was ever followed by another begin.
+failed_before_dispatch, and only such a record was ever followed by another begin; a key
+that succeeded is never begun again (a resumed run gets its recorded outcome back).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from jobs import (
     EffectsUnresolved,
     FenceLost,
     Lease,
+    RepairRefused,
     Store,
     submit,
 )
+from jobs.repair import resume
 from tests.support import scaled
 
 T = TypeVar("T")
@@ -62,6 +65,7 @@ class MJob:
     # key -> [(state, attempt_id)] in begin order
     effects: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     published_by: Any = None
+    resumable: bool = False  # resumed by repair, not claimed since (resumed_generation)
 
     def effect_states(self) -> set[str]:
         return {s for records in self.effects.values() for s, _ in records}
@@ -179,7 +183,8 @@ class Machine(RuleBasedStateMachine):
             for j in self.jobs.values()
             if j.state == "queued"
             and not self.frozen[j.tenant]
-            and not j.effect_states() & BLOCKING
+            and not j.effect_states() & UNRESOLVED
+            and (j.resumable or "succeeded" not in j.effect_states())
         }
         got = self.run(self.store.claim(WORKFLOW, OWNER, lease_s=60, limit=limit))
         assert {le.job_id for le in got} <= eligible
@@ -191,7 +196,7 @@ class Machine(RuleBasedStateMachine):
                 job.generation + 1,
                 job.attempts + 1,
             )
-            job.lease, job.expired = lease, False
+            job.lease, job.expired, job.resumable = lease, False, False
             assert lease.generation == job.generation and lease.epoch == self.epoch[job.tenant]
         self.issued.extend(got)
 
@@ -207,17 +212,24 @@ class Machine(RuleBasedStateMachine):
     @rule(pick=PICK, key=st.sampled_from(KEYS))
     def begin_effect(self, pick: tuple[bool, int], key: str) -> None:
         lease = self.lease(pick)
-        if lease is None:
-            return
-        ok, call = self.expect_fence(lease, self.store.begin_effect(lease, key, f"i-{key}"))
+        if lease is not None:
+            self.begin_with(lease, key)
+
+    def begin_with(self, lease: Lease, key: str) -> None:
+        ok, call = self.expect_fence(lease, self.store.start_effect(lease, key, f"i-{key}"))
         if not ok:
             return
         records = self.by_id(lease.job_id).effects.setdefault(key, [])
+        if records and records[-1][0] == "succeeded" and records[-1][1] != lease.attempt_id:
+            start = self.run(call)  # an earlier attempt's success: reused, nothing begun
+            assert (start.reused, start.seq) == (True, len(records))
+            return
         if records and records[-1][0] != "failed_before_dispatch":
             with pytest.raises(EffectAlreadyBegun):
                 self.run(call)
             return
-        assert self.run(call) == len(records) + 1
+        start = self.run(call)
+        assert (start.reused, start.seq) == (False, len(records) + 1)
         records.append(("pending", lease.attempt_id))
 
     @rule(
@@ -227,8 +239,10 @@ class Machine(RuleBasedStateMachine):
     )
     def finish_effect(self, pick: tuple[bool, int], key: str, outcome: str) -> None:
         lease = self.lease(pick)
-        if lease is None:
-            return
+        if lease is not None:
+            self.finish_with(lease, key, outcome)
+
+    def finish_with(self, lease: Lease, key: str, outcome: str) -> None:
         call = self.store.finish_effect(lease, key, EffectState(outcome))
         ok, call = self.expect_fence(lease, call)
         if not ok:
@@ -288,8 +302,10 @@ class Machine(RuleBasedStateMachine):
     @rule(pick=PICK, retry=st.booleans())
     def fail(self, pick: tuple[bool, int], retry: bool) -> None:
         lease = self.lease(pick)
-        if lease is None:
-            return
+        if lease is not None:
+            self.fail_with(lease, retry)
+
+    def fail_with(self, lease: Lease, retry: bool) -> None:
         ok, call = self.expect_fence(lease, self.store.fail(lease, "boom", retry=retry))
         if ok:
             state = self.run(call)
@@ -331,13 +347,68 @@ class Machine(RuleBasedStateMachine):
         done = self.run(self.store.cancel(job.job_id, reason="test"))
         assert done.changed == (job.state in ("queued", "running"))
         if done.changed:
-            job.state, job.generation, job.lease, job.expired = (
+            job.state, job.generation, job.lease, job.expired, job.resumable = (
                 "canceled",
                 job.generation + 1,
                 None,
                 False,
+                False,
             )
         assert done.unresolved_effects == bool(job.effect_states() & UNRESOLVED)
+
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        op=st.sampled_from(OPS),
+        key=st.sampled_from(KEYS),
+        outcome=st.sampled_from(["succeeded", "succeeded", "failed_before_dispatch", "unknown"]),
+        retry=st.booleans(),
+    )
+    def effect_then_give_up(
+        self, tenant: str, op: str, key: str, outcome: str, retry: bool
+    ) -> None:
+        """A common story as one step (the single rules rarely line it up): submit, claim a
+        job, run an effect to ``outcome``, and give the job up; the other rules then meet jobs
+        that are unknown with every outcome known (resumable) or with one unresolved."""
+        self.submit(tenant, op)
+        before = len(self.issued)
+        self.claim(1)
+        if len(self.issued) == before:
+            return
+        lease = self.issued[-1]
+        self.begin_with(lease, key)
+        self.finish_with(lease, key, outcome)
+        self.fail_with(lease, retry)
+
+    @rule(pick=PICK)
+    def resume(self, pick: tuple[bool, int]) -> None:
+        """The repair role resumes an unknown job whose effect outcomes are all known (mostly
+        picked among unknown jobs, sometimes any job, to see the refusals)."""
+        unknown, i = pick
+        jobs = [j for j in self.jobs.values() if j.state == "unknown"] if unknown else []
+        jobs = jobs or list(self.jobs.values())
+        if not jobs:
+            return
+        job = jobs[i % len(jobs)]
+        if job.state == "running":
+            expected: str | None = "running"
+        elif job.state != "unknown":
+            expected = "not_resumable"
+        elif job.effect_states() & UNRESOLVED:
+            expected = "effects_unresolved"
+        else:
+            expected = None
+
+        async def go() -> Any:
+            async with self.pool.acquire() as conn, conn.transaction():
+                return await resume(conn, job.job_id, who="sm", evidence="model")
+
+        if expected is not None:
+            with pytest.raises(RepairRefused) as info:
+                self.run(go())
+            assert info.value.reason == expected
+            return
+        self.run(go())
+        job.state, job.generation, job.resumable = "queued", job.generation + 1, True
 
     @rule(tenant=st.sampled_from(TENANTS))
     def rotate(self, tenant: str) -> None:
@@ -363,11 +434,13 @@ class Machine(RuleBasedStateMachine):
     def database_agrees_with_the_model(self) -> None:
         rows = self.run(
             self.pool.fetch(
-                "SELECT job_id, state, generation, attempts FROM jobs.jobs ORDER BY job_id"
+                "SELECT job_id, state, generation, attempts,"
+                " resumed_generation IS NOT DISTINCT FROM generation AS resumable"
+                " FROM jobs.jobs ORDER BY job_id"
             )
         )
         assert [tuple(r) for r in rows] == sorted(
-            (j.job_id, j.state, j.generation, j.attempts) for j in self.jobs.values()
+            (j.job_id, j.state, j.generation, j.attempts, j.resumable) for j in self.jobs.values()
         )
         effects = self.run(
             self.pool.fetch(

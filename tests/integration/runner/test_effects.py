@@ -1,9 +1,13 @@
 """Effects through the worker, with the provider's own evidence as the oracle: a lost reply
-stays unknown for good, a cancel keeps and reports the effect, only an explicit
+stays unknown until reconciled (then the job resumes and publishes with the recorded receipt,
+never a second request), a cancel keeps and reports the effect, only an explicit
 FailedBeforeDispatch lets the same key begin again."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,6 +16,7 @@ import pytest
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.provider import Fault, ProviderAmbiguous, ProviderRefused
 from jobs import EffectAlreadyBegun, EffectState, JobState
+from jobs.repair import audit
 from jobs.runner import (
     EffectRef,
     EffectUnknown,
@@ -68,6 +73,60 @@ async def test_lost_provider_reply_is_unknown_never_retried_one_accepted_request
     assert len(accepted) == 1
     assert len(rig.provider.evidence()) == 2  # the control's and this one
     assert list(worker.stats.unresolved) == [(_ref(job_id), EffectState.UNKNOWN)]
+
+
+async def test_lost_reply_reconciled_resumes_and_publishes_without_a_second_request(
+    rig: Rig, tmp_path: Path
+) -> None:
+    rig.provider.set_fault(Fault.DROP_AFTER_ACCEPT, times=1)  # accepted, then the reply is lost
+    job_id = await rig.submit_report("r-lost")
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 30.0)}, rescue_every_s=0.1)
+    async with running(worker):
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+        assert await rig.effects(job_id) == [(EFFECT_KEY, 1, "unknown", None)]
+        [accepted] = rig.provider.evidence()
+        # `accord reconcile` (repair role) asks the provider by idempotency key: a receipt
+        done = await anyio.run_process(
+            [sys.executable, "-m", "accord", "reconcile", "--settle-s", "0"],
+            env={
+                **os.environ,
+                "ACCORD_PG_DSN": rig.pg_dsn,
+                "ACCORD_PROVIDER_URL": rig.provider.url,
+                "ACCORD_LEDGER_PATH": str(tmp_path / "ledger"),
+            },
+            check=False,
+        )
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr
+        assert f"resolved job={job_id} key={EFFECT_KEY} seq=1 outcome=succeeded" in out
+        assert f"resumed job={job_id} state=queued" in out
+        # the same worker, polling, runs it again and publishes
+        await wait_for(_in_state(rig, job_id, JobState.SUCCEEDED))
+    published = await report(rig.pool, "acme", "r-lost")
+    assert published is not None and published.provider_receipt == accepted.receipt_id
+    # exactly one accepted request at the provider, one effect record: never dispatched again
+    assert [e.idempotency_key for e in rig.provider.evidence()] == [accepted.idempotency_key]
+    assert await rig.effects(job_id) == [(EFFECT_KEY, 1, "succeeded", accepted.receipt_id)]
+    row = await rig.job(job_id)
+    assert (row["state"], row["attempts"]) == (JobState.SUCCEEDED, 2)
+    # the journal says the second attempt reused the recorded outcome, and began nothing
+    records = [r for r in scan_journal(rig.journal_path()).records if r["job_id"] == job_id]
+    assert [(r["type"], r.get("reused")) for r in records] == [
+        ("claim", None),
+        ("effect_begin", None),
+        ("effect_outcome", False),  # the lost reply: unknown
+        ("claim", None),
+        ("effect_outcome", True),  # the recorded receipt, reused
+        ("publish", None),
+    ]
+    assert records[4]["receipt"] == accepted.receipt_id and records[4]["seq"] == 1
+    async with rig.pool.acquire() as conn:
+        trail = await audit(conn, job_id=job_id)
+    assert [(a.action, a.who) for a in trail] == [
+        ("resolve_effect", "accord-reconcile"),
+        ("resume", "accord-reconcile"),
+    ]
+    assert accepted.receipt_id in trail[1].evidence
 
 
 async def test_cancel_after_effect_intent_keeps_and_reports_the_effect(rig: Rig) -> None:
