@@ -165,12 +165,15 @@ def render(s: Summary, elapsed: float) -> str:
     if s.waiting:
         lines.append("waiting, with the reason:")
         for w in s.waiting:
-            why = (
-                f"effect outcome unknown ({w['unresolved']}): awaiting reconciliation "
-                "(`accord reconcile`)"
-                if w["unresolved"]
-                else f"{w['state']}: {w['last_error'] or 'no error recorded'}"
-            )
+            if w["unresolved"]:
+                why = (
+                    f"effect outcome unknown ({w['unresolved']}): awaiting reconciliation "
+                    "(`accord reconcile`)"
+                )
+            elif w["state"] == "unknown":
+                why = "effects resolved, result unpublished: awaiting `accord repair resume`"
+            else:
+                why = f"{w['state']}: {w['last_error'] or 'no error recorded'}"
             lines.append(f"  job {w['job_id']} {w['tenant']} {w['operation_id']}: {why}")
     verdict = "adds up" if s.adds_up else "DOES NOT add up"
     lines.append(
