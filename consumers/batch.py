@@ -6,6 +6,15 @@ redelivery, which the inbox turns into an acknowledged duplicate. Every message 
 batch is its own inbox decision: the fast path applies the whole batch in one
 transaction; if anything in it fails, the batch is rolled back and applied again with a
 savepoint per message, so a failing message rolls back only itself.
+
+Settling: the failed messages one by one (requeue, or poison record then reject), then
+one cumulative ack (``multiple``) for the applied ones. The runtime guarantees that a
+batch holds the oldest unsettled deliveries of its channel (one channel per worker, taken
+in order), so that ack covers exactly this batch. One settle command per batch rather
+than one per message matters on RabbitMQ: a channel's quorum-queue client buffers settles
+beyond ``quorum_commands_soft_limit`` (32) unsent, and drops that buffer when the channel
+closes (rabbitmq-server#10327). Individual acks of a drained prefetch window, sent just
+before a clean close, were ignored, and their committed messages came back.
 """
 
 from __future__ import annotations
@@ -20,7 +29,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from consumers import inbox, poison
-from consumers.errors import ConnectionLost, DigestMismatch, InboxConflict, TenantMismatch
+from consumers.errors import (
+    ConnectionLost,
+    DigestMismatch,
+    InboxConflict,
+    TenantMismatch,
+    TransientFailure,
+)
 from consumers.handlers import Handler, Handlers
 from consumers.inbox import Consumer, Delivery, InboxOutcome
 from schemas import telemetry, wire
@@ -30,6 +45,7 @@ log = logging.getLogger("consumers")
 
 ANY_TENANT = "*"
 AfterCommit = Callable[[], None]
+_ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
 
 
 @dataclass(slots=True)
@@ -199,11 +215,16 @@ class BatchProcessor:
         return InboxOutcome.NEW
 
     async def _settle(self, conn: Any, items: list[Item]) -> None:
-        """After the commit: ack applied and duplicate messages, requeue or poison the rest."""
+        """After the commit: requeue or poison the failed messages one by one, then ack the
+        applied and duplicate ones with one cumulative ack (see the module docstring)."""
         doomed: list[Item] = []
+        applied: list[Item] = []
         for item in items:
             if item.outcome is not None:
                 item.span.set_attribute(telemetry.ATTR_INBOX_OUTCOME, str(item.outcome))
+            if item.permanent is None and item.transient is None and item.outcome not in _ACKED:
+                # Never swept up by the cumulative ack without a committed decision.
+                item.transient = TransientFailure("no inbox decision")
             if item.permanent is not None:
                 doomed.append(item)
             elif item.transient is not None:
@@ -213,14 +234,19 @@ class BatchProcessor:
                     await item.message.nack(requeue=True)
                     self.stats.retried += 1
                     log.info("retry %s", _ids(item, item.transient))
-            elif item.outcome is InboxOutcome.NEW:
-                await item.message.ack()
-                self.stats.new += 1
-            elif item.outcome is InboxOutcome.DUPLICATE:
-                await item.message.ack()
-                self.stats.duplicate += 1
+            else:
+                applied.append(item)
         if doomed:
-            await self._poison(conn, doomed)
+            await self._poison(conn, doomed)  # records committed, then rejected
+        if applied:
+            # Every earlier delivery of this channel is settled by now: ack up to the last.
+            last = max(applied, key=lambda item: item.message.delivery_tag or 0)
+            await last.message.ack(multiple=True)
+            for item in applied:
+                if item.outcome is InboxOutcome.NEW:
+                    self.stats.new += 1
+                else:
+                    self.stats.duplicate += 1
 
     async def _poison(self, conn: Any, doomed: list[Item]) -> None:
         """Poison records in one short transaction, committed before any reject."""

@@ -2,16 +2,20 @@
 
 Per message: parse → one transaction {reserve, handler} → commit → then ack (see
 consumers.batch). Manual acks with a bounded prefetch; several messages per transaction,
-each its own inbox decision. One task group per session: the consume callback feeds a
-bounded stream, ``concurrency`` workers (one PostgreSQL connection each) apply batches,
-a watcher turns a closed broker connection into ConnectionLost, a pruner keeps the inbox
-within its retention. A lost connection ends the session; the runtime reconnects, and
-the broker redelivers whatever was not acknowledged. ``stop()`` (SIGTERM) drains: stop
-consuming, finish the buffered messages, commit, ack, close.
+each its own inbox decision. One task group per session: ``concurrency`` workers, each
+with its own channel, consumer and bounded stream (a *lane*) and its own PostgreSQL
+connection, apply batches; a watcher turns a closed broker connection or channel into
+ConnectionLost; a pruner keeps the inbox within its retention. A lane's worker takes its
+deliveries in order, so a batch always holds the oldest unsettled deliveries of its
+channel and one cumulative ack settles it (consumers.batch). A lost connection ends the
+session; the runtime reconnects, and the broker redelivers whatever was not acknowledged.
+``stop()`` (SIGTERM) drains: stop consuming, finish the buffered messages, commit, ack,
+close.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import Sequence
@@ -65,7 +69,8 @@ _TOPOLOGY_MISMATCH = (
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     """How one consumer runs. ``tenants`` must be explicit: the tenants this consumer serves
-    (``{"*"}`` to serve every tenant, written out on purpose); any other tenant is poison."""
+    (``{"*"}`` to serve every tenant, written out on purpose); any other tenant is poison.
+    ``prefetch`` bounds each worker's channel (``concurrency * prefetch`` in flight)."""
 
     workflow: str
     tenants: frozenset[str]
@@ -181,10 +186,10 @@ class ConsumerRuntime:
 
     async def _consume(self, connection: aio_pika.abc.AbstractConnection, pool: Any) -> None:
         cfg = self.config
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=cfg.prefetch)
         try:
-            queues = await topology.declare(channel, self.topology, passive=not cfg.declare)
+            await topology.declare(
+                await connection.channel(), self.topology, passive=not cfg.declare
+            )
         except _TOPOLOGY_MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
             raise ConfigError(
@@ -192,24 +197,37 @@ class ConsumerRuntime:
                 queue=self._queue_name,
                 error=type(exc).__name__,
             ) from exc
-        queue = queues[cfg.workflow]
-        send, receive = anyio.create_memory_object_stream[Message](max_buffer_size=cfg.prefetch)
         self.sessions += 1
-        with send, receive:
+        with contextlib.ExitStack() as streams:
+            lanes = [await self._lane(connection, streams) for _ in range(cfg.concurrency)]
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch, connection)
+                tg.start_soon(self._watch, connection, [lane.channel for lane in lanes])
                 tg.start_soon(self._prune_loop, pool)
                 async with anyio.create_task_group() as workers:
-                    for _ in range(cfg.concurrency):
-                        workers.start_soon(self._work, pool, receive.clone())
-                    tag = await queue.consume(_feeder(send), no_ack=False)
+                    for lane in lanes:
+                        workers.start_soon(self._work, pool, lane.receive)
+                        await lane.start()
                     self.consuming.set()
                     await self._stopping.wait()
                     log.info("draining %s", self._queue_name)
                     workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
-                    await queue.cancel(tag)
-                    send.close()
+                    for lane in lanes:
+                        await lane.stop()
                 tg.cancel_scope.cancel()
+
+    async def _lane(
+        self, connection: aio_pika.abc.AbstractConnection, streams: contextlib.ExitStack
+    ) -> _Lane:
+        """One worker's channel (with its own prefetch) and the stream its consumer feeds."""
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=self.config.prefetch)
+        queue = await channel.get_queue(self._queue_name, ensure=False)
+        send, receive = anyio.create_memory_object_stream[Message](
+            max_buffer_size=self.config.prefetch
+        )
+        streams.enter_context(send)
+        streams.enter_context(receive)
+        return _Lane(channel=channel, queue=queue, send=send, receive=receive)
 
     async def _work(self, pool: Any, receive: MemoryObjectReceiveStream[Message]) -> None:
         async with receive, pool.acquire() as conn:
@@ -225,10 +243,17 @@ class ConsumerRuntime:
                         break
                 await self._processor.process(conn, batch)
 
-    async def _watch(self, connection: aio_pika.abc.AbstractConnection) -> None:
-        """End the session when the broker connection closes under us."""
+    async def _watch(
+        self,
+        connection: aio_pika.abc.AbstractConnection,
+        channels: Sequence[aio_pika.abc.AbstractChannel],
+    ) -> None:
+        """End the session when the broker connection, or a lane's channel, closes under us
+        (a worker whose channel is gone would otherwise wait for deliveries for ever)."""
         lost = anyio.Event()
         connection.close_callbacks.add(lambda *_: lost.set())
+        for channel in channels:
+            channel.close_callbacks.add(lambda *_: lost.set())
         await lost.wait()
         raise ConnectionLost(service="rabbitmq")
 
@@ -245,6 +270,26 @@ class ConsumerRuntime:
                     if max(counts) < self.config.prune_batch:
                         break
             await anyio.sleep(self.config.prune_interval_s)
+
+
+@dataclass
+class _Lane:
+    """One worker's channel and consumer; its deliveries reach the worker in order."""
+
+    channel: aio_pika.abc.AbstractChannel
+    queue: aio_pika.abc.AbstractQueue
+    send: MemoryObjectSendStream[Message]
+    receive: MemoryObjectReceiveStream[Message]
+    tag: str | None = None
+
+    async def start(self) -> None:
+        self.tag = await self.queue.consume(_feeder(self.send), no_ack=False)
+
+    async def stop(self) -> None:
+        """Stop consuming; the worker finishes what its stream holds, then ends."""
+        if self.tag is not None:
+            await self.queue.cancel(self.tag)
+        self.send.close()
 
 
 def _feeder(send: MemoryObjectSendStream[Message]) -> Any:

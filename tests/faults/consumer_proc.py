@@ -1,16 +1,17 @@
 """A consumer process for the fault tests: effect rows into public.effects, optional suicide.
 
-Run as ``python -m tests.faults.consumer_proc``. With ``--kill-p P`` the ``after_commit``
-hook SIGKILLs this very process with probability P after a commit and before its acks,
+Run as ``python -m tests.faults.consumer_proc``. With ``--kill-after N`` the ``after_commit``
+hook SIGKILLs this very process right after its N-th commit, before that batch's acks,
 after appending a line to ``--marker`` (so the test can count those kills). SIGTERM drains.
+Log lines carry the pid (the test's failure reports pick this process's lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
-import random
 import signal
 import sys
 
@@ -25,16 +26,19 @@ def main() -> int:
     parser.add_argument("--pg-dsn", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--delivery-limit", type=int, default=1000)
-    parser.add_argument("--kill-p", type=float, default=0.0)
+    parser.add_argument("--kill-after", type=int, default=0)
     parser.add_argument("--marker", default=os.devnull)
-    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--log", default=None)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, filename=args.log)
-    chance = random.Random(args.seed)
+    logging.basicConfig(
+        level=logging.INFO,
+        filename=args.log,
+        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s",
+    )
+    commits = itertools.count(1)
 
     def maybe_die() -> None:
-        if chance.random() < args.kill_p:
+        if next(commits) == args.kill_after:
             with open(args.marker, "a", encoding="utf-8") as marker:
                 marker.write("killed after commit, before ack\n")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -43,7 +47,7 @@ def main() -> int:
         args.amqp_url,
         args.pg_dsn,
         topology_for(args.prefix, args.delivery_limit),
-        after_commit=maybe_die if args.kill_p > 0 else None,
+        after_commit=maybe_die if args.kill_after > 0 else None,
         prefetch=64,
         batch_max=32,
     )
