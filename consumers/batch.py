@@ -95,8 +95,7 @@ class BatchProcessor:
         items = [self.admit(m) for m in messages]
         try:
             ready = [i for i in items if i.permanent is None]
-            if ready:
-                await self._apply(conn, ready)
+            if ready and await self._apply(conn, ready):
                 self.stats.commits += 1
                 if self.after_commit is not None:
                     self.after_commit()
@@ -160,19 +159,22 @@ class BatchProcessor:
                 computed_digest=item.digest,
             )
 
-    async def _apply(self, conn: Any, ready: list[Item]) -> None:
-        """Fast path: the batch in one transaction. On any failure, again per savepoint."""
+    async def _apply(self, conn: Any, ready: list[Item]) -> bool:
+        """Fast path: the batch in one transaction. On any failure, again per savepoint.
+
+        Returns whether a transaction committed (the ``after_commit`` hook and the commit
+        count follow only a real commit)."""
         try:
             async with conn.transaction():
                 await self._apply_all(conn, ready)
-            return
+            return True
         except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
             _raise_if_lost(conn, exc)
             for item in ready:
                 item.outcome = None
             if len(ready) == 1:  # it was that message's own failure: no need to redo
                 _classify(conn, ready[0], exc)
-                return
+                return False
         try:
             async with conn.transaction():
                 for item in ready:
@@ -182,6 +184,8 @@ class BatchProcessor:
             for item in ready:
                 if item.permanent is None:
                     item.outcome, item.transient = None, exc
+            return False
+        return True
 
     async def _apply_one(self, conn: Any, item: Item) -> None:
         """One message under its own savepoint: only its own failure is rolled back."""
