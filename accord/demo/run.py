@@ -178,7 +178,8 @@ async def run_demo(settings: Settings, opts: DemoOptions) -> int:
     out = print
     out(f"accord demo: run {run}, {opts.n} submissions, faults={'on' if opts.faults else 'off'}")
     pool = await create_pool(settings.pg_dsn, min_size=1, max_size=4)
-    provider = ProviderServer(str(opts.workdir / "provider.sqlite3"))
+    # The provider's own evidence for this run: every request it accepted, durably.
+    provider = ProviderServer(str(opts.workdir / f"provider-{run}.sqlite3"))
     provider.start()
     try:
         await register_demo(Store(pool))
@@ -188,6 +189,8 @@ async def run_demo(settings: Settings, opts: DemoOptions) -> int:
         children = _children(_child_env(settings, provider.url, opts), opts)
         out(f"provider simulator at {provider.url}; logs in {opts.workdir / 'logs'}")
         code = await _supervise(pool, run, opts, children)
+        accepted = len(provider.evidence())
+        print(f"provider evidence: {accepted} accepted requests (its own durable record)")
     finally:
         provider.stop()
         await pool.close()
@@ -210,17 +213,44 @@ async def _supervise(
             rolled_back = await _accept_all(pool, run, opts.n)
             result = await _wait_settled(pool, run, rolled_back, opts, started)
             tg.cancel_scope.cancel()
+        print(demo_summary.render(result, time.monotonic() - started))
+        kills = {c.name: c.kills for c in children.values() if c.kills}
+        if kills:
+            print(f"processes killed with SIGKILL: {kills}")
+        if opts.faults and result.waiting:
+            result = await _reconcile(pool, run, rolled_back, children["relay"].env, started)
     finally:
         for child in children.values():
             await child.stop()
-    print(demo_summary.render(result, time.monotonic() - started))
-    kills = {c.name: c.kills for c in children.values() if c.kills}
-    if kills:
-        print(f"processes killed with SIGKILL: {kills}")
     if result.waiting and not opts.faults:
         print("without injected faults every submission should have been published")
         return 1
     return 0 if result.adds_up else 1
+
+
+async def _reconcile(
+    pool: asyncpg.Pool, run: str, rolled_back: list[str], env: dict[str, str], started: float
+) -> demo_summary.Summary:
+    """Resolve the unknown effects with the provider's evidence, then let the workers finish.
+
+    `accord reconcile` (the repair principal) looks each unknown effect up by its idempotency
+    key; a receipt resolves it to succeeded and resumes the job, whose next run reuses the
+    recorded receipt instead of calling the provider again.
+    """
+    print("\n== reconciliation: `accord reconcile` asks the provider for receipts ==", flush=True)
+    done = await anyio.run_process(
+        [sys.executable, "-m", "accord", "reconcile", "--settle-s", "0"], env=env, check=False
+    )
+    print(done.stdout.decode().rstrip() or done.stderr.decode().rstrip(), flush=True)
+    deadline = time.monotonic() + 60
+    while True:
+        async with pool.acquire() as conn:
+            result = await demo_summary.collect(conn, run, rolled_back)
+        if result.published == result.accepted or time.monotonic() > deadline:
+            break
+        await anyio.sleep(0.5)
+    print(demo_summary.render(result, time.monotonic() - started))
+    return result
 
 
 async def _when(pool: asyncpg.Pool, run: str, ready: Callable[[Any], bool]) -> None:
