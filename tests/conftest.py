@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -93,38 +94,40 @@ def pg_template(pg_admin_dsn: str) -> Iterator[str]:
     asyncio.run(teardown())
 
 
+@asynccontextmanager
+async def fresh_database(
+    admin_dsn: str, prefix: str, template: str | None = None
+) -> AsyncIterator[str]:
+    """A new database (optionally cloned from ``template``), dropped afterwards."""
+    name = unique(prefix)
+    clone = f' TEMPLATE "{template}"' if template else ""
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"{clone}')
+    finally:
+        await admin.close()
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        admin = await asyncpg.connect(admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
 @pytest.fixture
 async def pg_dsn(pg_admin_dsn: str, pg_template: str) -> AsyncIterator[str]:
     """A fresh database for this test, cloned from the migrated template."""
-    name = unique("accord_t_")
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    finally:
-        await admin.close()
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with fresh_database(pg_admin_dsn, "accord_t_", pg_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 async def empty_pg_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
-    """A fresh, never-migrated database (for migrator tests)."""
-    name = unique("accord_e_")
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    """A fresh, never-migrated database (for migrator tests and restores)."""
+    async with fresh_database(pg_admin_dsn, "accord_e_") as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -13,24 +13,21 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
-import asyncpg
 import pytest
 
 from jobs import FenceLost, FileLedger, RepairRefused, check_restore, require_authority, sql
 from jobs.authority import restrict, rotate
 from jobs.repair import audit, release_hold
-from tests.conftest import with_database
 from tests.integration.authority.conftest import (
     TENANT,
     Principals,
     close_principals,
     open_principals,
 )
-from tests.support import unique
+from tests.support import unavailable
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
@@ -38,28 +35,12 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 def pg_tool(name: str) -> str:
     found = shutil.which(name) or (str(PG_BIN / name) if (PG_BIN / name).exists() else None)
     if found is None:
-        pytest.skip(f"{name} not installed")
+        unavailable(f"{name} not installed (the PostgreSQL client package)")
     return found
 
 
 async def run(*argv: str, env: dict[str, str] | None = None) -> anyio.abc.Process:
     return await anyio.run_process(list(argv), env=env, check=False)  # type: ignore[return-value]
-
-
-@pytest.fixture
-async def restored_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
-    name = unique("accord_r_")
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield with_database(pg_admin_dsn, name)
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def cli(dsn: str, ledger: FileLedger, *args: str) -> tuple[int, str]:
@@ -83,7 +64,7 @@ async def fence_status(p: Principals, lease_args: tuple[object, ...]) -> str | N
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("advance", ["rotation", "restriction"])
 async def test_restore_drill(
-    pg_dsn: str, restored_dsn: str, ledger: FileLedger, tmp_path: Path, advance: str
+    pg_dsn: str, empty_pg_dsn: str, ledger: FileLedger, tmp_path: Path, advance: str
 ) -> None:
     live = await open_principals(pg_dsn)
     try:
@@ -111,16 +92,16 @@ async def test_restore_drill(
 
     # 3. restore the dump into a fresh database: the old authority is back in it
     done = await anyio.run_process(
-        [pg_tool("pg_restore"), "--exit-on-error", "-d", restored_dsn, str(dump)], check=False
+        [pg_tool("pg_restore"), "--exit-on-error", "-d", empty_pg_dsn, str(dump)], check=False
     )
     assert done.returncode == 0, done.stderr
-    p = await open_principals(restored_dsn)
+    p = await open_principals(empty_pg_dsn)
     try:
         # The hazard is real: in the restored database the old lease passes the fence.
         assert await fence_status(p, lease.fence_args()) is None
 
         # 4. start the processes: the restore is detected at start-up
-        code, out = await cli(restored_dsn, ledger, "repair", "restore-check")
+        code, out = await cli(empty_pg_dsn, ledger, "repair", "restore-check")
         assert code == 1, out
         assert f"restore tenant={TENANT} db_epoch=1 ledger_epoch=2 held=2" in out
         [restore] = await require_authority(p.worker, ledger)
@@ -145,7 +126,7 @@ async def test_restore_drill(
 
         # 5. the repair principal validates and advances the epoch past the ledger
         code, out = await cli(
-            restored_dsn, ledger, "repair", "advance-epoch", "--tenant", TENANT,
+            empty_pg_dsn, ledger, "repair", "advance-epoch", "--tenant", TENANT,
             "--evidence", "restore drill: ledger epoch 2", "--who", "alice",
         )  # fmt: skip
         assert code == 0, out
@@ -161,7 +142,7 @@ async def test_restore_drill(
             await p.store.publish(lease)
         # held work runs only once a person releases it
         code, out = await cli(
-            restored_dsn, ledger, "repair", "release-hold", "--job", str(lease.job_id),
+            empty_pg_dsn, ledger, "repair", "release-hold", "--job", str(lease.job_id),
             "--evidence", "no effect was begun after the dump", "--who", "alice",
         )  # fmt: skip
         assert code == 0, out
