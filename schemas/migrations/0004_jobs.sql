@@ -174,7 +174,11 @@ CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double preci
 RETURNS TABLE (job_id bigint, tenant text, workflow text, operation_id text, owner text,
                attempt_id uuid, generation bigint, epoch bigint,
                lease_expires_at timestamptz, payload jsonb)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL, not SQL: a SQL function's statement is planned again on every call.
+    RETURN QUERY
     WITH registered AS (
         SELECT 1 FROM jobs.workflows w
         WHERE w.workflow = p_workflow AND w.owner = p_owner
@@ -200,15 +204,21 @@ LANGUAGE sql AS $$
         generation = j.generation + 1, epoch = picked.epoch, attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
     FROM picked
-    WHERE j.job_id = picked.job_id
+    -- The redundant ANY lets the primary key find the picked rows (a hash join would scan
+    -- the whole table per claim); picked, a locking CTE, runs exactly once.
+    WHERE j.job_id = ANY (ARRAY(SELECT picked.job_id FROM picked)) AND j.job_id = picked.job_id
     RETURNING j.job_id, j.tenant, j.workflow, j.operation_id, j.owner, j.attempt_id,
-              j.generation, j.epoch, j.lease_expires_at, j.payload
-$$;
+              j.generation, j.epoch, j.lease_expires_at, j.payload;
+END $$;
 
 -- ---------------------------------------------------------------------------------------
 -- The fence: lock the job row, then name the first field that no longer matches the lease
--- (NULL when the caller still holds it). Every write-back calls this first.
-CREATE FUNCTION jobs.fence(
+-- (NULL when the caller still holds it). Every write-back calls this first. The body is
+-- jobs.fence_check, which the fenced functions below call directly: jobs.fence (the entry
+-- point a publish callback path calls) becomes SECURITY DEFINER with a pinned search_path in
+-- 0006, and calling it from another such function would redo that GUC work on every write-back.
+-- jobs.fence_check is not executable by the worker (0006 revokes PUBLIC's EXECUTE).
+CREATE FUNCTION jobs.fence_check(
     p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text,
     p_attempt_id uuid, p_generation bigint, p_epoch bigint
 ) RETURNS text
@@ -237,6 +247,16 @@ BEGIN
     END;
 END $$;
 
+CREATE FUNCTION jobs.fence(
+    p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text,
+    p_attempt_id uuid, p_generation bigint, p_epoch bigint
+) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                            p_attempt_id, p_generation, p_epoch);
+END $$;
+
 -- renew: extend the caller's own unexpired lease; never revives an expired one.
 CREATE FUNCTION jobs.renew(
     p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text,
@@ -248,8 +268,8 @@ DECLARE
     v_reason text;
     v_until timestamptz;
 BEGIN
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN QUERY SELECT v_reason, NULL::timestamptz;
         RETURN;
@@ -316,8 +336,8 @@ DECLARE
     v_reason text;
     v_state text;
 BEGIN
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN QUERY SELECT v_reason, NULL::text;
         RETURN;
@@ -343,20 +363,27 @@ DECLARE
     v_reason text;
     v_rows integer;
 BEGIN
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN v_reason;
     END IF;
-    IF jobs.unresolved_effects(p_job_id) THEN
-        RETURN 'unresolved_effect';
-    END IF;
+    -- The effects check (jobs.unresolved_effects, spelled out: a SQL function with a sublink
+    -- is never inlined and would be planned again on every call) rides in the UPDATE, one
+    -- statement instead of two on the common path. We hold the job row, and every effect
+    -- write (begin, finish) fences on it first, so no effect changes between this UPDATE and
+    -- the check that names a refusal below.
     UPDATE jobs.jobs j
     SET state = 'succeeded', lease_expires_at = NULL, last_error = NULL, updated_at = now()
     WHERE j.job_id = p_job_id AND j.generation = p_generation AND j.attempt_id = p_attempt_id
-      AND j.state = 'running';
+      AND j.state = 'running'
+      AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                      WHERE e.job_id = p_job_id AND e.state IN ('pending', 'unknown'));
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    RETURN CASE WHEN v_rows <> 1 THEN 'row_count' END;
+    IF v_rows = 1 THEN
+        RETURN NULL;
+    END IF;
+    RETURN CASE WHEN jobs.unresolved_effects(p_job_id) THEN 'unresolved_effect' ELSE 'row_count' END;
 END $$;
 
 -- succeed_many: publish a batch of leases without callbacks in one statement; the whole
@@ -403,8 +430,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_reason text;
 BEGIN
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN v_reason;
     END IF;
@@ -430,8 +457,8 @@ DECLARE
     v_last jobs.effects%ROWTYPE;
     v_enabled boolean;
 BEGIN
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN QUERY SELECT v_reason, NULL::integer, NULL::text, NULL::text;
         RETURN;
@@ -485,8 +512,8 @@ BEGIN
         RAISE EXCEPTION 'finish_effect outcome must be finished, not %', p_outcome
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    v_reason := jobs.fence(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
-                           p_attempt_id, p_generation, p_epoch);
+    v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                                 p_attempt_id, p_generation, p_epoch);
     IF v_reason IS NOT NULL THEN
         RETURN v_reason;
     END IF;
