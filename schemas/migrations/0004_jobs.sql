@@ -1,7 +1,8 @@
 -- 0004 jobs: the SQL jobs module, the single claimant, its fence and its effect records.
 --
 -- Every write-back a worker makes (renew, fail, begin/finish effect, publish) goes through
--- jobs.fence(), which locks the job row and names the first field that no longer matches the
+-- the fence (jobs.fence, whose body jobs.fence_check the fenced functions call directly),
+-- which locks the job row and names the first field that no longer matches the
 -- caller's lease. The functions below are the statements the store runs (jobs/sql.py calls
 -- them), so the isolationtester specs in tests/isolation exercise exactly the production SQL.
 --
