@@ -228,6 +228,16 @@ async def _supervise(
     return 0 if result.adds_up else 1
 
 
+def _quiet(result: demo_summary.Summary) -> bool:
+    """Settled, the relay confirmed every report.published, and the read model caught up."""
+    return (
+        result.settled
+        and result.accepted > 0
+        and all(not k.endswith(":pending") for k in result.outbox)
+        and result.projected == result.published
+    )
+
+
 async def _reconcile(
     pool: asyncpg.Pool, run: str, rolled_back: list[str], env: dict[str, str], started: float
 ) -> demo_summary.Summary:
@@ -246,7 +256,7 @@ async def _reconcile(
     while True:
         async with pool.acquire() as conn:
             result = await demo_summary.collect(conn, run, rolled_back)
-        if result.published == result.accepted or time.monotonic() > deadline:
+        if (_quiet(result) and result.published == result.accepted) or time.monotonic() > deadline:
             break
         await anyio.sleep(0.5)
     print(demo_summary.render(result, time.monotonic() - started))
@@ -317,13 +327,7 @@ async def _wait_settled(
     while True:
         async with pool.acquire() as conn:
             result = await demo_summary.collect(conn, run, rolled_back)
-        # Settled; the relay confirmed report.published and the read model caught up.
-        if (
-            result.settled
-            and result.accepted > 0
-            and all(not k.endswith(":pending") for k in result.outbox)
-            and result.projected == result.published
-        ):
+        if _quiet(result):
             return result
         if time.monotonic() > deadline:
             print(f"timed out after {opts.timeout_s:.0f}s; the summary shows where work stands")
