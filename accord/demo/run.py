@@ -280,12 +280,13 @@ async def _inject_faults(
     print("fault: SIGKILL relay mid-stream (a new one takes over)", flush=True)
     await children["relay"].kill()
     await children["relay"].start()
-    held = await _held_by(pool, opts.workdir / "journal" / "w1.journal")
-    print(f"fault: SIGKILL worker-1 while it holds {held} running job(s)", flush=True)
-    await children["worker-1"].kill()
+    journals = {f"worker-{i}": opts.workdir / "journal" / f"w{i}.journal" for i in (1, 2)}
+    name, held = await _holder(pool, journals)
+    print(f"fault: SIGKILL {name} while it holds {held} running job(s)", flush=True)
+    await children[name].kill()
     await anyio.sleep(opts.lease_s + 1)
-    print("fault: worker-1 restarted; rescue has settled its expired leases", flush=True)
-    await children["worker-1"].start()
+    print(f"fault: {name} restarted; rescue has settled its expired leases", flush=True)
+    await children[name].start()
 
 
 def _claimed_attempts(journal: Path) -> list[str]:
@@ -295,14 +296,15 @@ def _claimed_attempts(journal: Path) -> list[str]:
     return [str(r["attempt_id"]) for r in scan_journal(journal).records if r["type"] == "claim"]
 
 
-async def _held_by(pool: asyncpg.Pool, journal: Path, at_least: int = 1) -> int:
-    """Wait until the worker with this journal holds running jobs (its claims, still current)."""
+async def _holder(pool: asyncpg.Pool, journals: dict[str, Path]) -> tuple[str, int]:
+    """Wait until a worker holds running jobs (its journaled claims, still current there)."""
     while True:
-        attempts = await anyio.to_thread.run_sync(_claimed_attempts, journal)
-        async with pool.acquire() as conn:
-            held: int = await conn.fetchval(demo_summary.RUNNING_ATTEMPTS, attempts)
-        if held >= at_least:
-            return held
+        for name, journal in journals.items():
+            attempts = await anyio.to_thread.run_sync(_claimed_attempts, journal)
+            async with pool.acquire() as conn:
+                held: int = await conn.fetchval(demo_summary.RUNNING_ATTEMPTS, attempts)
+            if held:
+                return name, held
         await anyio.sleep(0.02)
 
 
