@@ -175,8 +175,7 @@ async def run_demo(settings: Settings, opts: DemoOptions) -> int:
         (opts.workdir / sub).mkdir(parents=True, exist_ok=True)
     await _prepare(settings)
     run = uuid.uuid4().hex[:8]
-    out = print
-    out(f"accord demo: run {run}, {opts.n} submissions, faults={'on' if opts.faults else 'off'}")
+    print(f"accord demo: run {run}, {opts.n} submissions, faults={'on' if opts.faults else 'off'}")
     pool = await create_pool(settings.pg_dsn, min_size=1, max_size=4)
     # The provider's own evidence for this run: every request it accepted, durably.
     provider = ProviderServer(str(opts.workdir / f"provider-{run}.sqlite3"))
@@ -187,7 +186,7 @@ async def run_demo(settings: Settings, opts: DemoOptions) -> int:
             # The provider accepts and records these requests, then drops the reply.
             provider.set_fault(Fault.DROP_AFTER_ACCEPT, times=2)
         children = _children(_child_env(settings, provider.url, opts), opts)
-        out(f"provider simulator at {provider.url}; logs in {opts.workdir / 'logs'}")
+        print(f"provider simulator at {provider.url}; logs in {opts.workdir / 'logs'}")
         code = await _supervise(pool, run, opts, children)
         accepted = len(provider.evidence())
         print(f"provider evidence: {accepted} accepted requests (its own durable record)")
