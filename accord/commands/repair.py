@@ -135,31 +135,22 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _release(args: argparse.Namespace, settings: Settings) -> int:
-    async def work(tx: Any) -> repair.Repaired:
-        return await repair.release_hold(tx, args.job, who=args.who, evidence=args.evidence)
-
-    done: repair.Repaired = await _in_transaction(settings, work)
-    print(f"released job={done.job_id} state={done.state} audit={done.audit_id}")
-    return 0
+JobRepair = Callable[..., Awaitable[repair.Repaired]]
 
 
-async def _requeue(args: argparse.Namespace, settings: Settings) -> int:
-    async def work(tx: Any) -> repair.Repaired:
-        return await repair.requeue_poison(tx, args.job, who=args.who, evidence=args.evidence)
+def _job_repair(action: JobRepair, verb: str) -> Callable[..., Awaitable[int]]:
+    """A `accord repair <job action>` command: one audited repair of one job, in its own
+    transaction as the repair principal."""
 
-    done: repair.Repaired = await _in_transaction(settings, work)
-    print(f"requeued job={done.job_id} state={done.state} audit={done.audit_id}")
-    return 0
+    async def command(args: argparse.Namespace, settings: Settings) -> int:
+        async def work(tx: Any) -> repair.Repaired:
+            return await action(tx, args.job, who=args.who, evidence=args.evidence)
 
+        done: repair.Repaired = await _in_transaction(settings, work)
+        print(f"{verb} job={done.job_id} state={done.state} audit={done.audit_id}")
+        return 0
 
-async def _resume(args: argparse.Namespace, settings: Settings) -> int:
-    async def work(tx: Any) -> repair.Repaired:
-        return await repair.resume(tx, args.job, who=args.who, evidence=args.evidence)
-
-    done: repair.Repaired = await _in_transaction(settings, work)
-    print(f"resumed job={done.job_id} state={done.state} audit={done.audit_id}")
-    return 0
+    return command
 
 
 async def _advance(args: argparse.Namespace, settings: Settings) -> int:
@@ -212,9 +203,9 @@ async def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 _OPS: dict[str, Callable[[argparse.Namespace, Settings], Awaitable[int]]] = {
     "resolve-effect": _resolve,
-    "release-hold": _release,
-    "requeue-poison": _requeue,
-    "resume": _resume,
+    "release-hold": _job_repair(repair.release_hold, "released"),
+    "requeue-poison": _job_repair(repair.requeue_poison, "requeued"),
+    "resume": _job_repair(repair.resume, "resumed"),
     "advance-epoch": _advance,
     "restore-check": _restore_check,
     "audit": _audit,
