@@ -223,9 +223,10 @@ async def bench_accord(
 
 
 def ensure_pgqueuer_venv() -> Path:
-    """var/bench/venv-pgqueuer with pgqueuer==1.6.0 (pip, from PyPI), created once."""
+    """var/bench/venv-pgqueuer with pgqueuer==1.6.0 and its asyncpg driver (pip, from PyPI),
+    created once. The driver is an extra: plain ``pgqueuer`` does not bring asyncpg."""
     python = PGQUEUER_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import pgqueuer, sys; print(pgqueuer.__version__)"]
+    probe = [str(python), "-c", "import asyncpg, pgqueuer; print(pgqueuer.__version__)"]
     if python.exists():
         done = subprocess.run(probe, capture_output=True, text=True, check=False)
         if done.stdout.strip() == PGQUEUER_VERSION:
@@ -233,7 +234,15 @@ def ensure_pgqueuer_venv() -> Path:
     PGQUEUER_VENV.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(PGQUEUER_VENV)], check=True)
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", f"pgqueuer=={PGQUEUER_VERSION}", "uvloop"],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            f"pgqueuer[asyncpg]=={PGQUEUER_VERSION}",
+            "uvloop",
+        ],
         check=True,
     )
     return python

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from jobs import sql
 from jobs.errors import FENCE_REASONS, FenceLost
 from jobs.models import Lease
 from schemas.db import require_transaction
+
+#: SQLSTATE of ``jobs.succeed`` / ``jobs.succeed_many`` when an effect of a job being published
+#: was begun while the publish waited for its row: the publish rolled back (migration 0009).
+EFFECT_BEGUN_DURING_PUBLISH = "AJ409"
 
 
 def fence_lost(lease: Lease, reason: str) -> FenceLost:
@@ -45,7 +51,19 @@ async def succeed(tx: Any, lease: Lease) -> str | None:
     succeeded; returns None, or the refusal (a fence reason or ``unresolved_effect``).
     """
     require_transaction(tx)
-    status: str | None = await tx.fetchval(sql.SUCCEED, *lease.fence_args())
+    return await succeed_once(tx, lease)
+
+
+async def succeed_once(conn: Any, lease: Lease) -> str | None:
+    """``jobs.succeed`` on ``conn`` (in a transaction or as its own): None, or the refusal.
+    An effect begun while the publish waited for the row rolls the statement back and is
+    the refusal ``unresolved_effect`` (see migration 0009)."""
+    try:
+        status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
+    except asyncpg.PostgresError as error:
+        if error.sqlstate != EFFECT_BEGUN_DURING_PUBLISH:
+            raise
+        return "unresolved_effect"
     return status
 
 

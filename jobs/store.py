@@ -184,7 +184,7 @@ class Store:
         """
         async with self._connection() as conn:
             if callback is None:
-                _published(lease, await conn.fetchval(sql.SUCCEED, *lease.fence_args()))
+                _published(lease, await fence.succeed_once(conn, lease))
                 return
             async with conn.transaction():
                 await fence.locked(conn, lease)
@@ -199,13 +199,27 @@ class Store:
         if not leases:
             return BatchPublished((), ())
         columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
+        refused: list[tuple[Lease, JobsError]] = []
         async with self._connection() as conn:
-            done = {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
-            refused: list[tuple[Lease, JobsError]] = []
-            for lease in leases:
-                if lease.job_id not in done:
-                    reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
-                    refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
+            try:
+                done = {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
+            except asyncpg.PostgresError as error:
+                if error.sqlstate != fence.EFFECT_BEGUN_DURING_PUBLISH:
+                    raise
+                # The batch rolled back: an effect of one of its jobs was begun meanwhile.
+                # Publish lease by lease so that only that job is refused.
+                done = set()
+                for lease in leases:
+                    status = await fence.succeed_once(conn, lease)
+                    if status is None:
+                        done.add(lease.job_id)
+                    else:
+                        refused.append((lease, _refusal(lease, status)))
+            else:
+                for lease in leases:
+                    if lease.job_id not in done:
+                        reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
+                        refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
         published = tuple(lease for lease in leases if lease.job_id in done)
         return BatchPublished(published, tuple(refused))
 

@@ -7,6 +7,7 @@ import dataclasses
 import uuid
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 
@@ -21,6 +22,7 @@ from jobs import (
     Store,
     sql,
 )
+from jobs.store import BatchPublished
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 
 
@@ -397,6 +399,59 @@ async def test_the_batch_publish_refuses_exactly_what_the_fence_refuses(jobs: Jo
         for _, err in done.refused
     ]
     assert named == [why for _, why in real[1:]]
+
+
+WAITING_ON_A_LOCK = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["publish", "publish_many"])
+async def test_an_effect_begun_while_the_publish_waits_refuses_that_publish(
+    jobs: Jobs, batch: bool
+) -> None:
+    """The publish is one UPDATE (migration 0009). If it waits on the job row while the
+    lease's holder begins an effect, its NOT EXISTS saw an older snapshot: the check it makes
+    once it holds the row refuses (tests/isolation/publish_vs_begin_effect.spec shows the job
+    would otherwise be succeeded with the effect pending). Control: the other lease publishes."""
+    await jobs.submit("other")
+    other = await jobs.claim_one()
+    await jobs.submit("raced")
+    raced = await jobs.claim_one()
+    outcome: list[object] = []
+
+    async def publish() -> None:
+        if batch:
+            outcome.append(await jobs.store.publish_many([other, raced]))
+            return
+        await jobs.store.publish(other)
+        with pytest.raises(EffectsUnresolved):
+            await jobs.store.publish(raced)
+        outcome.append("refused")
+
+    async with jobs.pool.acquire() as holder:
+        tx = holder.transaction()
+        await tx.start()
+        begun = await holder.fetchrow(sql.BEGIN_EFFECT, *raced.fence_args(), "k", "intent")
+        assert begun["status"] is None  # pending, not yet committed; the row is locked
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publish)
+            with anyio.fail_after(10):
+                while not await jobs.pool.fetchval(WAITING_ON_A_LOCK):  # noqa: ASYNC110 - polling PostgreSQL
+                    await anyio.sleep(0.01)
+            await tx.commit()
+    if batch:
+        done = outcome[0]
+        assert isinstance(done, BatchPublished)
+        assert done.published == (other,)
+        assert [(lease, type(err)) for lease, err in done.refused] == [(raced, EffectsUnresolved)]
+    else:
+        assert outcome == ["refused"]
+    assert await jobs.state(other.job_id) == "succeeded"
+    assert await jobs.state(raced.job_id) == "running"
+    view = await jobs.store.job(raced.job_id)
+    assert [e.state for e in view.effects] == [EffectState.PENDING]
 
 
 def columns(leases: list[Lease]) -> list[tuple[object, ...]]:
