@@ -75,7 +75,7 @@ class AmqpPublisher:
         except TimeoutError as exc:
             raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            raise _precondition(exc) from exc
+            raise _precondition(exc, len(message.body)) from exc
         except (
             aiormq.exceptions.AMQPError,
             aiormq.exceptions.ChannelInvalidStateError,
@@ -92,10 +92,15 @@ class AmqpPublisher:
             raise
 
 
-def _precondition(exc: aiormq.exceptions.ChannelPreconditionFailed) -> Exception:
+def _precondition(exc: aiormq.exceptions.ChannelPreconditionFailed, size: int) -> Exception:
+    """The broker closed the channel (406). Every publish in flight on it fails with the same
+    error, so only a message over the limit it names is too large; the others were lost with
+    the channel and stay eligible."""
     match = _TOO_LARGE.search(str(exc))
+    if match and size > int(match[1]):
+        return MessageTooLarge(size=size, limit=int(match[1]))
     if match:
-        return MessageTooLarge(limit=int(match[1]))
+        return ConnectionLost(detail="channel closed over another message's size")
     return ConnectionLost(detail=f"precondition failed: {exc}")
 
 

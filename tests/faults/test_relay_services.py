@@ -1,0 +1,152 @@
+"""The relay when its services misbehave without going away: PostgreSQL cuts its
+connections, the broker refuses a message as too large, the broker stops confirming.
+
+Each test first shows the allowed control (an event publishes), then the fault, then that
+nothing committed was lost and the failure was recorded in PostgreSQL with its typed reason.
+These tests change the shared broker's settings for a few seconds and put them back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+
+import anyio
+import asyncpg
+import pytest
+
+from relay import Relay
+from schemas.topology import Topology
+from tests.integration.relay import helpers
+from tests.support import unavailable
+
+# The relay's backends in the test's database (every backend but the one asking).
+RELAY_BACKENDS = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND backend_type = 'client backend'"
+)
+
+
+@pytest.fixture
+async def topo(amqp_url: str, broker_names: object) -> Topology:
+    return await helpers.declare_demo(amqp_url, broker_names)
+
+
+def broker_eval(expression: str) -> str:
+    """Evaluate an Erlang expression on the local broker node (rabbitmqctl eval)."""
+    exe = shutil.which("rabbitmqctl")
+    if exe is None:
+        unavailable("rabbitmqctl not found: cannot change the broker's settings")
+        raise AssertionError("unreachable")
+    done = subprocess.run([exe, "eval", expression], capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    return done.stdout.decode().strip()
+
+
+@pytest.fixture
+async def broker_settings() -> AsyncIterator[str]:
+    """Put back the broker's message size limit and memory watermark, whatever happened;
+    yields the watermark's Erlang term."""
+    size = await anyio.to_thread.run_sync(
+        broker_eval, "{ok, V} = application:get_env(rabbit, max_message_size), V."
+    )
+    watermark = await anyio.to_thread.run_sync(
+        broker_eval, "vm_memory_monitor:get_vm_memory_high_watermark()."
+    )
+    yield watermark
+    await anyio.to_thread.run_sync(
+        broker_eval, f"application:set_env(rabbit, max_message_size, {size})."
+    )
+    await anyio.to_thread.run_sync(
+        broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({watermark})."
+    )
+
+
+@pytest.mark.timeout(120)
+async def test_postgresql_cutting_the_relays_connections_loses_nothing(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, batch=20, poll_s=0.05))
+    admin = await asyncpg.connect(pg_dsn)
+    ids = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        ids += await helpers.enqueue_committed(pg_dsn, [helpers.make_event(0)])
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
+        for cut in range(3):
+            batch = [helpers.make_event(n) for n in range(1 + cut * 100, 1 + (cut + 1) * 100)]
+            ids += await helpers.enqueue_committed(pg_dsn, batch)
+            cut_off = await admin.fetch(RELAY_BACKENDS)
+            assert cut_off, "the relay had no connection to cut"
+        await helpers.wait_until_settled(pg_dsn, expect_published=len(ids), within_s=60)
+        relay.stop()
+    await admin.close()
+    assert relay.stats.reconnects >= 1  # the cuts really reached the relay
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(i) for i in ids}
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_over_the_brokers_limit_is_held_and_never_blocks_the_rows_behind(
+    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+) -> None:
+    # A limit the relay learns only from the broker (it opens its channel after this).
+    await anyio.to_thread.run_sync(
+        broker_eval, "application:set_env(rabbit, max_message_size, 1024)."
+    )
+    small, big, behind = (
+        helpers.make_event(0),
+        helpers.make_event(1, pad=1900),
+        helpers.make_event(2),
+    )
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.enqueue_committed(pg_dsn, [small])
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
+        await helpers.enqueue_committed(pg_dsn, [big, behind])
+        with anyio.fail_after(30):
+            while (await helpers.outbox_stats(pg_dsn)).published < 2 or relay.stats.held < 1:  # noqa: ASYNC110 - polling PostgreSQL
+                await anyio.sleep(0.05)
+        relay.stop()
+    held = await helpers.fetch_row(pg_dsn, big.event_id)
+    assert held["state"] == "held" and held["last_reason"] == "oversize"
+    assert held["published_at"] is None
+    assert (await helpers.fetch_row(pg_dsn, behind.event_id))["state"] == "published"
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(small.event_id), str(behind.event_id)}
+
+
+@pytest.mark.timeout(120)
+async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_timeout(
+    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+) -> None:
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, publish_timeout_s=0.5))
+    first, blocked = helpers.make_event(0), helpers.make_event(1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.enqueue_committed(pg_dsn, [first])
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
+        # A memory alarm: the broker blocks every publishing connection.
+        await anyio.to_thread.run_sync(
+            broker_eval, "vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)."
+        )
+        await helpers.enqueue_committed(pg_dsn, [blocked])
+        with anyio.fail_after(30):
+            while relay.stats.failures.get("timeout", 0) < 2:  # noqa: ASYNC110 (another task's counter)
+                await anyio.sleep(0.05)
+        row = await helpers.fetch_row(pg_dsn, blocked.event_id)
+        assert row["state"] == "pending" and row["last_reason"] == "timeout"
+        assert row["attempts"] >= 2 and row["published_at"] is None
+        await anyio.to_thread.run_sync(
+            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({broker_settings})."
+        )
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
+        relay.stop()
+    row = await helpers.fetch_row(pg_dsn, blocked.event_id)
+    assert row["state"] == "published"
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    # At least once: the timed-out publishes may arrive too once the alarm clears.
+    assert set(counts) == {str(first.event_id), str(blocked.event_id)}
