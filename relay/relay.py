@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from relay import outbox, sql
@@ -224,7 +225,10 @@ class Relay:
     ) -> None:
         publish_id = uuid.uuid4()
         event = row.event
-        with self._tracer.start_as_current_span(
+        # start_span + use_span, as in enqueue: start_as_current_span without its two extra
+        # generator-based context managers, a few µs per message. Exceptions are neither
+        # recorded nor turned into an error status by it; a PublishFailed sets both below.
+        span = self._tracer.start_span(
             f"publish {self.config.exchange}",
             kind=SpanKind.PRODUCER,
             links=telemetry.links_from(row.trace),
@@ -239,9 +243,10 @@ class Relay:
                 "accord.publish_id": str(publish_id),
                 "accord.attempt": row.attempts,
             },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        )
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
             try:
                 if self._max_bytes and len(row.body) > self._max_bytes:
                     raise MessageTooLarge(size=len(row.body), limit=self._max_bytes)
