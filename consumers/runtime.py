@@ -25,7 +25,6 @@ from typing import Any
 import aio_pika
 import aiormq
 import anyio
-import asyncpg
 from anyio import CancelScope
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry import trace
@@ -36,8 +35,8 @@ from consumers.errors import ConnectionLost
 from consumers.handlers import Handlers
 from consumers.inbox import Consumer
 from schemas import telemetry, topology
-from schemas.db import create_pool
-from schemas.errors import ConfigError, ServiceUnavailable
+from schemas.db import DB_CONNECTION_LOST, create_pool
+from schemas.errors import ConfigError
 from schemas.events import Catalog
 
 log = logging.getLogger("consumers")
@@ -45,15 +44,8 @@ log = logging.getLogger("consumers")
 Message = aio_pika.abc.AbstractIncomingMessage
 # Failures that end a session and are retried by reconnecting, never by skipping messages.
 RECONNECTABLE: tuple[type[BaseException], ...] = (
+    *DB_CONNECTION_LOST,
     ConnectionLost,
-    ServiceUnavailable,
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.AMQPChannelError,
     aiormq.exceptions.ChannelInvalidStateError,

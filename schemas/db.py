@@ -12,11 +12,16 @@ from schemas.errors import NotInTransaction, ServiceUnavailable
 # Errors that mean "the database connection is gone (or the server restarted)": reconnect
 # and retry, never crash and never treat as a verdict. CrashShutdownError (57P02) is an
 # OperatorInterventionError, not a PostgresConnectionError, so it is named explicitly.
+# InternalClientError ("cannot switch to state 15; another operation (2) is in progress") is
+# what asyncpg raises on the next statement when the server terminated an idle connection
+# (pg_terminate_backend); the connection is unusable (MagicStack/asyncpg#784, #1069), so it
+# is a lost connection too (tests/faults/test_relay_services.py).
 DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,

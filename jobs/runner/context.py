@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
-import asyncpg
 
 from jobs.errors import FenceLost
 from jobs.models import EffectState, Lease
@@ -36,7 +35,7 @@ from jobs.runner.effects import (
 from jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
 from jobs.runner.objects import ObjectStore
 from jobs.store import Callback, Store
-from schemas.db import require_transaction
+from schemas.db import DB_CONNECTION_LOST, require_transaction
 
 log = logging.getLogger("accord.worker")
 
@@ -44,14 +43,7 @@ log = logging.getLogger("accord.worker")
 EffectCall = Callable[[], Awaitable[object]]
 
 #: Errors that mean "the database connection is gone" (the write-back may not have happened).
-SERVICE_LOST: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-)
+SERVICE_LOST = DB_CONNECTION_LOST
 
 
 class JournalWriter(Protocol):
