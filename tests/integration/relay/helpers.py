@@ -149,3 +149,12 @@ async def get_one(amqp_url: str, queue: str) -> aio_pika.abc.AbstractIncomingMes
                 await anyio.sleep(0.05)
     finally:
         await conn.close()
+
+
+async def pg_value(dsn: str, query: str) -> object:
+    """One value of ``query`` on a connection of its own."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(query)
+    finally:
+        await conn.close()

@@ -12,10 +12,10 @@ import asyncpg
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from relay import Relay, enqueue, outbox
+from relay import Relay, enqueue, outbox, sql
 from relay.publisher import amqp_publisher
 from schemas.catalog import default_catalog
-from schemas.events import Catalog, Event, EventType
+from schemas.events import Catalog, Event, EventType, encode_payload
 from schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.integration.relay.test_enqueue import memory_exporter
@@ -260,3 +260,64 @@ async def test_published_rows_are_pruned_in_bounded_batches(
     assert [await pruner.prune_once(conn) for _ in range(4)] == [10, 10, 5, 0]
     assert await conn.fetchval("SELECT count(*) FROM relay.outbox") == 1
     await conn.close()
+
+
+async def enqueue_silently(dsn: str, event: Event) -> None:
+    """Commit an outbox row exactly as ``enqueue`` writes it, minus its NOTIFY (test-only)."""
+    silent = sql.ENQUEUE.replace(", pg_notify('relay_outbox', '')", "")
+    assert silent != sql.ENQUEUE
+    conn = await asyncpg.connect(dsn)
+    try:
+        body = encode_payload(event, 262_144)
+        digest = default_catalog().digest(event)
+        await conn.execute(
+            silent,
+            event.event_id,
+            event.tenant,
+            event.operation_id,
+            event.type,
+            event.version,
+            event.authority_epoch,
+            digest,
+            body,
+            None,
+            event.occurred_at,
+        )
+    finally:
+        await conn.close()
+
+
+LISTENING = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+)
+
+
+@pytest.mark.timeout(60)
+async def test_notify_wakes_the_relay_and_polling_finds_what_no_notify_announced(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    poll_s = 5.0
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s))
+    first_silent, loud, second_silent = (helpers.make_event(n) for n in range(3))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        with anyio.fail_after(20):  # listening, then idle: found nothing, waits for either
+            while not await helpers.pg_value(pg_dsn, LISTENING):  # noqa: ASYNC110 - polling PostgreSQL
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        # control: a row without a NOTIFY is not seen before the next poll
+        await enqueue_silently(pg_dsn, first_silent)
+        await anyio.sleep(1.0)
+        assert (await helpers.fetch_row(pg_dsn, first_silent.event_id))["state"] == "pending"
+        # the NOTIFY of a committed enqueue wakes the relay long before the poll (5 s)
+        started = anyio.current_time()
+        await helpers.enqueue_committed(pg_dsn, [loud])
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=poll_s - 1.5)
+        assert anyio.current_time() - started < poll_s - 1.5
+        # polling remains the truth: a row no NOTIFY announced is published by the poll
+        await enqueue_silently(pg_dsn, second_silent)
+        await helpers.wait_until_settled(pg_dsn, expect_published=3, within_s=poll_s + 5)
+        relay.stop()
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(e.event_id) for e in (first_silent, loud, second_silent)}
