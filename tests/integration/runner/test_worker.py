@@ -7,6 +7,7 @@ import json
 import time
 
 import anyio
+import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
@@ -256,3 +257,45 @@ async def test_publish_after_losing_the_fence_raises_fence_lost(rig: Rig) -> Non
 
 async def _no_journal(record: object) -> None:
     return None
+
+
+async def test_postgresql_cutting_the_workers_connections_loses_no_job(rig: Rig) -> None:
+    """The server terminates every connection of the worker's pool three times while jobs run.
+    The worker keeps going: write-backs that were cut are retried, or their leases expire and
+    rescue returns the work; every job ends succeeded (tally has no effects, so a rerun is
+    allowed) and the worker is still running at the end."""
+    await _register(rig, "tally")
+    runs: list[str] = []
+
+    async def tally(ctx: JobContext) -> None:
+        await anyio.sleep(0.02)
+        runs.append(ctx.lease.operation_id)
+
+    jobs = [await rig.submit_job(f"t{i}", "tally") for i in range(60)]
+    worker = rig.worker({"tally": (tally, 30.0)}, concurrency=4, rescue_every_s=0.2)
+    admin = await asyncpg.connect(rig.pg_dsn)
+    others = (
+        "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " AND backend_type = 'client backend'"
+    )
+    try:
+        async with running(worker):
+            for cut in range(3):
+                await wait_for(lambda n=cut: _at_least(runs, 10 * (n + 1)))
+                await admin.execute(f"SELECT pg_terminate_backend(pid) {others}")
+
+            async def all_succeeded() -> bool:  # on the admin connection: never cut
+                done = await admin.fetchval(
+                    "SELECT count(*) FROM jobs.jobs WHERE state = 'succeeded'"
+                )
+                return bool(done == len(jobs))
+
+            await wait_for(all_succeeded, within=60)
+        # running() re-raises whatever ended the worker: it survived the cuts on its own
+    finally:
+        await admin.close()
+    assert set(runs) == {f"t{i}" for i in range(60)}
+
+
+async def _at_least(runs: list[str], n: int) -> bool:
+    return len(runs) >= n
