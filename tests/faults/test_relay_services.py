@@ -151,3 +151,41 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     # At least once: the timed-out publishes may arrive too once the alarm clears.
     assert set(counts) == {str(first.event_id), str(blocked.event_id)}
+
+
+@pytest.mark.timeout(120)
+async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_reason(
+    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+) -> None:
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, publish_timeout_s=30.0, lease_s=60.0))
+    first, cut = helpers.make_event(0), helpers.make_event(1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.enqueue_committed(pg_dsn, [first])
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
+        # Hold the next publish in flight (a memory alarm blocks the connection, and the
+        # confirm timeout is long), then the broker closes every connection under it.
+        await anyio.to_thread.run_sync(
+            broker_eval, "vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)."
+        )
+        await helpers.enqueue_committed(pg_dsn, [cut])
+        await anyio.sleep(1.0)
+        assert (await helpers.fetch_row(pg_dsn, cut.event_id))["last_reason"] is None
+        await anyio.to_thread.run_sync(
+            broker_eval,
+            "'rabbit_networking':close_all_connections(<<\"accord test: connection lost\">>).",
+        )
+        with anyio.fail_after(30):
+            while relay.stats.failures.get("connection_lost", 0) < 1:  # noqa: ASYNC110 (another task's counter)
+                await anyio.sleep(0.05)
+        row = await helpers.fetch_row(pg_dsn, cut.event_id)
+        assert row["state"] == "pending" and row["last_reason"] == "connection_lost"
+        assert row["attempts"] >= 1 and row["published_at"] is None
+        await anyio.to_thread.run_sync(
+            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({broker_settings})."
+        )
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
+        relay.stop()
+    assert relay.stats.reconnects >= 1
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(first.event_id), str(cut.event_id)}
