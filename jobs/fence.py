@@ -54,6 +54,19 @@ async def succeed(tx: Any, lease: Lease) -> str | None:
     return await succeed_once(tx, lease)
 
 
+async def succeed_batch(conn: Any, leases: list[Lease]) -> set[int] | None:
+    """``jobs.succeed_many`` on ``conn`` (one statement, its own transaction): the job ids
+    published, each lease fenced on its own row; or None when an effect of one of them was
+    begun while the batch waited for its rows, and the whole batch rolled back (0009)."""
+    columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
+    try:
+        return {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
+    except asyncpg.PostgresError as error:
+        if error.sqlstate != EFFECT_BEGUN_DURING_PUBLISH:
+            raise
+        return None
+
+
 async def succeed_once(conn: Any, lease: Lease) -> str | None:
     """``jobs.succeed`` on ``conn`` (in a transaction or as its own): None, or the refusal.
     An effect begun while the publish waited for the row rolls the statement back and is

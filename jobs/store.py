@@ -198,16 +198,12 @@ class Store:
         back with their error (FenceLost naming the field, or EffectsUnresolved)."""
         if not leases:
             return BatchPublished((), ())
-        columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
         refused: list[tuple[Lease, JobsError]] = []
         async with self._connection() as conn:
-            try:
-                done = {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
-            except asyncpg.PostgresError as error:
-                if error.sqlstate != fence.EFFECT_BEGUN_DURING_PUBLISH:
-                    raise
-                # The batch rolled back: an effect of one of its jobs was begun meanwhile.
-                # Publish lease by lease so that only that job is refused.
+            batch = await fence.succeed_batch(conn, leases)
+            if batch is None:
+                # Rolled back: an effect of one of its jobs was begun meanwhile. Publish
+                # lease by lease so that only that job is refused.
                 done = set()
                 for lease in leases:
                     status = await fence.succeed_once(conn, lease)
@@ -216,6 +212,7 @@ class Store:
                     else:
                         refused.append((lease, _refusal(lease, status)))
             else:
+                done = batch
                 for lease in leases:
                     if lease.job_id not in done:
                         reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
