@@ -44,6 +44,10 @@ def broker_eval(expression: str) -> str:
     return done.stdout.decode().strip()
 
 
+# The test values (deploy/services.sh undoes exactly these if a killed run left them behind).
+TEST_MAX_MESSAGE_SIZE, ALARM_WATERMARK = "1024", "0.0000001"
+
+
 @pytest.fixture
 async def broker_settings() -> AsyncIterator[str]:
     """Put back the broker's message size limit and memory watermark, whatever happened;
@@ -95,7 +99,7 @@ async def test_a_message_over_the_brokers_limit_is_held_and_never_blocks_the_row
 ) -> None:
     # A limit the relay learns only from the broker (it opens its channel after this).
     await anyio.to_thread.run_sync(
-        broker_eval, "application:set_env(rabbit, max_message_size, 1024)."
+        broker_eval, f"application:set_env(rabbit, max_message_size, {TEST_MAX_MESSAGE_SIZE})."
     )
     small, big, behind = (
         helpers.make_event(0),
@@ -132,7 +136,7 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
         # A memory alarm: the broker blocks every publishing connection.
         await anyio.to_thread.run_sync(
-            broker_eval, "vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)."
+            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({ALARM_WATERMARK})."
         )
         await helpers.enqueue_committed(pg_dsn, [blocked])
         with anyio.fail_after(30):
@@ -166,7 +170,7 @@ async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_r
         # Hold the next publish in flight (a memory alarm blocks the connection, and the
         # confirm timeout is long), then the broker closes every connection under it.
         await anyio.to_thread.run_sync(
-            broker_eval, "vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)."
+            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({ALARM_WATERMARK})."
         )
         await helpers.enqueue_committed(pg_dsn, [cut])
         await anyio.sleep(1.0)
