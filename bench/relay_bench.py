@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 import uuid
@@ -62,7 +61,7 @@ UPDATE relay.outbox SET state = 'pending', published_at = NULL, lease_token = NU
 """
 
 
-def event(n: int, event_id: uuid.UUID | None = None) -> Event:
+def event(n: int) -> Event:
     # ~1 KiB JSON body
     return Event(
         tenant="bench",
@@ -70,7 +69,6 @@ def event(n: int, event_id: uuid.UUID | None = None) -> Event:
         type="report.accepted",
         version=1,
         payload={"report_id": f"r{n}", "subject": "x" * 990},
-        **({"event_id": event_id} if event_id is not None else {}),
     )
 
 
@@ -195,14 +193,7 @@ DOMAINS = {
            VALUES ($1, $2, 'quarterly report for the board', $3, $4)""",
     ),
 }
-KINDS = ("plain", "round_trip", "raw_insert", "enqueue", "enqueue_v7")
-
-
-def uuid7() -> uuid.UUID:
-    """A time-ordered UUIDv7 (RFC 9562): 48-bit Unix ms, version, 74 random bits."""
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (time.time_ns() // 1_000_000) << 80 | 0x7 << 76 | (rand >> 62) << 64
-    return uuid.UUID(int=value | 0b10 << 62 | rand & ((1 << 62) - 1))
+KINDS = ("plain", "round_trip", "raw_insert", "enqueue")
 
 
 def domain_args(domain: str, e: Event) -> tuple[Any, ...]:
@@ -225,15 +216,14 @@ async def one_round(
     ``plain``: the domain INSERT alone. ``round_trip``: plus a bare ``SELECT 1`` (the floor
     of any second statement). ``raw_insert``: plus the ENQUEUE statement, its arguments
     computed before the clock starts (the floor of a one-statement outbox).
-    ``enqueue``: plus ``relay.enqueue``. ``enqueue_v7``: the same with a time-ordered
-    UUIDv7 event id instead of the ``Event`` default uuid4 (a what-if, not the default).
+    ``enqueue``: plus ``relay.enqueue`` (event ids are the ``Event`` default, UUIDv7).
     """
     insert = DOMAINS[domain][1]
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     for i in range(n + 50):
         for kind in kinds:
             seq[0] += 1
-            e = event(seq[0], uuid7() if kind == "enqueue_v7" else None)
+            e = event(seq[0])
             args, raw = domain_args(domain, e), outbox_args(e) if kind == "raw_insert" else ()
             t0 = time.perf_counter()
             async with conn.transaction():
@@ -379,8 +369,7 @@ def report(r: dict[str, Any]) -> None:
         )
         print(
             f"  floors at p50: a second statement (SELECT 1) {r[d + 'round_trip_adds_p50']:+.1%}, "
-            f"the bare ENQUEUE statement {r[d + 'raw_insert_adds_p50']:+.1%}; "
-            f"enqueue with UUIDv7 event ids {r[d + 'enqueue_v7_adds_p50']:+.1%}"
+            f"the bare ENQUEUE statement {r[d + 'raw_insert_adds_p50']:+.1%}"
         )
     wal = ", ".join(
         f"{label} {r[f'wal_{key}_bytes']} B ({r[f'wal_{key}_fpi']} full-page images)"
