@@ -1,9 +1,11 @@
 """The relay when its services misbehave without going away: PostgreSQL cuts its
-connections, the broker refuses a message as too large, the broker stops confirming.
+connections, the broker refuses a message as too large, stops confirming, or closes the
+connection under a publish in flight.
 
 Each test first shows the allowed control (an event publishes), then the fault, then that
-nothing committed was lost and the failure was recorded in PostgreSQL with its typed reason.
-These tests change the shared broker's settings for a few seconds and put them back.
+nothing committed was lost and, where a publish failed, that the row recorded the typed
+reason in PostgreSQL. These tests change the shared broker's settings for a few seconds and
+put them back (deploy/services.sh undoes them if a killed run could not).
 """
 
 from __future__ import annotations
