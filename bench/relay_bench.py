@@ -32,7 +32,7 @@ import anyio
 import asyncpg
 
 from accord import runtime
-from relay import Relay, RelayConfig, enqueue
+from relay import Relay, RelayConfig, enqueue, outbox
 from relay import sql as relay_sql
 from schemas import migrate
 from schemas.catalog import default_catalog
@@ -203,9 +203,7 @@ def domain_args(domain: str, e: Event) -> tuple[Any, ...]:
 
 
 def outbox_args(e: Event) -> tuple[Any, ...]:
-    body, digest = encode_payload(e), CATALOG.digest(e)
-    fields = (e.event_id, e.tenant, e.operation_id, e.type, e.version, e.authority_epoch)
-    return (*fields, digest, body, None, e.occurred_at)
+    return outbox.enqueue_args(e, CATALOG.digest(e), encode_payload(e), None)
 
 
 async def one_round(

@@ -140,22 +140,30 @@ async def enqueue(
         try:
             row_id: int = await tx.fetchval(
                 sql.ENQUEUE,
-                event.event_id,
-                event.tenant,
-                event.operation_id,
-                event.type,
-                event.version,
-                event.authority_epoch,
-                digest,
-                body,
-                json.dumps(carrier) if carrier else None,
-                event.occurred_at,
+                *enqueue_args(event, digest, body, json.dumps(carrier) if carrier else None),
             )
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name == "outbox_event_unique":
                 raise DuplicateEvent(tenant=event.tenant, event_id=str(event.event_id)) from exc
             raise
     return row_id
+
+
+def enqueue_args(event: Event, digest: str, body: bytes, trace_json: str | None) -> tuple[Any, ...]:
+    """The parameters of ``sql.ENQUEUE`` for ``event``, in order (the body already encoded,
+    the digest already computed, the trace context as JSON)."""
+    return (
+        event.event_id,
+        event.tenant,
+        event.operation_id,
+        event.type,
+        event.version,
+        event.authority_epoch,
+        digest,
+        body,
+        trace_json,
+        event.occurred_at,
+    )
 
 
 async def claim(

@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from relay import Relay
+from schemas.events import Event
 from schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.support import unavailable
@@ -64,9 +65,25 @@ async def broker_settings() -> AsyncIterator[str]:
     await anyio.to_thread.run_sync(
         broker_eval, f"application:set_env(rabbit, max_message_size, {size})."
     )
+    await set_watermark(watermark)
+
+
+async def set_watermark(term: str) -> None:
+    """Set the broker's memory high watermark (ALARM_WATERMARK blocks every publisher)."""
     await anyio.to_thread.run_sync(
-        broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({watermark})."
+        broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({term})."
     )
+
+
+async def failed_with(relay: Relay, dsn: str, event: Event, reason: str, times: int) -> None:
+    """Wait until the relay counted ``times`` publish failures for ``reason``; the event's row
+    is then still pending and keeps that reason and its attempts."""
+    with anyio.fail_after(30):
+        while relay.stats.failures.get(reason, 0) < times:  # noqa: ASYNC110 (another task's counter)
+            await anyio.sleep(0.05)
+    row = await helpers.fetch_row(dsn, event.event_id)
+    assert row["state"] == "pending" and row["last_reason"] == reason
+    assert row["attempts"] >= times and row["published_at"] is None
 
 
 @pytest.mark.timeout(120)
@@ -136,20 +153,10 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
         tg.start_soon(relay.run)
         await helpers.enqueue_committed(pg_dsn, [first])
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
-        # A memory alarm: the broker blocks every publishing connection.
-        await anyio.to_thread.run_sync(
-            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({ALARM_WATERMARK})."
-        )
+        await set_watermark(ALARM_WATERMARK)  # the broker blocks every publishing connection
         await helpers.enqueue_committed(pg_dsn, [blocked])
-        with anyio.fail_after(30):
-            while relay.stats.failures.get("timeout", 0) < 2:  # noqa: ASYNC110 (another task's counter)
-                await anyio.sleep(0.05)
-        row = await helpers.fetch_row(pg_dsn, blocked.event_id)
-        assert row["state"] == "pending" and row["last_reason"] == "timeout"
-        assert row["attempts"] >= 2 and row["published_at"] is None
-        await anyio.to_thread.run_sync(
-            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({broker_settings})."
-        )
+        await failed_with(relay, pg_dsn, blocked, "timeout", 2)
+        await set_watermark(broker_settings)
         await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
         relay.stop()
     row = await helpers.fetch_row(pg_dsn, blocked.event_id)
@@ -171,9 +178,7 @@ async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_r
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
         # Hold the next publish in flight (a memory alarm blocks the connection, and the
         # confirm timeout is long), then the broker closes every connection under it.
-        await anyio.to_thread.run_sync(
-            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({ALARM_WATERMARK})."
-        )
+        await set_watermark(ALARM_WATERMARK)
         await helpers.enqueue_committed(pg_dsn, [cut])
         await anyio.sleep(1.0)
         assert (await helpers.fetch_row(pg_dsn, cut.event_id))["last_reason"] is None
@@ -181,15 +186,8 @@ async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_r
             broker_eval,
             "'rabbit_networking':close_all_connections(<<\"accord test: connection lost\">>).",
         )
-        with anyio.fail_after(30):
-            while relay.stats.failures.get("connection_lost", 0) < 1:  # noqa: ASYNC110 (another task's counter)
-                await anyio.sleep(0.05)
-        row = await helpers.fetch_row(pg_dsn, cut.event_id)
-        assert row["state"] == "pending" and row["last_reason"] == "connection_lost"
-        assert row["attempts"] >= 1 and row["published_at"] is None
-        await anyio.to_thread.run_sync(
-            broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({broker_settings})."
-        )
+        await failed_with(relay, pg_dsn, cut, "connection_lost", 1)
+        await set_watermark(broker_settings)
         await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
         relay.stop()
     assert relay.stats.reconnects >= 1

@@ -270,19 +270,7 @@ async def enqueue_silently(dsn: str, event: Event) -> None:
     try:
         body = encode_payload(event, 262_144)
         digest = default_catalog().digest(event)
-        await conn.execute(
-            silent,
-            event.event_id,
-            event.tenant,
-            event.operation_id,
-            event.type,
-            event.version,
-            event.authority_epoch,
-            digest,
-            body,
-            None,
-            event.occurred_at,
-        )
+        await conn.execute(silent, *outbox.enqueue_args(event, digest, body, None))
     finally:
         await conn.close()
 
