@@ -6,7 +6,9 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Awaitable, Callable
 
+import anyio
 import pytest
 
 SOAK = os.environ.get("ACCORD_SOAK", "") not in ("", "0")
@@ -39,3 +41,13 @@ def docker_answers() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], within: float = 60, every: float = 0.05
+) -> None:
+    """Poll ``predicate`` (the database, a broker, another task's counter: things with no
+    event to wait on) until it holds; fail after ``within`` s."""
+    with anyio.fail_after(within):
+        while not await predicate():  # noqa: ASYNC110 - polling, no event to wait on
+            await anyio.sleep(every)

@@ -40,9 +40,8 @@ from tests.integration.consumers.support import (
     queue_depth,
     report,
     topology_for,
-    wait_for,
 )
-from tests.support import scaled
+from tests.support import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)

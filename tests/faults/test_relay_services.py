@@ -22,7 +22,7 @@ from relay import Relay
 from schemas.events import Event
 from schemas.topology import Topology
 from tests.integration.relay import helpers
-from tests.support import unavailable
+from tests.support import unavailable, wait_for
 
 # The relay's backends in the test's database (every client backend but the one asking).
 OTHERS = (
@@ -78,9 +78,11 @@ async def set_watermark(term: str) -> None:
 async def failed_with(relay: Relay, dsn: str, event: Event, reason: str, times: int) -> None:
     """Wait until the relay counted ``times`` publish failures for ``reason``; the event's row
     is then still pending and keeps that reason and its attempts."""
-    with anyio.fail_after(30):
-        while relay.stats.failures.get(reason, 0) < times:  # noqa: ASYNC110 (another task's counter)
-            await anyio.sleep(0.05)
+
+    async def counted() -> bool:
+        return relay.stats.failures.get(reason, 0) >= times
+
+    await wait_for(counted, within=30)
     row = await helpers.fetch_row(dsn, event.event_id)
     assert row["state"] == "pending" and row["last_reason"] == reason
     assert row["attempts"] >= times and row["published_at"] is None
@@ -93,6 +95,10 @@ async def test_postgresql_cutting_the_relays_connections_loses_nothing(
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, batch=20, poll_s=0.05))
     admin = await asyncpg.connect(pg_dsn)
     ids = []
+
+    async def relay_connected() -> bool:
+        return bool(await admin.fetchval(f"SELECT count(*) {OTHERS}"))
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
         ids += await helpers.enqueue_committed(pg_dsn, [helpers.make_event(0)])
@@ -100,9 +106,7 @@ async def test_postgresql_cutting_the_relays_connections_loses_nothing(
         for cut in range(3):
             batch = [helpers.make_event(n) for n in range(1 + cut * 100, 1 + (cut + 1) * 100)]
             ids += await helpers.enqueue_committed(pg_dsn, batch)
-            with anyio.fail_after(20):  # the relay is back after the previous cut
-                while not await admin.fetchval(f"SELECT count(*) {OTHERS}"):  # noqa: ASYNC110 - polling PostgreSQL
-                    await anyio.sleep(0.02)
+            await wait_for(relay_connected, within=20, every=0.02)  # back after the last cut
             await admin.execute(f"SELECT pg_terminate_backend(pid) {OTHERS}")
         await helpers.wait_until_settled(pg_dsn, expect_published=len(ids), within_s=60)
         relay.stop()
@@ -131,9 +135,11 @@ async def test_a_message_over_the_brokers_limit_is_held_and_never_blocks_the_row
         await helpers.enqueue_committed(pg_dsn, [small])
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
         await helpers.enqueue_committed(pg_dsn, [big, behind])
-        with anyio.fail_after(30):
-            while (await helpers.outbox_stats(pg_dsn)).published < 2 or relay.stats.held < 1:  # noqa: ASYNC110 - polling PostgreSQL
-                await anyio.sleep(0.05)
+
+        async def settled() -> bool:
+            return (await helpers.outbox_stats(pg_dsn)).published >= 2 and relay.stats.held >= 1
+
+        await wait_for(settled, within=30)
         relay.stop()
     held = await helpers.fetch_row(pg_dsn, big.event_id)
     assert held["state"] == "held" and held["last_reason"] == "oversize"

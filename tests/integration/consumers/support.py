@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -177,15 +177,6 @@ async def running(runtime: ConsumerRuntime, within: float = 60) -> AsyncIterator
             await runtime.consuming.wait()
         yield runtime
         runtime.stop()
-
-
-async def wait_for(
-    predicate: Callable[[], Awaitable[bool]], within: float = 60, every: float = 0.05
-) -> None:
-    """Poll the database (the truth) until ``predicate`` holds; fail after ``within`` s."""
-    with anyio.fail_after(within):
-        while not await predicate():  # noqa: ASYNC110 - polling PostgreSQL, no event to wait on
-            await anyio.sleep(every)
 
 
 async def queue_depth(amqp_url: str, queue: str) -> int:

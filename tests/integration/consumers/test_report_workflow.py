@@ -27,9 +27,9 @@ from tests.integration.consumers.support import (
     publish,
     report,
     running,
-    wait_for,
     wire_message,
 )
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(120)

@@ -27,10 +27,9 @@ from tests.integration.consumers.support import (
     report,
     running,
     runtime_for,
-    wait_for,
     wire_message,
 )
-from tests.support import scaled
+from tests.support import scaled, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

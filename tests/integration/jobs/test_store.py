@@ -24,6 +24,7 @@ from jobs import (
 )
 from jobs.store import BatchPublished
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
+from tests.support import wait_for
 
 
 async def results_row(tx: asyncpg.Connection, lease: Lease) -> None:
@@ -430,6 +431,9 @@ async def test_an_effect_begun_while_the_publish_waits_refuses_that_publish(
             await jobs.store.publish(raced)
         outcome.append("refused")
 
+    async def waiting_on_the_row() -> bool:
+        return bool(await jobs.pool.fetchval(WAITING_ON_A_LOCK))
+
     async with jobs.pool.acquire() as holder:
         tx = holder.transaction()
         await tx.start()
@@ -437,9 +441,7 @@ async def test_an_effect_begun_while_the_publish_waits_refuses_that_publish(
         assert begun["status"] is None  # pending, not yet committed; the row is locked
         async with anyio.create_task_group() as tg:
             tg.start_soon(publish)
-            with anyio.fail_after(10):
-                while not await jobs.pool.fetchval(WAITING_ON_A_LOCK):  # noqa: ASYNC110 - polling PostgreSQL
-                    await anyio.sleep(0.01)
+            await wait_for(waiting_on_the_row, within=10, every=0.01)
             await tx.commit()
     if batch:
         done = outcome[0]

@@ -37,6 +37,7 @@ from schemas.catalog import default_catalog
 from schemas.events import Event
 from schemas.topology import declare, demo_topology
 from tests.conftest import BrokerNames
+from tests.support import wait_for
 
 CATALOG = default_catalog()
 # Event times within the inbox's replay window (an older event is refused as too old).
@@ -75,12 +76,6 @@ def run_cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str
         env={**os.environ, "ACCORD_PG_DSN": dsn, **env},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
-    with anyio.fail_after(timeout_s):
-        while not await check():  # noqa: ASYNC110 - polling the database, no event to wait on
-            await anyio.sleep(0.05)
 
 
 async def do_replay(dsn: str, projection: Projection, **kwargs: Any) -> Any:
@@ -134,7 +129,7 @@ async def test_rebuilt_projection_matches_the_live_one(
             tg.start_soon(consumer.run)
             tg.start_soon(relay.run)
             await enqueue_all(pg, batch)
-            await wait_for(lambda: _equals(pg, inbox_rows, len(batch)))
+            await wait_for(lambda: _equals(pg, inbox_rows, len(batch)), within=30)
             consumer.stop()
             relay.stop()
         live = [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)]

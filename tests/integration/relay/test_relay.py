@@ -19,7 +19,7 @@ from schemas.events import Catalog, Event, EventType, encode_payload
 from schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.integration.relay.test_enqueue import memory_exporter
-from tests.support import scaled
+from tests.support import scaled, wait_for
 
 
 class _Rollback(Exception):
@@ -288,11 +288,14 @@ async def test_notify_wakes_the_relay_and_polling_finds_what_no_notify_announced
     poll_s = 5.0
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s))
     first_silent, loud, second_silent = (helpers.make_event(n) for n in range(3))
+
+    async def listening() -> bool:
+        return bool(await helpers.pg_value(pg_dsn, LISTENING))
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
-        with anyio.fail_after(20):  # listening, then idle: found nothing, waits for either
-            while not await helpers.pg_value(pg_dsn, LISTENING):  # noqa: ASYNC110 - polling PostgreSQL
-                await anyio.sleep(0.05)
+        # listening, then idle: found nothing, waits for a NOTIFY or the poll
+        await wait_for(listening, within=20)
         await anyio.sleep(0.5)
         # control: a row without a NOTIFY is not seen before the next poll
         await enqueue_silently(pg_dsn, first_silent)

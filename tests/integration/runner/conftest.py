@@ -4,7 +4,8 @@ its own evidence file, a journal and an object directory, and a running worker."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from jobs.runner import (
     open_journal,
 )
 from schemas.catalog import default_catalog
+from tests import support
 
 TENANT = "acme"
 CATALOG = default_catalog()
@@ -132,13 +134,8 @@ async def _run(worker: Worker, *, task_status: Any) -> None:
     await worker.run(task_status=task_status)
 
 
-async def wait_for(
-    predicate: Callable[[], Awaitable[bool]], within: float = 20, every: float = 0.05
-) -> None:
-    """Poll the database (the truth) until ``predicate`` holds; fail after ``within`` s."""
-    with anyio.fail_after(within):
-        while not await predicate():  # noqa: ASYNC110 - polling PostgreSQL, no event to wait on
-            await anyio.sleep(every)
+#: Poll the database (the truth) until a predicate holds; these tests fail after 20 s.
+wait_for = functools.partial(support.wait_for, within=20)
 
 
 @pytest.fixture
