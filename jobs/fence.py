@@ -11,16 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
-
 from jobs import sql
 from jobs.errors import FENCE_REASONS, FenceLost
 from jobs.models import Lease
 from schemas.db import require_transaction
-
-#: SQLSTATE of ``jobs.succeed`` / ``jobs.succeed_many`` when an effect of a job being published
-#: was begun while the publish waited for its row: the publish rolled back (migration 0009).
-EFFECT_BEGUN_DURING_PUBLISH = "AJ409"
 
 
 def fence_lost(lease: Lease, reason: str) -> FenceLost:
@@ -54,29 +48,17 @@ async def succeed(tx: Any, lease: Lease) -> str | None:
     return await succeed_once(tx, lease)
 
 
-async def succeed_batch(conn: Any, leases: list[Lease]) -> set[int] | None:
+async def succeed_batch(conn: Any, leases: list[Lease]) -> set[int]:
     """``jobs.succeed_many`` on ``conn`` (one statement, its own transaction): the job ids
-    published, each lease fenced on its own row; or None when an effect of one of them was
-    begun while the batch waited for its rows, and the whole batch rolled back (0009)."""
+    published, each lease fenced on its own row."""
     columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
-    try:
-        return {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
-    except asyncpg.PostgresError as error:
-        if error.sqlstate != EFFECT_BEGUN_DURING_PUBLISH:
-            raise
-        return None
+    return {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
 
 
 async def succeed_once(conn: Any, lease: Lease) -> str | None:
-    """``jobs.succeed`` on ``conn`` (in a transaction or as its own): None, or the refusal.
-    An effect begun while the publish waited for the row rolls the statement back and is
-    the refusal ``unresolved_effect`` (see migration 0009)."""
-    try:
-        status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
-    except asyncpg.PostgresError as error:
-        if error.sqlstate != EFFECT_BEGUN_DURING_PUBLISH:
-            raise
-        return "unresolved_effect"
+    """``jobs.succeed`` on ``conn`` (in a transaction or as its own): None, or the refusal
+    (a fence reason or ``unresolved_effect``)."""
+    status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
     return status
 
 

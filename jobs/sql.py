@@ -20,7 +20,7 @@ FENCE = "SELECT jobs.fence($1, $2, $3, $4, $5, $6, $7, $8)"
 # Renew the caller's unexpired lease by $9 seconds from the database clock.
 RENEW = "SELECT status, lease_expires_at FROM jobs.renew($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 
-# The publish's (second) fence and the transition to succeeded, one fenced UPDATE (0009).
+# The publish's (second) fence and the transition to succeeded, one fenced UPDATE (0009, 0010).
 SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
 
 # Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.

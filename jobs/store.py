@@ -200,23 +200,11 @@ class Store:
             return BatchPublished((), ())
         refused: list[tuple[Lease, JobsError]] = []
         async with self._connection() as conn:
-            batch = await fence.succeed_batch(conn, leases)
-            if batch is None:
-                # Rolled back: an effect of one of its jobs was begun meanwhile. Publish
-                # lease by lease so that only that job is refused.
-                done = set()
-                for lease in leases:
-                    status = await fence.succeed_once(conn, lease)
-                    if status is None:
-                        done.add(lease.job_id)
-                    else:
-                        refused.append((lease, _refusal(lease, status)))
-            else:
-                done = batch
-                for lease in leases:
-                    if lease.job_id not in done:
-                        reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
-                        refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
+            done = await fence.succeed_batch(conn, leases)
+            for lease in leases:
+                if lease.job_id not in done:
+                    reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
+                    refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
         published = tuple(lease for lease in leases if lease.job_id in done)
         return BatchPublished(published, tuple(refused))
 

@@ -75,6 +75,11 @@ async def test_a_pending_effect_of_a_job_no_longer_running_can_be_resolved(
             conn, job_id, "k", EffectState.FAILED_BEFORE_DISPATCH, who="a", evidence="journal"
         )
     assert (done.seq, done.job_state) == (1, JobState.QUEUED)
+    # the resolution also cleared the job row's count of unresolved effects (0010), which the
+    # publish checks: the next attempt publishes
+    again = await p.claim_one()
+    await p.store.publish(again)
+    assert await p.state(job_id) == "succeeded"
 
 
 async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> None:

@@ -412,10 +412,10 @@ WAITING_ON_A_LOCK = (
 async def test_an_effect_begun_while_the_publish_waits_refuses_that_publish(
     jobs: Jobs, batch: bool
 ) -> None:
-    """The publish is one UPDATE (migration 0009). If it waits on the job row while the
-    lease's holder begins an effect, its NOT EXISTS saw an older snapshot: the check it makes
-    once it holds the row refuses (tests/isolation/publish_vs_begin_effect.spec shows the job
-    would otherwise be succeeded with the effect pending). Control: the other lease publishes."""
+    """The publish is one UPDATE. If it waits on the job row while the lease's holder begins
+    an effect, the effect's begin has written the row's count of unresolved effects (migration
+    0010), so the publish re-checks the new row version and is refused; without that it would
+    leave the job succeeded with the effect pending. Control: the other lease publishes."""
     await jobs.submit("other")
     other = await jobs.claim_one()
     await jobs.submit("raced")
