@@ -203,8 +203,13 @@ class Store:
             done = await fence.succeed_batch(conn, leases)
             for lease in leases:
                 if lease.job_id not in done:
-                    reason = await conn.fetchval(sql.FENCE, *lease.fence_args())
-                    refused.append((lease, _refusal(lease, reason or "unresolved_effect")))
+                    # The single publish names the refusal exactly as a publish of this lease
+                    # alone would (and publishes it, if it passes the whole fence by now).
+                    status = await fence.succeed_once(conn, lease)
+                    if status is None:
+                        done.add(lease.job_id)
+                    else:
+                        refused.append((lease, _refusal(lease, status)))
         published = tuple(lease for lease in leases if lease.job_id in done)
         return BatchPublished(published, tuple(refused))
 

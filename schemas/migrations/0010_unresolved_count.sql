@@ -1,20 +1,24 @@
--- 0010 the job row counts its unresolved effects; the publish checks the count.
+-- 0010 the job row counts its unresolved effects, so that a publish sees an effect begun
+-- while it waited.
 --
 -- Before (0009): the publish's WHERE clause looked for a pending or unknown effect with
 -- NOT EXISTS, and once the UPDATE held its rows a second statement looked again, because
 -- begin_effect only *locked* the job row: an UPDATE that had waited for that lock went on
 -- with the effects of its older snapshot (tests/isolation/publish_vs_begin_effect.spec).
 --
--- Now every write of an effect's state also writes the job row (trigger effects_count), so
--- the number of pending or unknown effects is a column of the row the publish updates. An
--- UPDATE that waited for an effect's writer re-checks its whole WHERE clause on the job
--- row's new version (EvalPlanQual), count included: the second look, its SQLSTATE AJ409 and
--- the two probes of jobs.effects per publish are gone. Every effect write already locks the
--- job row first (begin_effect and finish_effect through jobs.fence_check,
+-- Now every effect write that changes the number of pending or unknown effects also writes
+-- that number on the job row (trigger effects_count). An UPDATE that waited for such a writer
+-- re-checks its whole WHERE clause on the job row's new version (EvalPlanQual), count
+-- included, so the second statement and its SQLSTATE AJ409 are gone. Every effect write
+-- already locks the job row first (begin_effect and finish_effect through jobs.fence_check,
 -- repair_resolve_effect FOR UPDATE), so the trigger takes no new lock order.
 --
--- jobs.effects stays the record; unresolved_effects is derived from it, by this trigger
--- alone. tests/integration/jobs/test_state_machine.py checks the two agree after every step.
+-- jobs.effects stays the record, and the publish still reads it (NOT EXISTS): the count is
+-- derived, and anything that bypasses the trigger (disabled triggers, a data-only restore)
+-- can leave it wrong. Too high, it refuses a publish (safe, and loud); too low, it only
+-- weakens the re-check of a race in which the lease's holder begins an effect while its own
+-- publish waits. tests/integration/jobs/test_state_machine.py checks that the count and the
+-- record agree after every step.
 
 ALTER TABLE jobs.jobs ADD COLUMN unresolved_effects integer NOT NULL DEFAULT 0;
 
@@ -57,7 +61,9 @@ BEGIN
       AND j.state = 'running'
       AND j.epoch = p_epoch AND t.epoch = p_epoch AND NOT t.frozen
       AND j.lease_expires_at > clock_timestamp()
-      AND j.unresolved_effects = 0;
+      AND j.unresolved_effects = 0
+      AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                      WHERE e.job_id = p_job_id AND e.state IN ('pending', 'unknown'));
     IF FOUND THEN
         RETURN NULL;
     END IF;
@@ -94,5 +100,7 @@ BEGIN
           AND j.epoch = l.epoch AND t.epoch = l.epoch AND NOT t.frozen
           AND j.lease_expires_at > clock_timestamp()
           AND j.unresolved_effects = 0
+          AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                          WHERE e.job_id = j.job_id AND e.state IN ('pending', 'unknown'))
         RETURNING j.job_id;
 END $$;

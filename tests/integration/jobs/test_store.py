@@ -370,6 +370,14 @@ async def test_the_batch_publish_refuses_exactly_what_the_fence_refuses(jobs: Jo
     epoch_only = await claim_for("epoch-only", "epoch")
     await jobs.pool.execute("UPDATE jobs.tenants SET frozen = true WHERE tenant = 'flag-only'")
     await jobs.pool.execute("UPDATE jobs.tenants SET epoch = 2 WHERE tenant = 'epoch-only'")
+    # The row's count of unresolved effects (0010) is derived; written wrong by hand (what a
+    # bypassed trigger would leave), too low it still loses to the record, too high it refuses.
+    undercounted = await claim_for(TENANT, "undercounted")
+    await jobs.store.begin_effect(undercounted, "k", "i")
+    overcounted = await claim_for(TENANT, "overcounted")
+    miscount = "UPDATE jobs.jobs SET unresolved_effects = $2 WHERE job_id = $1"
+    await jobs.pool.execute(miscount, undercounted.job_id, 0)
+    await jobs.pool.execute(miscount, overcounted.job_id, 1)
     stateful: list[tuple[Lease, str | None]] = [
         (gave_up, "state"),
         (expired, "lease_expired"),
@@ -379,6 +387,8 @@ async def test_the_batch_publish_refuses_exactly_what_the_fence_refuses(jobs: Jo
         (frozen, "frozen"),
         (flag_only, "frozen"),
         (epoch_only, "epoch"),
+        (undercounted, "unresolved_effect"),
+        (overcounted, "row_count"),
         # the tenant's epoch matches this lease, the job's (claimed under epoch 1) does not
         (dataclasses.replace(epoch_only, epoch=epoch_only.epoch + 1), "epoch"),
     ]
