@@ -37,7 +37,8 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION jobs.effects_count() FROM PUBLIC;
 
--- No effect changes between the count below and the trigger taking over.
+-- No effect changes between the count below and the trigger taking over (the lock lasts to
+-- the end of the migration's transaction: `accord migrate` runs each file in one; by hand, psql -1).
 LOCK TABLE jobs.effects IN SHARE ROW EXCLUSIVE MODE;
 CREATE TRIGGER effects_count AFTER INSERT OR UPDATE OF state ON jobs.effects
     FOR EACH ROW EXECUTE FUNCTION jobs.effects_count();
