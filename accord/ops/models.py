@@ -184,6 +184,21 @@ class RelayFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class MiscountedJob:
+    """A job whose row counts a different number of unresolved effects than its records."""
+
+    job_id: int
+    tenant: str
+    state: str
+    counted: int
+    recorded: int
+
+    @classmethod
+    def from_record(cls, r: Record) -> MiscountedJob:
+        return cls(r["job_id"], r["tenant"], r["state"], r["counted"], r["recorded"])
+
+
+@dataclass(frozen=True, slots=True)
 class HeldRows:
     """Held outbox rows of one typed reason."""
 
@@ -245,6 +260,7 @@ class StatusReport:
     jobs: tuple[JobGroup, ...]
     waiting: tuple[WaitingGroup, ...]
     effects: tuple[EffectGroup, ...]
+    miscounted: tuple[MiscountedJob, ...]
     tenants: tuple[TenantAuthority, ...]
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures

@@ -91,6 +91,19 @@ GROUP BY e.tenant, j.workflow, e.state, j.state
 ORDER BY e.tenant, j.workflow, e.state, j.state
 """
 
+# Jobs whose count of unresolved effects (jobs.jobs.unresolved_effects, kept by a trigger since
+# migration 0010) disagrees with their effect records in states $1: only something that bypassed
+# the trigger (disabled triggers, a data-only restore) leaves one. The records decide.
+MISCOUNTED_EFFECTS = """
+SELECT j.job_id, j.tenant, j.state, j.unresolved_effects AS counted,
+       coalesce(e.recorded, 0)::integer AS recorded
+FROM jobs.jobs j
+LEFT JOIN (SELECT job_id, count(*) AS recorded FROM jobs.effects
+           WHERE state = ANY ($1::text[]) GROUP BY job_id) e ON e.job_id = j.job_id
+WHERE j.unresolved_effects <> coalesce(e.recorded, 0)
+ORDER BY j.job_id
+"""
+
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
 # database is behind; jobs.authority_restores, migration 0006). Held counts come from JOB_GROUPS.
 TENANTS = """

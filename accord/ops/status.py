@@ -20,6 +20,7 @@ from accord.ops.models import (
     EffectGroup,
     HeldRows,
     JobGroup,
+    MiscountedJob,
     PoisonGroup,
     RefusalGroup,
     RelayFigures,
@@ -57,6 +58,7 @@ async def _collect(conn: Any) -> StatusReport:
         jobs=jobs,
         waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
+        miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
@@ -156,6 +158,11 @@ def render_table(report: StatusReport) -> str:
         ["tenant", "workflow", "effect", "job_state", "effects", "escalated", "oldest_s"],
         [(e.tenant, e.workflow, e.effect_state, e.job_state, e.effects, e.escalated,
           e.oldest_age_s) for e in r.effects],
+    )  # fmt: skip
+    lines += _table(
+        "jobs whose effect count disagrees with their effect records (recount as migration 0010)",
+        ["job_id", "tenant", "state", "counted", "recorded"],
+        [(m.job_id, m.tenant, m.state, m.counted, m.recorded) for m in r.miscounted],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],
