@@ -1,0 +1,114 @@
+"""The relay's claim and settle on real PostgreSQL: SKIP LOCKED, the lease token, in-flight.
+
+Each test shows the allowed case beside the refused one: a claim takes rows nobody holds and
+never waits for rows another claim holds; only the current lease token settles a row; the
+relay never has more than ``in_flight`` publishes awaiting a confirm.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import asyncpg
+
+from relay import Relay, outbox
+from relay.outbox import OutboxState, Settlement
+from schemas.topology import Topology
+from schemas.wire import WireMessage
+from tests.integration.relay import helpers
+
+
+async def test_a_claim_skips_rows_another_claim_holds_instead_of_waiting(pg_dsn: str) -> None:
+    ids = set(await helpers.enqueue_outbox_ids(pg_dsn, [helpers.make_event(n) for n in range(6)]))
+    holder = await asyncpg.connect(pg_dsn)
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        tx = holder.transaction()
+        await tx.start()  # the holder's claim keeps its row locks until it commits
+        held = {row.id for row in await outbox.claim(holder, uuid.uuid4(), 2, 30.0)}
+        assert len(held) == 2
+        with anyio.fail_after(5):  # FOR UPDATE without SKIP LOCKED would wait for the holder
+            async with other.transaction():
+                got = {row.id for row in await outbox.claim(other, uuid.uuid4(), 10, 30.0)}
+        assert got == ids - held
+        await tx.commit()
+        async with other.transaction():  # leased by their claims now: nothing left to take
+            assert await outbox.claim(other, uuid.uuid4(), 10, 30.0) == []
+    finally:
+        await holder.close()
+        await other.close()
+
+
+async def test_only_the_current_lease_token_settles_a_row(pg_dsn: str) -> None:
+    """A relay whose lease expired (token A) settles after another relay re-claimed the row
+    (token B): A's settle changes nothing, the row stays pending under B, and B's settles it."""
+    [row_id] = await helpers.enqueue_outbox_ids(pg_dsn, [helpers.make_event(1)])
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        stale, current = uuid.uuid4(), uuid.uuid4()
+        async with conn.transaction():
+            assert [r.id for r in await outbox.claim(conn, stale, 10, 0.2)] == [row_id]
+        await anyio.sleep(0.4)  # the database clock passes the 0.2 s lease
+        async with conn.transaction():
+            assert [r.id for r in await outbox.claim(conn, current, 10, 30.0)] == [row_id]
+        done = [Settlement(row_id, OutboxState.PUBLISHED, publish_id=uuid.uuid4())]
+        async with conn.transaction():
+            assert await outbox.settle(conn, stale, done) == 0
+        row = await conn.fetchrow(
+            "SELECT state, lease_token FROM relay.outbox WHERE id = $1", row_id
+        )
+        assert (row["state"], row["lease_token"]) == ("pending", current)
+        async with conn.transaction():  # control: the holder of the lease settles it
+            assert await outbox.settle(conn, current, done) == 1
+        assert await conn.fetchval("SELECT state FROM relay.outbox WHERE id = $1", row_id) == (
+            "published"
+        )
+    finally:
+        await conn.close()
+
+
+class CountingPublisher:
+    """A recording double at the broker seam: confirms after a short delay and records how
+    many publishes were awaiting a confirm at once."""
+
+    def __init__(self) -> None:
+        self.awaiting = 0
+        self.peak = 0
+        self.confirmed: list[str] = []
+
+    async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        self.awaiting += 1
+        self.peak = max(self.peak, self.awaiting)
+        try:
+            await anyio.sleep(0.01)
+        finally:
+            self.awaiting -= 1
+        self.confirmed.append(message.message_id)
+
+    def broken(self) -> bool:
+        return False
+
+
+async def test_the_relay_never_has_more_than_in_flight_publishes_awaiting_a_confirm(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    events = [helpers.make_event(n) for n in range(120)]
+    await helpers.enqueue_committed(pg_dsn, events)
+    double = CountingPublisher()
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[CountingPublisher]:
+        yield double
+
+    relay = Relay(
+        helpers.config(pg_dsn, amqp_url, topo, in_flight=8, batch=50, loops=2, poll_s=0.05),
+        publisher=factory,
+    )
+    assert relay.config.claim_size == 4  # two loops share the eight
+    await helpers.run_until_settled([relay], pg_dsn, len(events), within_s=30)
+    assert sorted(double.confirmed) == sorted(str(e.event_id) for e in events)
+    # pipelined (more than one confirm awaited at once), and never past the bound
+    assert 1 < double.peak <= 8, double.peak
