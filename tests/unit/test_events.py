@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from schemas.catalog import default_catalog
 from schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
-from schemas.events import Event, encode_payload, split_versioned_type
+from schemas.events import Event, encode_payload, semantic_digest, split_versioned_type
 
 CATALOG = default_catalog()
 
@@ -32,6 +33,30 @@ def test_digest_is_stable_and_hex_sha256() -> None:
     first = CATALOG.digest(accepted())
     assert first == CATALOG.digest(accepted())
     assert len(first) == 64 and int(first, 16) >= 0
+
+
+def test_digest_known_answer() -> None:
+    """The digest is SHA-256 of these exact bytes: RFC 8785 JSON of tenant, operation id,
+    type, version, epoch and the material payload, spelled out by hand here."""
+    canonical = (
+        b'{"authority_epoch":3,"material":{"report_id":"r1","subject":"quarterly"},'
+        b'"operation_id":"op-1","tenant":"tenant-a","type":"report.accepted","version":1}'
+    )
+    assert CATALOG.digest(accepted()) == hashlib.sha256(canonical).hexdigest()
+
+
+def test_digest_is_rfc8785_not_sorted_json() -> None:
+    """Where RFC 8785 and sorted compact JSON differ: keys sort by UTF-16 code units (the
+    astral U+1F600 before U+FB01), 1.0 is 1, and 1e21 is 1e+21."""
+    material = {"n": 1.0, "big": 1e21, "a\U0001f600": 1, "a\ufb01": 2}
+    canonical = (
+        '{"authority_epoch":0,"material":{"a\U0001f600":1,"a\ufb01":2,"big":1e+21,"n":1},'
+        '"operation_id":"op","tenant":"t","type":"x.y","version":2}'
+    ).encode()
+    digest = semantic_digest(
+        tenant="t", operation_id="op", type_="x.y", version=2, authority_epoch=0, material=material
+    )
+    assert digest == hashlib.sha256(canonical).hexdigest()
 
 
 def test_digest_excludes_event_id_timestamps_and_key_order() -> None:
