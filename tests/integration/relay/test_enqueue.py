@@ -12,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from relay import DuplicateEvent, enqueue, outbox, sql
 from schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
@@ -149,20 +150,30 @@ def memory_exporter() -> InMemorySpanExporter:
 
 
 async def test_enqueue_stores_the_create_span_context(pg: asyncpg.Connection) -> None:
+    """The create span is a child of the caller's current span (the request that enqueued),
+    and the row stores the create span's own context, in the caller's trace."""
     exporter = memory_exporter()
     event = make_event(4)
-    async with pg.transaction():
-        await enqueue(pg, event)
+    with trace.get_tracer("test").start_as_current_span("handle request") as request:
+        async with pg.transaction():
+            await enqueue(pg, event)
     stored = await pg.fetchval("SELECT trace FROM relay.outbox")
     create = [s for s in exporter.get_finished_spans() if s.name.startswith("create ")]
     assert len(create) == 1
     span = create[0]
+    caller = request.get_span_context()
+    assert span.parent is not None and span.parent.span_id == caller.span_id
+    assert span.context.trace_id == caller.trace_id
+    assert span.kind is SpanKind.PRODUCER
     assert span.attributes is not None
     assert span.attributes["messaging.system"] == "rabbitmq"
     assert span.attributes["messaging.operation.type"] == "create"
     assert span.attributes["messaging.message.id"] == str(event.event_id)
     traceparent = json.loads(stored)["traceparent"]
-    assert traceparent.split("-")[2] == format(span.context.span_id, "016x")
+    assert traceparent.split("-")[1:3] == [
+        format(caller.trace_id, "032x"),
+        format(span.context.span_id, "016x"),
+    ]
 
 
 async def test_enum_mirrors_the_check_constraint(pg: asyncpg.Connection) -> None:

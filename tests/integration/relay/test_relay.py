@@ -10,6 +10,7 @@ import aio_pika
 import anyio
 import asyncpg
 import pytest
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
 from relay import Relay, enqueue, outbox, sql
@@ -199,7 +200,11 @@ async def test_publish_span_links_to_create_and_traceparent_travels(
     create = next(s for s in spans if s.name.startswith("create "))
     publish = next(s for s in spans if s.name == f"publish {topo.exchange}")
     assert [link.context.span_id for link in publish.links] == [create.context.span_id]
+    assert publish.kind is SpanKind.PRODUCER and create.kind is SpanKind.PRODUCER
     assert publish.attributes is not None
+    assert publish.attributes["messaging.system"] == "rabbitmq"
+    assert publish.attributes["messaging.operation.type"] == "send"
+    assert publish.attributes["messaging.operation.name"] == "publish"
     assert publish.attributes["messaging.destination.name"] == topo.exchange
     assert publish.attributes["messaging.rabbitmq.destination.routing_key"] == event.ce_type
     assert publish.attributes["messaging.message.id"] == str(event.event_id)
