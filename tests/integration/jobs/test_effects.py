@@ -115,16 +115,31 @@ async def test_rescue_never_retries_work_with_an_effect(
     assert [le.job_id for le in claimed] == ([job_id] if expected is JobState.QUEUED else [])
 
 
-async def test_claim_skips_queued_work_with_a_blocking_effect(jobs: Jobs) -> None:
+@pytest.mark.parametrize(
+    ("outcome", "claimable"),
+    [
+        (EffectState.FAILED_BEFORE_DISPATCH, True),  # control: nothing was dispatched
+        (None, False),  # pending
+        (EffectState.UNKNOWN, False),
+        (EffectState.SUCCEEDED, False),  # not resumed by repair: never run again
+    ],
+    ids=["failed_before_dispatch", "pending", "unknown", "succeeded"],
+)
+async def test_claim_skips_queued_work_with_a_blocking_effect(
+    jobs: Jobs, outcome: EffectState | None, claimable: bool
+) -> None:
     job_id = await jobs.submit("a")
     lease = await jobs.claim_one()
     await jobs.store.begin_effect(lease, "k", "i")
+    if outcome is not None:
+        await jobs.store.finish_effect(lease, "k", outcome)
     # An administrative requeue that ignored the effect (not an API; a direct write):
     await jobs.pool.execute(
         "UPDATE jobs.jobs SET state = 'queued', lease_expires_at = NULL WHERE job_id = $1",
         job_id,
     )
-    assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
+    got = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30)
+    assert [g.job_id for g in got] == ([job_id] if claimable else [])
 
 
 async def test_fail_with_an_effect_never_requeues(jobs: Jobs) -> None:

@@ -52,6 +52,29 @@ async def test_owner_change_needs_a_drained_class(jobs: Jobs) -> None:
     await jobs.store.register_workflow("w2", "new")  # drained again
 
 
+@pytest.mark.parametrize("open_state", ["running", "unknown", "held"])
+async def test_running_unknown_or_held_work_also_keeps_the_owner(
+    jobs: Jobs, open_state: str
+) -> None:
+    await jobs.store.register_workflow("w4", "old")
+    await jobs.store.register_workflow("w4", "new")  # control: nothing open, allowed
+    await jobs.store.register_workflow("w4", "old", effects_enabled=True)
+    job_id = await jobs.submit("a", workflow="w4")
+    lease = (await jobs.store.claim("w4", "old", lease_s=30))[0]  # running
+    if open_state == "unknown":
+        await jobs.store.begin_effect(lease, "k", "i")
+        assert await jobs.store.fail(lease, "ambiguous", retry=False) is JobState.UNKNOWN
+    elif open_state == "held":  # what restore detection does to a tenant's work (test-only)
+        await jobs.pool.execute(
+            "UPDATE jobs.jobs SET state = 'held', lease_expires_at = NULL WHERE job_id = $1",
+            job_id,
+        )
+    assert await jobs.state(job_id) == open_state
+    with pytest.raises(WorkflowNotDrained) as info:
+        await jobs.store.register_workflow("w4", "new")
+    assert info.value.fields["open"] == {open_state: 1}
+
+
 async def test_transfer_carries_the_work_and_fences_out_the_old_owner(jobs: Jobs) -> None:
     await jobs.store.register_workflow("w3", "old", effects_enabled=True)
     queued = await jobs.submit("q", workflow="w3")
