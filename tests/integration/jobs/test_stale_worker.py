@@ -1,6 +1,8 @@
-"""The stale-worker experiment: the current worker publishes (control); after ownership
-moves (expiry + re-claim, cancel, or epoch rotation) the old worker's publish is refused
-every time, however plausible its result, while the new worker's is accepted."""
+"""The stale-worker experiment, 1,000 runs for each way ownership moves: the current worker
+publishes (control); after ownership moves (expiry + re-claim, cancel, or epoch rotation) the
+old worker's publish is refused every time, however plausible its result, while the new
+worker's is accepted. After a rotation the old worker tries twice: before the new worker has
+claimed the job (refused on the epoch) and after (refused on the generation)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from jobs import FenceLost, JobState, Lease, Store
 from tests.integration.jobs.conftest import Jobs
 from tests.support import scaled
 
-RUNS = scaled(1000, 10_000)
+RUNS = scaled(1000, 10_000)  # per mode
 MODES = ("expiry", "cancel", "rotation")
 
 
@@ -58,6 +60,12 @@ async def one_run(jobs: Jobs, i: int, mode: str, tally: Counter[str]) -> None:
         assert (await jobs.store.rescue()).requeued == [subject]
         new = await jobs.claim_one()
         assert new.epoch == old.epoch + 1
+        try:  # again, now that the new worker holds the job
+            await jobs.store.publish(old, manifest(old))
+        except FenceLost as lost:
+            tally[f"stale_refused_after_reclaim:{mode}:{lost.reason}"] += 1
+        else:
+            tally[f"stale_ACCEPTED_after_reclaim:{mode}"] += 1
     if new is not None:
         await jobs.store.publish(new, manifest(new))
         tally["new_accepted"] += 1
@@ -70,21 +78,22 @@ async def one_run(jobs: Jobs, i: int, mode: str, tally: Counter[str]) -> None:
 @pytest.mark.timeout(600)
 async def test_a_stale_worker_never_publishes(jobs: Jobs) -> None:
     tally: Counter[str] = Counter()
-    for i in range(RUNS):
+    total = RUNS * len(MODES)
+    for i in range(total):
         await one_run(jobs, i, MODES[i % len(MODES)], tally)
-    per_mode = {m: len(range(i, RUNS, len(MODES))) for i, m in enumerate(MODES)}
-    print(f"stale-worker experiment, {RUNS} runs: {dict(sorted(tally.items()))}")
-    assert tally["control_accepted"] == RUNS
-    assert tally["stale_refused:expiry:generation"] == per_mode["expiry"]
-    assert tally["stale_refused:cancel:generation"] == per_mode["cancel"]
-    assert tally["stale_refused:rotation:epoch"] == per_mode["rotation"]
-    assert tally["new_accepted"] == per_mode["expiry"] + per_mode["rotation"]
-    assert not any(k.startswith("stale_ACCEPTED") for k in tally)
+    print(f"stale-worker experiment, {RUNS} runs per mode: {dict(sorted(tally.items()))}")
+    assert tally["control_accepted"] == total
+    assert tally["stale_refused:expiry:generation"] == RUNS
+    assert tally["stale_refused:cancel:generation"] == RUNS
+    assert tally["stale_refused:rotation:epoch"] == RUNS
+    assert tally["stale_refused_after_reclaim:rotation:generation"] == RUNS
+    assert tally["new_accepted"] == 2 * RUNS  # expiry and rotation: a new worker holds it
+    assert not any("ACCEPTED" in k for k in tally)
     assert tally["wrong_manifest"] == 0
     states = dict(
         await jobs.pool.fetch("SELECT state, count(*) FROM jobs.jobs GROUP BY state")  # type: ignore[arg-type]
     )
     assert states == {
-        JobState.SUCCEEDED.value: RUNS + per_mode["expiry"] + per_mode["rotation"],
-        JobState.CANCELED.value: per_mode["cancel"],
+        JobState.SUCCEEDED.value: total + 2 * RUNS,
+        JobState.CANCELED.value: RUNS,
     }
