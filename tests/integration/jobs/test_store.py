@@ -134,6 +134,9 @@ async def test_renew_extends_only_an_unexpired_current_lease(jobs: Jobs) -> None
     lease = await jobs.claim_one(lease_s=5)
     renewed = await jobs.store.renew(lease, 60)  # control
     assert renewed.lease_expires_at > lease.lease_expires_at
+    # 60 s from the database clock now, not from the old expiry (which would leave ~65 s)
+    left = await jobs.pool.fetchval("SELECT $1::timestamptz - now()", renewed.lease_expires_at)
+    assert 55 < left.total_seconds() <= 60
     assert renewed.attempt_id == lease.attempt_id and renewed.generation == lease.generation
     await jobs.expire(job_id)
     with pytest.raises(FenceLost) as info:

@@ -44,6 +44,10 @@ async def test_accord_worker_refuses_to_start_when_it_should_not_serve(
     assert elsewhere.returncode == 2 and b"WorkflowOwnedElsewhere" in elsewhere.stderr
     unknown = await anyio.run_process([*CLI[:-1], "no-such-class"], env=env, cwd=ROOT, check=False)
     assert unknown.returncode == 2 and b"ConfigError" in unknown.stderr
+    # a class this worker knows, with no queue owner registered in the database (test-only)
+    await rig.pool.execute("DELETE FROM jobs.workflows WHERE workflow = $1", CLI[-1])
+    unregistered = await anyio.run_process(CLI, env=env, cwd=ROOT, check=False)
+    assert unregistered.returncode == 2 and b"WorkflowNotRegistered" in unregistered.stderr
     # none of them opened a journal or claimed anything
     assert not (tmp_path / "journal").exists()
     assert await rig.pool.fetchval("SELECT count(*) FROM jobs.jobs WHERE attempts > 0") == 0
