@@ -10,6 +10,9 @@ import aio_pika
 import anyio
 import asyncpg
 import pytest
+from cloudevents.core.bindings.rabbitmq import RabbitMQMessage, from_binary
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
@@ -217,6 +220,33 @@ async def test_publish_span_links_to_create_and_traceparent_travels(
     ]
     assert message.message_id == str(event.event_id)
     assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+async def test_a_message_the_relay_published_reads_with_the_cloudevents_sdk(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """Binary-mode CloudEvents as the broker delivered it (headers and properties after the
+    round trip through RabbitMQ), read by the official SDK's RabbitMQ binding."""
+    event = helpers.make_event(7)
+    await helpers.enqueue_committed(pg_dsn, [event])
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    await helpers.run_until_settled([relay], pg_dsn, 1, within_s=20)
+    message = await helpers.get_one(amqp_url, topo.queue("report"))
+    assert message.content_type is not None
+    headers = {k: v for k, v in message.headers.items() if isinstance(v, str)}
+    # the ce- attributes arrive as strings; the quorum queue adds x-delivery-count, an integer
+    assert {k for k in message.headers if k.startswith("ce-")} <= set(headers), message.headers
+    ce = from_binary(
+        RabbitMQMessage(headers, message.content_type, message.body), JSONFormat(), CloudEvent
+    )
+    assert (ce.get_id(), ce.get_type(), ce.get_specversion()) == (
+        str(event.event_id),
+        event.ce_type,
+        "1.0",
+    )
+    assert ce.get_extension("tenantid") == event.tenant
+    assert ce.get_extension("operationid") == event.operation_id
+    assert ce.get_data() == event.payload
 
 
 async def test_stale_lease_is_reclaimed_and_republish_is_byte_identical(
