@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs import (
+    EffectState,
     FenceLost,
     JobState,
     WorkflowNotDrained,
@@ -99,3 +100,19 @@ async def test_transfer_carries_the_work_and_fences_out_the_old_owner(jobs: Jobs
     await jobs.store.publish(new_lease)
     view = await jobs.store.job(queued)
     assert view.state is JobState.QUEUED and view.operation_id == "q"
+
+
+async def test_transfer_keeps_the_effect_records_of_the_work_it_carries(jobs: Jobs) -> None:
+    """Work the old owner left with a pending effect moves to the new owner as it is: the
+    record stays, the job becomes unknown at rescue, and the new owner cannot run it again."""
+    await jobs.store.register_workflow("w5", "old", effects_enabled=True)
+    job_id = await jobs.submit("e", workflow="w5")
+    old = (await jobs.store.claim("w5", "old", lease_s=300))[0]
+    await jobs.store.begin_effect(old, "charge", "intent")
+    await jobs.store.transfer_workflow("w5", "old", "new")
+    assert (await jobs.store.rescue()).ids(JobState.UNKNOWN) == [job_id]
+    view = await jobs.store.job(job_id)
+    assert [(e.effect_key, e.state, e.attempt_id) for e in view.effects] == [
+        ("charge", EffectState.PENDING, old.attempt_id)
+    ]
+    assert await jobs.store.claim("w5", "new", lease_s=30) == []
