@@ -381,6 +381,13 @@ class Machine(RuleBasedStateMachine):
             )
         assert done.unresolved_effects == bool(job.effect_states() & UNRESOLVED)
 
+    def submit_and_claim(self, tenant: str, op: str) -> Lease | None:
+        """Submit (tenant, op) and claim one job: the new lease, or None if nothing was due."""
+        self.submit(tenant, op)
+        before = len(self.issued)
+        self.claim(1)
+        return self.issued[-1] if len(self.issued) > before else None
+
     @rule(
         tenant=st.sampled_from(TENANTS),
         op=st.sampled_from(OPS),
@@ -394,12 +401,9 @@ class Machine(RuleBasedStateMachine):
         """A common story as one step (the single rules rarely line it up): submit, claim a
         job, run an effect to ``outcome``, and give the job up; the other rules then meet jobs
         that are unknown with every outcome known (resumable) or with one unresolved."""
-        self.submit(tenant, op)
-        before = len(self.issued)
-        self.claim(1)
-        if len(self.issued) == before:
+        lease = self.submit_and_claim(tenant, op)
+        if lease is None:
             return
-        lease = self.issued[-1]
         self.begin_with(lease, key)
         self.finish_with(lease, key, outcome)
         self.fail_with(lease, retry)
@@ -420,12 +424,9 @@ class Machine(RuleBasedStateMachine):
         """The worker's path as one step (the single rules rarely line it up): claim a job,
         perhaps run an effect to ``outcome`` (or leave it pending) and perhaps begin the same
         key again, then publish it (with a fenced callback, or in a batch) or cancel it."""
-        self.submit(tenant, op)
-        before = len(self.issued)
-        self.claim(1)
-        if len(self.issued) == before:
+        lease = self.submit_and_claim(tenant, op)
+        if lease is None:
             return
-        lease = self.issued[-1]
         if outcome is not None:
             self.begin_with(lease, key)
             if outcome != "pending":
