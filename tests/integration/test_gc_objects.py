@@ -35,11 +35,8 @@ def make_old(store: LocalDirStore, key: str) -> None:
 
 
 async def reference(pg: asyncpg.Connection, key: str, operation: str) -> None:
-    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('t') ON CONFLICT DO NOTHING")
     job_id = await pg.fetchval(
-        "INSERT INTO jobs.jobs (tenant, workflow, operation_id, digest)"
-        " VALUES ('t', 'report', $1, 'd') RETURNING job_id",
-        operation,
+        "SELECT job_id FROM jobs.submit('t', 'report', $1, 'd', '{}', 5)", operation
     )
     await pg.execute(
         "INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)"

@@ -13,7 +13,8 @@ CREATE TABLE spec.leases (
 -- Empty every jobs table (TRUNCATE: effect records refuse DELETE), restart ids, register 'w'.
 CREATE FUNCTION spec.reset() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    TRUNCATE jobs.results, jobs.effects, jobs.jobs, jobs.tenants, jobs.workflows, spec.leases
+    TRUNCATE jobs.results, jobs.effects, jobs.jobs, jobs.operations, jobs.tenants,
+             jobs.workflows, spec.leases
         RESTART IDENTITY CASCADE;
     INSERT INTO jobs.workflows (workflow, owner, effects_enabled) VALUES ('w', 'o', true);
 END $$;

@@ -110,8 +110,8 @@ class Machine(RuleBasedStateMachine):
 
     async def reset(self) -> None:
         await self.pool.execute(
-            "TRUNCATE jobs.results, jobs.effects, jobs.jobs, jobs.tenants, jobs.workflows"
-            " RESTART IDENTITY CASCADE"
+            "TRUNCATE jobs.results, jobs.effects, jobs.jobs, jobs.operations, jobs.tenants,"
+            " jobs.workflows RESTART IDENTITY CASCADE"
         )
         await self.store.register_workflow(WORKFLOW, OWNER, effects_enabled=True)
 
