@@ -13,7 +13,7 @@
 --    operation id move with the key: every job's values are an operation row's. No job row
 --    is ever deleted, so no operation row outlives its job.
 --
--- 2. A publish, renew or fail addresses one job by its primary key. Their UPDATEs also said
+-- 2. A publish, renew, fail or rescue's re-check addresses its jobs by primary key. Their UPDATEs also said
 --    state = 'running', the predicate of jobs_running_idx, so the planner could drive them
 --    from that index instead. With statistics taken while nothing ran (a backlog submitted,
 --    then analyzed, as autovacuum does), that index looks empty and cheaper than the primary
@@ -23,6 +23,8 @@
 --      makes a lease exist exactly while the job runs, so that check already says running.
 --    * jobs.renew and jobs.fail update a row that jobs.fence_check has just locked and found
 --      running under this lease; their UPDATE no longer repeats the state.
+--    * jobs.rescue's second step re-checks its locked candidates by id and says running as
+--      "has a lease" (the same CHECK). Its first step still finds them by jobs_running_idx.
 --
 -- The migration holds jobs.jobs against writes while it copies the keys (one transaction).
 
@@ -193,4 +195,42 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM jobs.effects e
                           WHERE e.job_id = j.job_id AND e.state IN ('pending', 'unknown'))
         RETURNING j.job_id;
+END $$;
+
+-- rescue: the one loop that returns abandoned running work (0004; only step 2's spelling of
+-- `running` changed, see this file's header).
+CREATE OR REPLACE FUNCTION jobs.rescue(p_limit integer, p_backoff_base_s double precision,
+                                       p_backoff_max_s double precision)
+RETURNS TABLE (job_id bigint, tenant text, state text, generation bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+BEGIN
+    -- Step 1: lock candidates; a row a fenced writer holds right now is skipped, not waited on.
+    SELECT array_agg(c.job_id) INTO v_ids FROM (
+        SELECT j.job_id FROM jobs.jobs j JOIN jobs.tenants t ON t.tenant = j.tenant
+        WHERE j.state = 'running'
+          AND (j.lease_expires_at <= clock_timestamp() OR j.epoch <> t.epoch)
+        ORDER BY j.lease_expires_at
+        LIMIT p_limit
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) c;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- Step 2: a new snapshot, taken while we hold the locks: re-check our own candidates
+    -- (a renewal, publish or effect that committed before we locked is visible here).
+    -- Still running = still leased (jobs_lease_check), spelled so the primary key finds them.
+    RETURN QUERY
+        UPDATE jobs.jobs j
+        SET state = jobs.next_state(j.job_id, j.attempts, j.max_attempts, true),
+            generation = j.generation + 1, lease_expires_at = NULL,
+            last_error = CASE WHEN j.epoch <> t.epoch THEN 'epoch_rotated' ELSE 'lease_expired' END,
+            run_after = now() + jobs.backoff(j.attempts, p_backoff_base_s, p_backoff_max_s),
+            updated_at = now()
+        FROM jobs.tenants t
+        WHERE j.job_id = ANY (v_ids) AND t.tenant = j.tenant AND j.lease_expires_at IS NOT NULL
+          AND (j.lease_expires_at <= clock_timestamp() OR j.epoch <> t.epoch)
+        RETURNING j.job_id, j.tenant, j.state, j.generation;
 END $$;

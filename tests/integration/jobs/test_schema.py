@@ -40,17 +40,23 @@ async def test_every_statement_prepares(pg: asyncpg.Connection, name: str, state
     await pg.prepare(statement)
 
 
+async def finished_jobs(pg: asyncpg.Connection, n: int) -> None:
+    """``n`` succeeded jobs of tenant acme over workflows w0..w19, in one statement."""
+    await pg.execute(
+        "WITH o AS (INSERT INTO jobs.operations (tenant, workflow, operation_id, job_id)"
+        " SELECT 'acme', 'w' || (i % 20), 'done' || i, nextval('jobs.jobs_job_id_seq')"
+        " FROM generate_series(1, $1) i RETURNING *)"
+        " INSERT INTO jobs.jobs (job_id, tenant, workflow, operation_id, digest, state)"
+        " OVERRIDING SYSTEM VALUE"
+        " SELECT job_id, tenant, workflow, operation_id, 'd', 'succeeded' FROM o",
+        n,
+    )
+
+
 async def test_claim_uses_its_partial_index(pg: asyncpg.Connection) -> None:
     # Enough rows that the planner would not pick a sequential scan for a good reason.
     await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
-    await pg.execute(
-        "WITH o AS (INSERT INTO jobs.operations (tenant, workflow, operation_id, job_id)"
-        " SELECT 'acme', 'w' || (i % 20), 'op' || i, nextval('jobs.jobs_job_id_seq')"
-        " FROM generate_series(1, 20000) i RETURNING *)"
-        " INSERT INTO jobs.jobs (job_id, tenant, workflow, operation_id, digest, state)"
-        " OVERRIDING SYSTEM VALUE"
-        " SELECT job_id, tenant, workflow, operation_id, 'd', 'succeeded' FROM o"
-    )
+    await finished_jobs(pg, 20000)
     await pg.execute("ANALYZE jobs.jobs")
     plan = "\n".join(
         row[0]
@@ -115,6 +121,8 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
     """Statistics taken while nothing ran (a backlog, then ANALYZE) make jobs_running_idx
     look empty. A write-back that addresses its job by id must still be planned on the
     primary key, not as a scan of every running job (migration 0011)."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    await finished_jobs(pg, 20000)
     store = Store(pg, backoff_base_s=0.0)
     await store.register_workflow("w", "o")
     async with pg.transaction():
@@ -138,6 +146,10 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
     )
     assert "jobs_running_idx" in control, control
 
+    await pg.execute(
+        "UPDATE jobs.jobs SET lease_expires_at = now() - interval '1 second' WHERE job_id = $1",
+        leases[9].job_id,
+    )
     plans: list[str] = []
     pg.add_log_listener(lambda _conn, message: plans.append(message.message))
     await pg.execute("LOAD 'auto_explain'")
@@ -150,12 +162,14 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
     await store.publish(leases[2])
     await store.publish(leases[3], noop)
     done = await store.publish_many(leases[4:9])
+    rescued = await store.rescue(limit=10)
     await pg.execute("RESET client_min_messages")
     assert len(done.published) == 5
+    assert [r.job_id for r in rescued.rescued] == [leases[9].job_id]
 
     updates = [p for p in plans if "Update on jobs j" in p]
-    # renew, fail, two publishes, one batch: one UPDATE of the job row each
-    assert len(updates) == 5, plans
+    # renew, fail, two publishes, one batch, rescue's re-check: one UPDATE of job rows each
+    assert len(updates) == 6, plans
     for plan in updates:
         assert "jobs_pkey" in plan and "jobs_running_idx" not in plan, plan
 
