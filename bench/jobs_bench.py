@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -276,6 +277,7 @@ async def main(args: argparse.Namespace) -> None:
     python = None if args.skip_pgqueuer else ensure_pgqueuer_venv()
     n, w, b = args.jobs, args.workers, args.batch
     print(f"jobs bench: {n} no-op jobs, {w} workers, claim batch {b}, rounds {args.rounds}")
+    ratios: dict[str, list[float]] = {}
     for rnd in range(1, args.rounds + 1):
         variants: dict[str, Callable[[str], Awaitable[tuple[float, int]]]] = {
             "raw": lambda d: bench_raw(d, n, w, b),
@@ -298,12 +300,19 @@ async def main(args: argparse.Namespace) -> None:
         for name, rate in rates.items():
             base = "raw-batch" if name.endswith("batch") or name == "pgqueuer" else "raw"
             ratio = rate / rates[base]
+            ratios.setdefault(f"{name} / {base}", []).append(ratio)
             print(f"round {rnd}  {name:<13} {rate:8.0f} jobs/s  {ratio:5.2f} x {base}")
         # Context, not the goal: the callback path against a raw loop of the same shape.
         print(f"round {rnd}  accord / raw-tx = {rates['accord'] / rates['raw-tx']:.2f}")
         if "pgqueuer" in rates:
             for name in ("accord", "accord-nocb", "accord-batch"):
                 print(f"round {rnd}  {name} / pgqueuer = {rates[name] / rates['pgqueuer']:.2f}")
+                ratios.setdefault(f"{name} / pgqueuer", []).append(rates[name] / rates["pgqueuer"])
+    # Rounds swing with the machine; the ratio's median and range over the rounds is the figure.
+    for key, values in ratios.items():
+        if not key.startswith(("raw", "pgqueuer")):
+            low, mid, high = min(values), statistics.median(values), max(values)
+            print(f"over {len(values)} rounds  {key:<26} median {mid:.2f}  ({low:.2f}-{high:.2f})")
 
 
 def cli() -> None:

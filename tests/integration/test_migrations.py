@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from jobs import JobConflict, Store, submit
 from schemas import migrate
+from schemas import sql as schema_sql
 from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 
 
@@ -88,3 +90,59 @@ async def test_a_pending_file_below_an_applied_one_is_refused(pg: asyncpg.Connec
     with pytest.raises(MigrationError) as info:
         await migrate.check(pg)
     assert info.value.fields["pending"] == [versions[1]]
+
+
+async def apply_through(conn: asyncpg.Connection, version: int) -> None:
+    """The migrator's own steps (one transaction per file, recorded), stopping at ``version``."""
+    await conn.execute(schema_sql.ENSURE_LEDGER)
+    for migration in migrate.load_migrations():
+        if migration.version > version:
+            return
+        async with conn.transaction():
+            await conn.execute(migration.text)
+            await conn.execute(
+                schema_sql.RECORD, migration.version, migration.name, migration.checksum
+            )
+
+
+async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_dsn: str) -> None:
+    """jobs.operations (0011) takes over the idempotency key from jobs.jobs: an upgraded
+    database keeps every job's key, and work in flight across the upgrade still publishes."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await apply_through(conn, 10)
+        store = Store(conn)
+        await store.register_workflow("w", "o")
+        ids: dict[tuple[str, str], int] = {}
+        async with conn.transaction():
+            for tenant, op in [("acme", "a"), ("acme", "b"), ("zeta", "a")]:
+                done = await submit(conn, tenant=tenant, workflow="w", operation_id=op, digest="d")
+                ids[(tenant, op)] = done.job_id
+        [lease] = await store.claim("w", "o", lease_s=60)
+
+        later = [m.version for m in migrate.load_migrations() if m.version > 10]
+        assert await migrate.migrate(conn) == later
+        keys = await conn.fetch(
+            "SELECT tenant, workflow, operation_id, job_id FROM jobs.operations"
+        )
+        assert {(r["tenant"], r["operation_id"]): r["job_id"] for r in keys} == ids
+        assert {r["workflow"] for r in keys} == {"w"}
+        assert await conn.fetchval(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'jobs_operation_fkey'"
+        )
+
+        # The key still decides: the same operation is the same job, untouched; another
+        # digest is a conflict; a new operation is a new job.
+        async with conn.transaction():
+            again = await submit(conn, tenant="acme", workflow="w", operation_id="a", digest="d")
+            fresh = await submit(conn, tenant="acme", workflow="w", operation_id="c", digest="d")
+        assert (again.job_id, again.created) == (ids[("acme", "a")], False)
+        assert fresh.created and fresh.job_id > max(ids.values())
+        with pytest.raises(JobConflict):
+            async with conn.transaction():
+                await submit(conn, tenant="acme", workflow="w", operation_id="b", digest="other")
+        # The lease taken before the upgrade publishes after it.
+        await store.publish(lease)
+        assert (await store.job(lease.job_id)).state == "succeeded"
+    finally:
+        await conn.close()
