@@ -199,6 +199,21 @@ class MiscountedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class UnkeyedJob:
+    """A job whose operation key row (jobs.operations) is missing."""
+
+    job_id: int
+    tenant: str
+    workflow: str
+    operation_id: str
+    state: str
+
+    @classmethod
+    def from_record(cls, r: Record) -> UnkeyedJob:
+        return cls(r["job_id"], r["tenant"], r["workflow"], r["operation_id"], r["state"])
+
+
+@dataclass(frozen=True, slots=True)
 class HeldRows:
     """Held outbox rows of one typed reason."""
 
@@ -261,6 +276,7 @@ class StatusReport:
     waiting: tuple[WaitingGroup, ...]
     effects: tuple[EffectGroup, ...]
     miscounted: tuple[MiscountedJob, ...]
+    unkeyed: tuple[UnkeyedJob, ...]
     tenants: tuple[TenantAuthority, ...]
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures

@@ -104,6 +104,19 @@ WHERE j.unresolved_effects <> coalesce(e.recorded, 0)
 ORDER BY j.job_id
 """
 
+# Jobs without the operation row that names them (jobs.operations, the idempotency key since
+# migration 0011). Its foreign key makes one impossible unless something bypassed it (disabled
+# triggers, a data-only restore of a dump taken before 0011): submitting such a job's operation
+# again would make a second job.
+UNKEYED_JOBS = """
+SELECT j.job_id, j.tenant, j.workflow, j.operation_id, j.state
+FROM jobs.jobs j
+WHERE NOT EXISTS (SELECT 1 FROM jobs.operations o
+                  WHERE o.job_id = j.job_id AND o.tenant = j.tenant
+                    AND o.workflow = j.workflow AND o.operation_id = j.operation_id)
+ORDER BY j.job_id
+"""
+
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
 # database is behind; jobs.authority_restores, migration 0006). Held counts come from JOB_GROUPS.
 TENANTS = """

@@ -26,6 +26,7 @@ from accord.ops.models import (
     RelayFigures,
     StatusReport,
     TenantAuthority,
+    UnkeyedJob,
     WaitingGroup,
     WorkflowClass,
 )
@@ -59,6 +60,7 @@ async def _collect(conn: Any) -> StatusReport:
         waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
         miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
+        unkeyed=await _rows(conn, UnkeyedJob.from_record, sql.UNKEYED_JOBS),
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
@@ -163,6 +165,11 @@ def render_table(report: StatusReport) -> str:
         "jobs whose effect count disagrees with their effect records (recount as migration 0010)",
         ["job_id", "tenant", "state", "counted", "recorded"],
         [(m.job_id, m.tenant, m.state, m.counted, m.recorded) for m in r.miscounted],
+    )  # fmt: skip
+    lines += _table(
+        "jobs without their operation key row (a resubmit would make a second job; see 0011)",
+        ["job_id", "tenant", "workflow", "operation_id", "state"],
+        [(u.job_id, u.tenant, u.workflow, u.operation_id, u.state) for u in r.unkeyed],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],

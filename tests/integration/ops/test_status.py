@@ -106,10 +106,37 @@ async def test_status_names_a_job_whose_effect_count_disagrees_with_its_records(
     assert to_json(report)["miscounted"][0]["job_id"] == job_id
 
 
+async def test_status_names_a_job_without_its_operation_key_row(
+    pool: asyncpg.Pool, seeded: Expected
+) -> None:
+    """jobs.operations (migration 0011) is the idempotency key; its foreign key keeps every
+    job's row there. The seeded mix has none missing (control); a row removed behind the
+    foreign key's back, as a data-only restore with disabled triggers can leave it, is named,
+    and it matters: submitting that operation again would make a second job."""
+    assert (await snapshot(pool)).unkeyed == ()
+    job = await pool.fetchrow(
+        "SELECT job_id, tenant, workflow, operation_id FROM jobs.jobs ORDER BY job_id LIMIT 1"
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute("DELETE FROM jobs.operations WHERE job_id = $1", job["job_id"])
+    report = await snapshot(pool)
+    assert [(u.job_id, u.operation_id) for u in report.unkeyed] == [
+        (job["job_id"], job["operation_id"])
+    ]
+    assert "without their operation key row" in render_table(report)
+    assert to_json(report)["unkeyed"][0]["job_id"] == job["job_id"]
+    again = await pool.fetchval(
+        "SELECT job_id FROM jobs.submit($1, $2, $3, 'd', '{}', 5)",
+        job["tenant"], job["workflow"], job["operation_id"],
+    )  # fmt: skip
+    assert again != job["job_id"]
+
+
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
     report = await snapshot(pool)
     assert report.jobs == report.waiting == report.effects == report.poison == ()
-    assert report.miscounted == ()
+    assert report.miscounted == report.unkeyed == ()
     assert (report.relay.pending, report.relay.held, report.relay.lag_s) == (0, 0, 0.0)
     assert to_json(report)["totals"]["queued"] == 0
     assert "jobs: none" in render_table(report)
