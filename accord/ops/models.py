@@ -200,17 +200,17 @@ class MiscountedJob:
 
 @dataclass(frozen=True, slots=True)
 class UnkeyedJob:
-    """A job whose operation key row (jobs.operations) is missing."""
+    """A job without its operation key row, or a key row without its job (``problem``)."""
 
     job_id: int
     tenant: str
     workflow: str
     operation_id: str
-    state: str
+    problem: str
 
     @classmethod
     def from_record(cls, r: Record) -> UnkeyedJob:
-        return cls(r["job_id"], r["tenant"], r["workflow"], r["operation_id"], r["state"])
+        return cls(r["job_id"], r["tenant"], r["workflow"], r["operation_id"], r["problem"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,17 +104,21 @@ WHERE j.unresolved_effects <> coalesce(e.recorded, 0)
 ORDER BY j.job_id
 """
 
-# Jobs without the operation row that names them (jobs.operations, the idempotency key since
-# migration 0011). Its foreign key makes one impossible unless something bypassed it (disabled
-# triggers, a data-only restore of a dump taken before 0011): submitting such a job's operation
-# again would make a second job.
+# Jobs and operation keys (jobs.operations, the idempotency key since migration 0011) that do
+# not name each other: a job without its key row, or a key row without its job. Foreign keys
+# both ways make either impossible unless something bypassed them (disabled triggers, a
+# data-only restore of a dump taken before 0011). A job without its key could be submitted
+# again as a second job; a key without its job makes its resubmits fail.
 UNKEYED_JOBS = """
-SELECT j.job_id, j.tenant, j.workflow, j.operation_id, j.state
+SELECT coalesce(j.job_id, o.job_id) AS job_id, coalesce(j.tenant, o.tenant) AS tenant,
+       coalesce(j.workflow, o.workflow) AS workflow,
+       coalesce(j.operation_id, o.operation_id) AS operation_id,
+       CASE WHEN o.job_id IS NULL THEN 'job_without_key' ELSE 'key_without_job' END AS problem
 FROM jobs.jobs j
-WHERE NOT EXISTS (SELECT 1 FROM jobs.operations o
-                  WHERE o.job_id = j.job_id AND o.tenant = j.tenant
-                    AND o.workflow = j.workflow AND o.operation_id = j.operation_id)
-ORDER BY j.job_id
+FULL JOIN jobs.operations o ON o.job_id = j.job_id AND o.tenant = j.tenant
+                           AND o.workflow = j.workflow AND o.operation_id = j.operation_id
+WHERE j.job_id IS NULL OR o.job_id IS NULL
+ORDER BY 1, 5
 """
 
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the

@@ -167,9 +167,9 @@ def render_table(report: StatusReport) -> str:
         [(m.job_id, m.tenant, m.state, m.counted, m.recorded) for m in r.miscounted],
     )  # fmt: skip
     lines += _table(
-        "jobs without their operation key row (a resubmit would make a second job; see 0011)",
-        ["job_id", "tenant", "workflow", "operation_id", "state"],
-        [(u.job_id, u.tenant, u.workflow, u.operation_id, u.state) for u in r.unkeyed],
+        "jobs and operation keys that do not name each other (see migration 0011)",
+        ["job_id", "tenant", "workflow", "operation_id", "problem"],
+        [(u.job_id, u.tenant, u.workflow, u.operation_id, u.problem) for u in r.unkeyed],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],

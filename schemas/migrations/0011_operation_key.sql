@@ -10,8 +10,11 @@
 --    jobs.operations ties every job to the one operation row that names it, so the database
 --    still holds at most one job per operation, and the job row's copy of the columns (which
 --    the fence compares) cannot differ from the key. The non-empty CHECKs on workflow and
---    operation id move with the key: every job's values are an operation row's. No job row
---    is ever deleted, so no operation row outlives its job.
+--    operation id move with the key: every job's values are an operation row's. A deferred
+--    foreign key the other way (operations.job_id to jobs.jobs) keeps an operation row from
+--    outliving its job: emptying jobs.jobs takes jobs.operations with it (TRUNCATE needs
+--    both, or CASCADE), so a resubmit can never find a key that names a missing or a reused
+--    job id. submit's lookup compares all four columns and raises if the job is not there.
 --
 -- 2. A publish, renew, fail or rescue's re-check addresses its jobs by primary key. Their UPDATEs also said
 --    state = 'running', the predicate of jobs_running_idx, so the planner could drive them
@@ -25,10 +28,16 @@
 --      running under this lease; their UPDATE no longer repeats the state.
 --    * jobs.rescue's second step re-checks its locked candidates by id and says running as
 --      "has a lease" (the same CHECK). Its first step still finds them by jobs_running_idx.
+--    So these fences now lean on jobs_lease_check; a comment on the constraint says so.
 --
--- The migration holds jobs.jobs against writes while it copies the keys (one transaction).
+-- The migration takes jobs.jobs whole (ACCESS EXCLUSIVE: no reads, no writes) for its one
+-- transaction, which copies every key and validates the foreign keys: plan it, since it grows
+-- with the table. It asks for that lock first, so a write-back in flight (holding a weaker
+-- lock on jobs.jobs) finishes before it rather than deadlocking against a later upgrade, and
+-- gives up after lock_timeout instead of queueing every reader behind it; run it again then.
 
-LOCK TABLE jobs.jobs IN SHARE ROW EXCLUSIVE MODE;
+SET LOCAL lock_timeout = '60s';
+LOCK TABLE jobs.jobs IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE jobs.operations (
     tenant       text   NOT NULL,
@@ -50,6 +59,15 @@ ALTER TABLE jobs.jobs
     DROP CONSTRAINT jobs_operation_key,
     DROP CONSTRAINT jobs_workflow_check,
     DROP CONSTRAINT jobs_operation_id_check;
+-- Checked at commit: submit writes the operation row before the job row it names.
+ALTER TABLE jobs.operations
+    ADD CONSTRAINT operations_job_fkey FOREIGN KEY (job_id) REFERENCES jobs.jobs (job_id)
+        DEFERRABLE INITIALLY DEFERRED;
+
+COMMENT ON CONSTRAINT jobs_lease_check ON jobs.jobs IS
+    'A lease exists exactly while the job runs. jobs.succeed, jobs.succeed_many and '
+    'jobs.rescue read an unexpired (or any) lease as running (0011): relaxing this check '
+    'weakens their fences.';
 
 -- submit: idempotent on (tenant, workflow, operation id); never resets an existing job.
 -- The operation row comes first, with the id its job will carry. ON CONFLICT DO NOTHING waits
@@ -81,8 +99,16 @@ BEGIN
     END IF;
     RETURN QUERY
         SELECT j.job_id, false, j.state, j.digest
-        FROM jobs.operations o JOIN jobs.jobs j ON j.job_id = o.job_id
+        FROM jobs.operations o
+        JOIN jobs.jobs j ON j.job_id = o.job_id AND j.tenant = o.tenant
+                        AND j.workflow = o.workflow AND j.operation_id = o.operation_id
         WHERE o.tenant = p_tenant AND o.workflow = p_workflow AND o.operation_id = p_operation_id;
+    IF NOT FOUND THEN
+        -- Only a bypassed foreign key leaves a key without its job (accord status lists it).
+        RAISE EXCEPTION 'operation % of tenant % (workflow %) has a key row but no job',
+            p_operation_id, p_tenant, p_workflow
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
 END $$;
 
 -- renew: extend the caller's own unexpired lease; never revives an expired one.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import asyncpg
 import pytest
 
@@ -9,6 +10,7 @@ from jobs import JobConflict, Store, submit
 from schemas import migrate
 from schemas import sql as schema_sql
 from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
+from tests.support import wait_for
 
 
 async def test_empty_database_migrates_then_second_run_is_noop(empty_pg_dsn: str) -> None:
@@ -57,7 +59,6 @@ async def test_database_ahead_of_code_is_refused(pg: asyncpg.Connection) -> None
 
 
 async def test_concurrent_migrators_apply_each_file_once(empty_pg_dsn: str) -> None:
-    import anyio
 
     conns = [await asyncpg.connect(empty_pg_dsn) for _ in range(3)]
     results: list[list[int]] = []
@@ -146,3 +147,46 @@ async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_d
         assert (await store.job(lease.job_id)).state == "succeeded"
     finally:
         await conn.close()
+
+
+async def test_0011_lets_a_publish_in_flight_finish_first(empty_pg_dsn: str) -> None:
+    """0011 takes jobs.jobs whole. A publish whose first fence already holds its job row (and
+    a weak lock on jobs.jobs) when the migration starts must still commit: the migration asks
+    for its strongest lock first and waits, instead of upgrading a weaker one into a deadlock
+    that PostgreSQL would break by failing the publish."""
+    admin = await asyncpg.connect(empty_pg_dsn)
+    worker = await asyncpg.connect(empty_pg_dsn)
+    migrator = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await apply_through(admin, 10)
+        store = Store(admin)
+        await store.register_workflow("w", "o")
+        async with admin.transaction():
+            await submit(admin, tenant="acme", workflow="w", operation_id="a", digest="d")
+        [lease] = await store.claim("w", "o", lease_s=60)
+        applied: list[int] = []
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'jobs.jobs'::regclass"
+        )
+
+        async with anyio.create_task_group() as tg:
+
+            async def migrate_now() -> None:
+                applied.extend(await migrate.migrate(migrator))
+
+            async def callback(tx: asyncpg.Connection) -> None:
+                # The first fence holds the row; now the migration starts and must wait.
+                tg.start_soon(migrate_now)
+
+                async def migration_waits() -> bool:
+                    return bool(await admin.fetchval(waiting))
+
+                await wait_for(migration_waits, within=10)
+
+            await Store(worker).publish(lease, callback)
+
+        assert applied == [m.version for m in migrate.load_migrations() if m.version > 10]
+        assert (await store.job(lease.job_id)).state == "succeeded"
+    finally:
+        for conn in (admin, worker, migrator):
+            await conn.close()

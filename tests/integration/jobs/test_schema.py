@@ -104,10 +104,21 @@ async def test_the_operation_key_holds_one_job_per_operation(pg: asyncpg.Connect
     # and a job's copy of its key cannot be changed away from its operation row
     with pytest.raises(asyncpg.ForeignKeyViolationError, match="jobs_operation_fkey"):
         await pg.execute("UPDATE jobs.jobs SET operation_id = 'other' WHERE job_id = $1", job_id)
+    # a key row whose job never comes is refused when its transaction commits
+    with pytest.raises(asyncpg.ForeignKeyViolationError, match="operations_job_fkey"):
+        await pg.execute(
+            "INSERT INTO jobs.operations VALUES"
+            " ('acme', 'w', 'lonely', nextval('jobs.jobs_job_id_seq'))"
+        )
     # the non-empty checks moved with the key
     with pytest.raises(asyncpg.CheckViolationError, match="operations_operation_id_check"):
         await pg.fetchval("SELECT job_id FROM jobs.submit('acme', 'w', '', 'd', '{}', 5)")
     assert await pg.fetchval("SELECT count(*) FROM jobs.jobs") == 1
+    # emptying the jobs empties their keys too, so a resubmit makes a new job
+    await pg.execute("TRUNCATE jobs.jobs CASCADE")
+    assert await pg.fetchval("SELECT count(*) FROM jobs.operations") == 0
+    again = await pg.fetchrow("SELECT * FROM jobs.submit('acme', 'w', 'op', 'd', '{}', 5)")
+    assert again["created"] and again["job_id"] != job_id
 
 
 async def noop(tx: asyncpg.Connection) -> None:

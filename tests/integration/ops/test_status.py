@@ -106,31 +106,37 @@ async def test_status_names_a_job_whose_effect_count_disagrees_with_its_records(
     assert to_json(report)["miscounted"][0]["job_id"] == job_id
 
 
-async def test_status_names_a_job_without_its_operation_key_row(
+async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
     pool: asyncpg.Pool, seeded: Expected
 ) -> None:
-    """jobs.operations (migration 0011) is the idempotency key; its foreign key keeps every
-    job's row there. The seeded mix has none missing (control); a row removed behind the
-    foreign key's back, as a data-only restore with disabled triggers can leave it, is named,
-    and it matters: submitting that operation again would make a second job."""
+    """jobs.operations (migration 0011) is the idempotency key; foreign keys both ways keep
+    each job and its key row together. The seeded mix has no stray one (control). Rows
+    removed behind the foreign keys' back, as a data-only restore with disabled triggers can
+    leave them, are named, and they matter: a job without its key can be submitted again as
+    a second job, and a key without its job makes its resubmits fail."""
     assert (await snapshot(pool)).unkeyed == ()
-    job = await pool.fetchrow(
-        "SELECT job_id, tenant, workflow, operation_id FROM jobs.jobs ORDER BY job_id LIMIT 1"
+    first, second = await pool.fetch(
+        "SELECT job_id, tenant, workflow, operation_id FROM jobs.jobs ORDER BY job_id LIMIT 2"
     )
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute("DELETE FROM jobs.operations WHERE job_id = $1", job["job_id"])
+        await conn.execute("DELETE FROM jobs.operations WHERE job_id = $1", first["job_id"])
+        await conn.execute(
+            "INSERT INTO jobs.operations VALUES ($1, $2, 'stray', 999999)",
+            second["tenant"], second["workflow"],
+        )  # fmt: skip
     report = await snapshot(pool)
-    assert [(u.job_id, u.operation_id) for u in report.unkeyed] == [
-        (job["job_id"], job["operation_id"])
+    assert [(u.job_id, u.operation_id, u.problem) for u in report.unkeyed] == [
+        (first["job_id"], first["operation_id"], "job_without_key"),
+        (999999, "stray", "key_without_job"),
     ]
-    assert "without their operation key row" in render_table(report)
-    assert to_json(report)["unkeyed"][0]["job_id"] == job["job_id"]
-    again = await pool.fetchval(
-        "SELECT job_id FROM jobs.submit($1, $2, $3, 'd', '{}', 5)",
-        job["tenant"], job["workflow"], job["operation_id"],
-    )  # fmt: skip
-    assert again != job["job_id"]
+    assert "do not name each other" in render_table(report)
+    assert to_json(report)["unkeyed"][0]["job_id"] == first["job_id"]
+    submit = "SELECT job_id FROM jobs.submit($1, $2, $3, 'd', '{}', 5)"
+    again = await pool.fetchval(submit, first["tenant"], first["workflow"], first["operation_id"])
+    assert again != first["job_id"]
+    with pytest.raises(asyncpg.ForeignKeyViolationError, match="has a key row but no job"):
+        await pool.fetchval(submit, second["tenant"], second["workflow"], "stray")
 
 
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
