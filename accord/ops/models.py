@@ -199,7 +199,7 @@ class MiscountedJob:
 
 
 @dataclass(frozen=True, slots=True)
-class UnkeyedJob:
+class KeyMismatch:
     """A job without its operation key row, or a key row without its job (``problem``)."""
 
     job_id: int
@@ -209,7 +209,7 @@ class UnkeyedJob:
     problem: str
 
     @classmethod
-    def from_record(cls, r: Record) -> UnkeyedJob:
+    def from_record(cls, r: Record) -> KeyMismatch:
         return cls(r["job_id"], r["tenant"], r["workflow"], r["operation_id"], r["problem"])
 
 
@@ -276,7 +276,7 @@ class StatusReport:
     waiting: tuple[WaitingGroup, ...]
     effects: tuple[EffectGroup, ...]
     miscounted: tuple[MiscountedJob, ...]
-    unkeyed: tuple[UnkeyedJob, ...]
+    key_mismatches: tuple[KeyMismatch, ...]
     tenants: tuple[TenantAuthority, ...]
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures

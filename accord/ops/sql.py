@@ -109,7 +109,7 @@ ORDER BY j.job_id
 # both ways make either impossible unless something bypassed them (disabled triggers, a
 # data-only restore of a dump taken before 0011). A job without its key could be submitted
 # again as a second job; a key without its job makes its resubmits fail.
-UNKEYED_JOBS = """
+KEY_MISMATCHES = """
 SELECT coalesce(j.job_id, o.job_id) AS job_id, coalesce(j.tenant, o.tenant) AS tenant,
        coalesce(j.workflow, o.workflow) AS workflow,
        coalesce(j.operation_id, o.operation_id) AS operation_id,

@@ -20,13 +20,13 @@ from accord.ops.models import (
     EffectGroup,
     HeldRows,
     JobGroup,
+    KeyMismatch,
     MiscountedJob,
     PoisonGroup,
     RefusalGroup,
     RelayFigures,
     StatusReport,
     TenantAuthority,
-    UnkeyedJob,
     WaitingGroup,
     WorkflowClass,
 )
@@ -60,7 +60,7 @@ async def _collect(conn: Any) -> StatusReport:
         waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
         miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
-        unkeyed=await _rows(conn, UnkeyedJob.from_record, sql.UNKEYED_JOBS),
+        key_mismatches=await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES),
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
@@ -169,7 +169,7 @@ def render_table(report: StatusReport) -> str:
     lines += _table(
         "jobs and operation keys that do not name each other (see migration 0011)",
         ["job_id", "tenant", "workflow", "operation_id", "problem"],
-        [(u.job_id, u.tenant, u.workflow, u.operation_id, u.problem) for u in r.unkeyed],
+        [(u.job_id, u.tenant, u.workflow, u.operation_id, u.problem) for u in r.key_mismatches],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],

@@ -114,7 +114,7 @@ async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
     removed behind the foreign keys' back, as a data-only restore with disabled triggers can
     leave them, are named, and they matter: a job without its key can be submitted again as
     a second job, and a key without its job makes its resubmits fail."""
-    assert (await snapshot(pool)).unkeyed == ()
+    assert (await snapshot(pool)).key_mismatches == ()
     first, second = await pool.fetch(
         "SELECT job_id, tenant, workflow, operation_id FROM jobs.jobs ORDER BY job_id LIMIT 2"
     )
@@ -126,12 +126,12 @@ async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
             second["tenant"], second["workflow"],
         )  # fmt: skip
     report = await snapshot(pool)
-    assert [(u.job_id, u.operation_id, u.problem) for u in report.unkeyed] == [
+    assert [(u.job_id, u.operation_id, u.problem) for u in report.key_mismatches] == [
         (first["job_id"], first["operation_id"], "job_without_key"),
         (999999, "stray", "key_without_job"),
     ]
     assert "do not name each other" in render_table(report)
-    assert to_json(report)["unkeyed"][0]["job_id"] == first["job_id"]
+    assert to_json(report)["key_mismatches"][0]["job_id"] == first["job_id"]
     submit = "SELECT job_id FROM jobs.submit($1, $2, $3, 'd', '{}', 5)"
     again = await pool.fetchval(submit, first["tenant"], first["workflow"], first["operation_id"])
     assert again != first["job_id"]
@@ -142,7 +142,7 @@ async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
     report = await snapshot(pool)
     assert report.jobs == report.waiting == report.effects == report.poison == ()
-    assert report.miscounted == report.unkeyed == ()
+    assert report.miscounted == report.key_mismatches == ()
     assert (report.relay.pending, report.relay.held, report.relay.lag_s) == (0, 0, 0.0)
     assert to_json(report)["totals"]["queued"] == 0
     assert "jobs: none" in render_table(report)
