@@ -58,8 +58,16 @@ MUST_REACH = (
     "begin refused: already begun",
     "begin again after failed_before_dispatch",
     "cancel running work with an unresolved effect",
+    "rescue: queued again",
+    "rescue: poison (attempts used up)",
+    "rescue: unknown (an effect forbids a rerun)",
 )
 REACHED: Counter[str] = Counter()
+RESCUED_TO = {
+    "queued": "rescue: queued again",
+    "poison": "rescue: poison (attempts used up)",
+    "unknown": "rescue: unknown (an effect forbids a rerun)",
+}
 UNRESOLVED = {"pending", "unknown"}
 
 
@@ -339,15 +347,17 @@ class Machine(RuleBasedStateMachine):
     def expire(self, i: int) -> None:
         running = [j for j in self.jobs.values() if j.state == "running"]
         if running:
-            job = running[i % len(running)]
-            self.run(
-                self.pool.execute(
-                    "UPDATE jobs.jobs SET lease_expires_at = now() - interval '1 second'"
-                    " WHERE job_id = $1",
-                    job.job_id,
-                )
+            self.expire_job(running[i % len(running)])
+
+    def expire_job(self, job: MJob) -> None:
+        self.run(
+            self.pool.execute(
+                "UPDATE jobs.jobs SET lease_expires_at = now() - interval '1 second'"
+                " WHERE job_id = $1",
+                job.job_id,
             )
-            job.expired = True
+        )
+        job.expired = True
 
     @rule()
     def rescue(self) -> None:
@@ -360,6 +370,8 @@ class Machine(RuleBasedStateMachine):
                 self.leave_running(job, retry=True)
                 expected[job.job_id] = job.state
         assert {r.job_id: r.state.value for r in report.rescued} == expected
+        for state in expected.values():
+            REACHED[RESCUED_TO[state]] += 1
 
     @rule(i=st.integers(0, 50))
     def cancel(self, i: int) -> None:
@@ -439,6 +451,25 @@ class Machine(RuleBasedStateMachine):
             self.publish_many_with([lease])
         else:
             self.cancel_job(self.by_id(lease.job_id))
+
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        op=st.sampled_from(OPS),
+        times=st.integers(1, 3),
+        key=st.sampled_from([None, None, "charge"]),
+    )
+    def abandon(self, tenant: str, op: str, times: int, key: str | None) -> None:
+        """A worker that dies holding its lease, ``times`` over, as one step: claim, perhaps
+        begin an effect (left pending), let the lease expire, rescue. Repeated, a job uses up
+        its attempts (poison); with a pending effect it becomes unknown, never rerun."""
+        for _ in range(times):
+            lease = self.submit_and_claim(tenant, op)
+            if lease is None:
+                return
+            if key is not None:
+                self.begin_with(lease, key)
+            self.expire_job(self.by_id(lease.job_id))
+            self.rescue()
 
     @rule(pick=PICK)
     def resume(self, pick: tuple[bool, int]) -> None:
