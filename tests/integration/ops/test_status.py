@@ -121,20 +121,22 @@ async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")
         await conn.execute("DELETE FROM jobs.operations WHERE job_id = $1", first["job_id"])
+        # a stray key naming another job's id (what a reused id would look like)
         await conn.execute(
-            "INSERT INTO jobs.operations VALUES ($1, $2, 'stray', 999999)",
-            second["tenant"], second["workflow"],
+            "INSERT INTO jobs.operations VALUES ($1, $2, 'stray', $3)",
+            second["tenant"], second["workflow"], second["job_id"],
         )  # fmt: skip
     report = await snapshot(pool)
     assert [(u.job_id, u.operation_id, u.problem) for u in report.key_mismatches] == [
         (first["job_id"], first["operation_id"], "job_without_key"),
-        (999999, "stray", "key_without_job"),
+        (second["job_id"], "stray", "key_without_job"),
     ]
     assert "do not name each other" in render_table(report)
     assert to_json(report)["key_mismatches"][0]["job_id"] == first["job_id"]
     submit = "SELECT job_id FROM jobs.submit($1, $2, $3, 'd', '{}', 5)"
     again = await pool.fetchval(submit, first["tenant"], first["workflow"], first["operation_id"])
     assert again != first["job_id"]
+    # the stray key's resubmit is refused, never answered with the other job
     with pytest.raises(asyncpg.ForeignKeyViolationError, match="has a key row but no job"):
         await pool.fetchval(submit, second["tenant"], second["workflow"], "stray")
 
