@@ -99,8 +99,9 @@ async def check(conn: asyncpg.Connection) -> Status:
     return await _verify(conn, load_migrations())
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply every pending migration under the advisory lock; returns the versions applied.
+async def migrate(conn: asyncpg.Connection, *, through: int | None = None) -> list[int]:
+    """Apply every pending migration (up to version ``through``, if given) under the advisory
+    lock; returns the versions applied.
 
     Owns its transactions (one per file): call it from the CLI or a fixture, never
     from inside another transaction.
@@ -114,6 +115,8 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         for migration in code:
             if migration.version not in status.pending:
                 continue
+            if through is not None and migration.version > through:
+                break
             async with conn.transaction():
                 await conn.execute(migration.text)
                 await conn.execute(

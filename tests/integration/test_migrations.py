@@ -8,7 +8,6 @@ import pytest
 
 from jobs import JobConflict, Store, submit
 from schemas import migrate
-from schemas import sql as schema_sql
 from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 from tests.support import wait_for
 
@@ -93,25 +92,12 @@ async def test_a_pending_file_below_an_applied_one_is_refused(pg: asyncpg.Connec
     assert info.value.fields["pending"] == [versions[1]]
 
 
-async def apply_through(conn: asyncpg.Connection, version: int) -> None:
-    """The migrator's own steps (one transaction per file, recorded), stopping at ``version``."""
-    await conn.execute(schema_sql.ENSURE_LEDGER)
-    for migration in migrate.load_migrations():
-        if migration.version > version:
-            return
-        async with conn.transaction():
-            await conn.execute(migration.text)
-            await conn.execute(
-                schema_sql.RECORD, migration.version, migration.name, migration.checksum
-            )
-
-
 async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_dsn: str) -> None:
     """jobs.operations (0011) takes over the idempotency key from jobs.jobs: an upgraded
     database keeps every job's key, and work in flight across the upgrade still publishes."""
     conn = await asyncpg.connect(empty_pg_dsn)
     try:
-        await apply_through(conn, 10)
+        await migrate.migrate(conn, through=10)
         store = Store(conn)
         await store.register_workflow("w", "o")
         ids: dict[tuple[str, str], int] = {}
@@ -158,7 +144,7 @@ async def test_0011_lets_a_publish_in_flight_finish_first(empty_pg_dsn: str) -> 
     worker = await asyncpg.connect(empty_pg_dsn)
     migrator = await asyncpg.connect(empty_pg_dsn)
     try:
-        await apply_through(admin, 10)
+        await migrate.migrate(admin, through=10)
         store = Store(admin)
         await store.register_workflow("w", "o")
         async with admin.transaction():
