@@ -21,6 +21,15 @@ arrives (statistics that say nothing runs), so no plan changes in mid-run:
   never into the project), its QueueManager in drain mode with a no-op entrypoint, one
   manager per worker. It batches its completions; accord commits each publish.
 
+With ``--decompose``, two more variants say where ``accord-nocb``'s gap to ``raw`` lies
+(experiments, not products: neither fences anything):
+
+* ``table``: the raw loop's two statements spelled on ``jobs.jobs`` (the claim stamps owner,
+  attempt id, generation, epoch and lease; the complete is a bare ``UPDATE`` by id): what the
+  job row itself costs.
+* ``unfenced``: ``Store.claim`` then that bare ``UPDATE`` per job: ``accord-nocb`` without
+  its fence.
+
 Prints jobs/s per variant and the ratio to ``raw`` measured in the same round.
 """
 
@@ -73,6 +82,20 @@ RAW_COMPLETE = "UPDATE bench_raw SET state = 'done', lease_expires_at = NULL WHE
 RAW_LOCK = "SELECT id FROM bench_raw WHERE id = $1 AND owner = $2 FOR NO KEY UPDATE"
 RAW_COMPLETE_MANY = (
     "UPDATE bench_raw SET state = 'done', lease_expires_at = NULL WHERE id = ANY($1::bigint[])"
+)
+
+# --decompose: the raw loop's statements on the job table (experiments; no fence).
+TABLE_CLAIM = """
+UPDATE jobs.jobs j SET state = 'running', owner = $1, attempt_id = gen_random_uuid(), epoch = 1,
+       generation = j.generation + 1, attempts = j.attempts + 1,
+       lease_expires_at = now() + interval '60 seconds'
+FROM (SELECT job_id FROM jobs.jobs
+      WHERE workflow = $2 AND state = 'queued' AND run_after <= now()
+      ORDER BY workflow, run_after, job_id LIMIT $3 FOR UPDATE SKIP LOCKED) c
+WHERE j.job_id = c.job_id RETURNING j.job_id
+"""
+TABLE_COMPLETE = (
+    "UPDATE jobs.jobs SET state = 'succeeded', lease_expires_at = NULL WHERE job_id = $1"
 )
 
 PGQUEUER_SCRIPT = r"""
@@ -201,6 +224,7 @@ async def noop(tx: Any) -> None:
 async def bench_accord(
     dsn: str, n: int, workers: int, batch: int, *, mode: str
 ) -> tuple[float, int]:
+    """``mode``: callback, nocb or batch (the products); table or unfenced (--decompose)."""
     pool = await asyncpg.create_pool(dsn, min_size=workers, max_size=workers)
     assert pool is not None
     try:
@@ -212,19 +236,32 @@ async def bench_accord(
             )
         await pool.execute("ANALYZE jobs.jobs, jobs.tenants, jobs.effects")
 
+        async def one_batch(conn: asyncpg.Connection, mine: Store) -> int:
+            """Claim one batch and complete it; the number of jobs done (0: drained)."""
+            if mode == "table":
+                rows = await conn.fetch(TABLE_CLAIM, OWNER, WORKFLOW, batch)
+                for row in rows:
+                    await conn.execute(TABLE_COMPLETE, row["job_id"])
+                return len(rows)
+            leases = await mine.claim(WORKFLOW, OWNER, lease_s=60, limit=batch)
+            if mode == "batch":
+                done = await mine.publish_many(leases)
+                assert not done.refused, done.refused
+            elif mode == "unfenced":
+                for lease in leases:
+                    await conn.execute(TABLE_COMPLETE, lease.job_id)
+            else:
+                for lease in leases:
+                    await mine.publish(lease, noop if mode == "callback" else None)
+            return len(leases)
+
         async def loop() -> int:
             count = 0
             # Like the raw loop, each worker keeps its own connection.
             async with pool.acquire() as conn:
                 mine = Store(conn)
-                while leases := await mine.claim(WORKFLOW, OWNER, lease_s=60, limit=batch):
-                    if mode == "batch":
-                        done = await mine.publish_many(leases)
-                        assert not done.refused, done.refused
-                    else:
-                        for lease in leases:
-                            await mine.publish(lease, noop if mode == "callback" else None)
-                    count += len(leases)
+                while done := await one_batch(conn, mine):
+                    count += done
             return count
 
         elapsed, done = await drain(workers, loop)
@@ -287,6 +324,9 @@ async def main(args: argparse.Namespace) -> None:
             "raw-batch": lambda d: bench_raw(d, n, w, b, batched=True),
             "accord-batch": lambda d: bench_accord(d, n, w, b, mode="batch"),
         }
+        if args.decompose:
+            variants["table"] = lambda d: bench_accord(d, n, w, b, mode="table")
+            variants["unfenced"] = lambda d: bench_accord(d, n, w, b, mode="unfenced")
         if python is not None:
             variants["pgqueuer"] = lambda d: bench_pgqueuer(python, d, n, w, b)
         rates: dict[str, float] = {}
@@ -322,6 +362,9 @@ def cli() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--skip-pgqueuer", action="store_true")
+    parser.add_argument(
+        "--decompose", action="store_true", help="also run the table and unfenced experiments"
+    )
     run(main, parser.parse_args())
 
 
