@@ -139,7 +139,7 @@ async def raw_relay(dsn: str, url: str, exchange_name: str, total: int) -> float
             await exchange.publish(
                 aio_pika.Message(
                     msg.body,
-                    headers=msg.headers,
+                    headers=dict(msg.headers),
                     content_type=msg.content_type,
                     message_id=msg.message_id,
                     delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
