@@ -245,8 +245,8 @@ async def bench_accord(
                 return len(rows)
             leases = await mine.claim(WORKFLOW, OWNER, lease_s=60, limit=batch)
             if mode == "batch":
-                done = await mine.publish_many(leases)
-                assert not done.refused, done.refused
+                published = await mine.publish_many(leases)
+                assert not published.refused, published.refused
             elif mode == "unfenced":
                 for lease in leases:
                     await conn.execute(TABLE_COMPLETE, lease.job_id)
