@@ -30,7 +30,9 @@ With ``--decompose``, two more variants say where ``accord-nocb``'s gap to ``raw
 * ``unfenced``: ``Store.claim`` then that bare ``UPDATE`` per job: ``accord-nocb`` without
   its fence.
 
-Prints jobs/s per variant and the ratio to ``raw`` measured in the same round.
+Prints jobs/s per variant and the ratio to ``raw`` measured in the same round. Each product
+runs next to its baseline, and every second round runs in reverse order, so that a drifting
+machine favours neither side of a ratio; the figure is each ratio's median over the rounds.
 """
 
 from __future__ import annotations
@@ -316,28 +318,34 @@ async def main(args: argparse.Namespace) -> None:
     print(f"jobs bench: {n} no-op jobs, {w} workers, claim batch {b}, rounds {args.rounds}")
     ratios: dict[str, list[float]] = {}
     for rnd in range(1, args.rounds + 1):
+        # Each product runs next to the baseline its ratio divides by.
         variants: dict[str, Callable[[str], Awaitable[tuple[float, int]]]] = {
             "raw": lambda d: bench_raw(d, n, w, b),
+            "accord-nocb": lambda d: bench_accord(d, n, w, b, mode="nocb"),
             "accord": lambda d: bench_accord(d, n, w, b, mode="callback"),
             "raw-tx": lambda d: bench_raw(d, n, w, b, tx=True),
-            "accord-nocb": lambda d: bench_accord(d, n, w, b, mode="nocb"),
             "raw-batch": lambda d: bench_raw(d, n, w, b, batched=True),
             "accord-batch": lambda d: bench_accord(d, n, w, b, mode="batch"),
         }
+        if python is not None:
+            variants["pgqueuer"] = lambda d: bench_pgqueuer(python, d, n, w, b)
         if args.decompose:
             variants["table"] = lambda d: bench_accord(d, n, w, b, mode="table")
             variants["unfenced"] = lambda d: bench_accord(d, n, w, b, mode="unfenced")
-        if python is not None:
-            variants["pgqueuer"] = lambda d: bench_pgqueuer(python, d, n, w, b)
+        # Even rounds run in reverse order, so a machine that drifts during a round (this one
+        # swings by ±15%) favours neither side of a ratio over the rounds.
+        order = list(variants) if rnd % 2 else list(reversed(variants))
         rates: dict[str, float] = {}
-        for name, variant in variants.items():
+        for name in order:
+            variant = variants[name]
             dsn = await fresh_database(admin)
             try:
                 elapsed, done = await variant(dsn)
             finally:
                 await drop_database(admin, dsn)
             rates[name] = done / elapsed
-        for name, rate in rates.items():
+        for name in variants:
+            rate = rates[name]
             base = "raw-batch" if name.endswith("batch") or name == "pgqueuer" else "raw"
             ratio = rate / rates[base]
             ratios.setdefault(f"{name} / {base}", []).append(ratio)
