@@ -185,6 +185,80 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
         assert "jobs_pkey" in plan and "jobs_running_idx" not in plan, plan
 
 
+CLAIM_FUNCTION = "jobs.claim(text, text, double precision, integer)"
+SUCCEED_MANY_FUNCTION = (
+    "jobs.succeed_many(bigint[], text[], text[], text[], text[], uuid[], bigint[], bigint[])"
+)
+
+
+async def claim_then_publish_batch(pg: asyncpg.Connection, store: Store) -> tuple[str, str]:
+    """One claim of ten and its batch publish; the plans of their job-row UPDATEs, as
+    auto_explain logs them (a generic plan shows its parameters as $n, a custom one the
+    values)."""
+    plans: list[str] = []
+
+    def log(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        plans.append(message.message)
+
+    pg.add_log_listener(log)
+    await pg.execute(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
+        " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
+    )
+    try:
+        leases = await store.claim("w", "o", lease_s=60, limit=10)
+        done = await store.publish_many(leases)
+    finally:
+        await pg.execute("RESET client_min_messages")
+        pg.remove_log_listener(log)
+    assert len(leases) == 10 and len(done.published) == 10
+    updates = [p for p in plans if "Update on jobs j" in p]
+    assert len(updates) == 2, plans
+    return updates[0], updates[1]
+
+
+@pytest.mark.parametrize("statistics", ["fresh", "stale"])
+async def test_claim_and_batch_publish_keep_one_generic_plan(
+    pg: asyncpg.Connection, statistics: str
+) -> None:
+    """0012: jobs.claim and jobs.succeed_many run their generic plans from the first call
+    (no planning per call), and those plans reach job rows only through the claim's partial
+    index and the primary key, under fresh statistics and under statistics taken before the
+    backlog arrived. Control (fresh statistics of a backlog, where the cost test rejects the
+    generic plans): without 0012's setting, the seventh call of each is still planned anew
+    for its values."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    store = Store(pg)
+    await store.register_workflow("w", "o")
+    if statistics == "stale":
+        await finished_jobs(pg, 20000)
+        await pg.execute("ANALYZE jobs.jobs")
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("acme", "w", f"op{i}", "d", "{}", 5) for i in range(2000)]
+        )
+    if statistics == "fresh":
+        await pg.execute("ANALYZE jobs.jobs")
+
+    claim, batch = await claim_then_publish_batch(pg, store)
+    assert "(workflow = $1)" in claim and "jobs_claimable_idx" in claim, claim
+    assert "jobs_pkey" in claim and "Seq Scan on jobs" not in claim, claim
+    assert "ANY ($1)" in batch and "jobs_pkey" in batch, batch
+    assert "Seq Scan on jobs" not in batch and "jobs_running_idx" not in batch, batch
+
+    if statistics == "stale":
+        return
+    # Control: the same functions without the setting. PL/pgSQL's first five executions are
+    # custom plans in any case; over a backlog these two never switch to the generic plan.
+    await pg.execute(f"ALTER FUNCTION {CLAIM_FUNCTION} RESET plan_cache_mode")
+    await pg.execute(f"ALTER FUNCTION {SUCCEED_MANY_FUNCTION} RESET plan_cache_mode")
+    for _ in range(6):
+        await store.publish_many(await store.claim("w", "o", lease_s=60, limit=10))
+    claim, batch = await claim_then_publish_batch(pg, store)
+    assert "(workflow = 'w'::text)" in claim, claim
+    assert "ANY ('{" in batch, batch
+
+
 async def test_a_finished_effect_outcome_never_changes(pg: asyncpg.Connection) -> None:
     job_id = await pg.fetchval("SELECT job_id FROM jobs.submit('acme', 'w', 'op', 'd', '{}', 5)")
     await pg.execute(
