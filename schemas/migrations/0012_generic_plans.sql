@@ -13,8 +13,10 @@
 -- actually run, under fresh and under stale statistics.
 --
 -- The parameters still bind the generic plan on every call: nothing about which jobs are
--- eligible or fenced changes. jobs.succeed, renew, fail and the effect functions (scalar
--- parameters, primary-key plans) already settle on their generic plans by themselves.
+-- eligible or fenced changes. The other fenced functions take scalar parameters and find
+-- their job by primary key, a shape whose generic plan passes the cost test: auto_explain
+-- shows jobs.renew and jobs.succeed on theirs after their first five calls (jobs.succeed costs
+-- ~31 us a call that way in a server-side loop, ~112 us when planned for every call).
 
 ALTER FUNCTION jobs.claim(text, text, double precision, integer)
     SET plan_cache_mode = force_generic_plan;
