@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
@@ -125,6 +127,28 @@ async def noop(tx: asyncpg.Connection) -> None:
     return None
 
 
+@asynccontextmanager
+async def logged_plans(pg: asyncpg.Connection) -> AsyncIterator[list[str]]:
+    """The plans of every statement ``pg`` runs inside the block, nested ones included, as
+    auto_explain logs them (a generic plan shows its parameters as $n, a custom one the
+    values)."""
+    plans: list[str] = []
+
+    def log(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        plans.append(message.message)
+
+    pg.add_log_listener(log)
+    await pg.execute(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
+        " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
+    )
+    try:
+        yield plans
+    finally:
+        await pg.execute("RESET client_min_messages")
+        pg.remove_log_listener(log)
+
+
 @pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])
 async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
     pg: asyncpg.Connection, plan_cache_mode: str
@@ -161,20 +185,13 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
         "UPDATE jobs.jobs SET lease_expires_at = now() - interval '1 second' WHERE job_id = $1",
         leases[9].job_id,
     )
-    plans: list[str] = []
-    pg.add_log_listener(lambda _conn, message: plans.append(message.message))
-    await pg.execute("LOAD 'auto_explain'")
-    await pg.execute(
-        "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
-        " SET client_min_messages = log"
-    )
-    await store.renew(leases[0], 60)
-    await store.fail(leases[1], "gave up", retry=True)
-    await store.publish(leases[2])
-    await store.publish(leases[3], noop)
-    done = await store.publish_many(leases[4:9])
-    rescued = await store.rescue(limit=10)
-    await pg.execute("RESET client_min_messages")
+    async with logged_plans(pg) as plans:
+        await store.renew(leases[0], 60)
+        await store.fail(leases[1], "gave up", retry=True)
+        await store.publish(leases[2])
+        await store.publish(leases[3], noop)
+        done = await store.publish_many(leases[4:9])
+        rescued = await store.rescue(limit=10)
     assert len(done.published) == 5
     assert [r.job_id for r in rescued.rescued] == [leases[9].job_id]
 
@@ -192,25 +209,10 @@ SUCCEED_MANY_FUNCTION = (
 
 
 async def claim_then_publish_batch(pg: asyncpg.Connection, store: Store) -> tuple[str, str]:
-    """One claim of ten and its batch publish; the plans of their job-row UPDATEs, as
-    auto_explain logs them (a generic plan shows its parameters as $n, a custom one the
-    values)."""
-    plans: list[str] = []
-
-    def log(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
-        plans.append(message.message)
-
-    pg.add_log_listener(log)
-    await pg.execute(
-        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
-        " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
-    )
-    try:
+    """One claim of ten and its batch publish; the plans of their job-row UPDATEs."""
+    async with logged_plans(pg) as plans:
         leases = await store.claim("w", "o", lease_s=60, limit=10)
         done = await store.publish_many(leases)
-    finally:
-        await pg.execute("RESET client_min_messages")
-        pg.remove_log_listener(log)
     assert len(leases) == 10 and len(done.published) == 10
     updates = [p for p in plans if "Update on jobs j" in p]
     assert len(updates) == 2, plans
