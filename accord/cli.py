@@ -1,4 +1,10 @@
-"""The single `accord` command. Settings are read here, once, and passed down."""
+"""The single `accord` command. Settings are read here, once, and passed down.
+
+Every subcommand (and every repair operation) takes ``--app MODULE:ATTRIBUTE`` (default
+``ACCORD_APP``): the application whose declarations it runs. Errors accord can name (a
+missing or invalid application, settings that cannot work, a schema behind the code) end
+the command with one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,28 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from accord.commands import COMMANDS
-from schemas.errors import AccordError
-from schemas.settings import load_settings
+from accord.errors import SettingsInvalid
+from accord.schemas.errors import AccordError
+from accord.schemas.settings import Settings, load_settings
+
+
+def _add_app_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--app`` on every command parser, nested operations included (SUPPRESS: a parser that
+    was not given it leaves the value another level set)."""
+    for action in parser._actions:  # argparse keeps its subparsers nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.add_argument(
+                    "--app",
+                    default=argparse.SUPPRESS,
+                    metavar="MODULE:ATTRIBUTE",
+                    help="the application (an accord.App), e.g. myservice.accord_app:app;"
+                    " default ACCORD_APP",
+                )
+                _add_app_everywhere(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,13 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"accord.commands.{name}").register(sub)
+    _add_app_everywhere(parser)
     return parser
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"ACCORD_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise SettingsInvalid(problems) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = load_settings()
     try:
+        settings = _settings()
         code: int = args.handler(args, settings)
     except AccordError as exc:
         print(f"accord: {type(exc).__name__}: {exc}", file=sys.stderr)

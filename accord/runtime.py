@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from schemas.settings import Settings
+from accord.schemas.settings import Settings
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:

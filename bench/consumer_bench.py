@@ -30,15 +30,15 @@ import anyio
 import asyncpg
 
 from accord import runtime
-from consumers import ConsumerRuntime, Handlers, RuntimeConfig
-from schemas import migrate
-from schemas.catalog import default_catalog
-from schemas.events import Event, encode_payload
-from schemas.settings import load_settings
-from schemas.topology import Topology, WorkflowQueue, declare
-from schemas.wire import to_amqp
+from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from accord.demo.catalog import demo_catalog
+from accord.schemas import migrate
+from accord.schemas.events import Event, encode_payload
+from accord.schemas.settings import load_settings
+from accord.schemas.topology import Topology, WorkflowQueue, declare
+from accord.schemas.wire import to_amqp
 
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 WORKFLOW = "bench"
 TENANT = "bench"
 PREFETCH = 256

@@ -53,9 +53,9 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import asyncpg
 
+from accord.jobs import Store, sql
 from accord.runtime import run
-from jobs import Store, sql
-from schemas import migrate
+from accord.schemas import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
 PGQUEUER_VENV = ROOT / "var" / "bench" / "venv-pgqueuer"

@@ -32,17 +32,17 @@ import anyio
 import asyncpg
 
 from accord import runtime
-from relay import Relay, RelayConfig, enqueue, outbox
-from relay import sql as relay_sql
-from schemas import migrate
-from schemas.catalog import default_catalog
-from schemas.events import Event, encode_payload
-from schemas.settings import load_settings
-from schemas.topology import Topology, WorkflowQueue, declare
-from schemas.wire import to_amqp
+from accord.demo.catalog import demo_catalog
+from accord.relay import Relay, RelayConfig, enqueue, outbox
+from accord.relay import sql as relay_sql
+from accord.schemas import migrate
+from accord.schemas.events import Event, encode_payload
+from accord.schemas.settings import load_settings
+from accord.schemas.topology import Topology, WorkflowQueue, declare
+from accord.schemas.wire import to_amqp
 
 BATCH = 200
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 
 RAW_CLAIM = """
 UPDATE relay.outbox SET lease_token = $2, lease_expires_at = now() + interval '30 s'
@@ -231,7 +231,7 @@ async def one_round(
                 elif kind == "raw_insert":
                     await conn.fetchval(relay_sql.ENQUEUE, *raw)
                 elif kind != "plain":
-                    await enqueue(conn, e)
+                    await enqueue(conn, e, catalog=CATALOG)
             if i >= 50:  # warm-up: prepared statements, caches
                 samples[kind].append(time.perf_counter() - t0)
     return samples

@@ -1,7 +1,7 @@
 """Consumption: the inbox (reserve in the caller's transaction) and the consumer runtime."""
 
-from consumers.batch import ANY_TENANT, Stats
-from consumers.errors import (
+from accord.consumers.batch import ANY_TENANT, Stats
+from accord.consumers.errors import (
     ConnectionLost,
     ConsumerError,
     DigestMismatch,
@@ -13,8 +13,8 @@ from consumers.errors import (
     TenantMismatch,
     TransientFailure,
 )
-from consumers.handlers import Handler, Handlers
-from consumers.inbox import (
+from accord.consumers.handlers import Handler, Handlers
+from accord.consumers.inbox import (
     Consumer,
     Delivery,
     InboxOutcome,
@@ -23,8 +23,8 @@ from consumers.inbox import (
     reserve,
     reserve_many,
 )
-from consumers.poison import PoisonReason, PoisonRecord
-from consumers.runtime import ConsumerRuntime, RuntimeConfig
+from accord.consumers.poison import PoisonReason, PoisonRecord
+from accord.consumers.runtime import ConsumerRuntime, RuntimeConfig
 
 __all__ = [
     "ANY_TENANT",

@@ -28,18 +28,18 @@ import aio_pika
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from consumers import inbox, poison
-from consumers.errors import (
+from accord.consumers import inbox, poison
+from accord.consumers.errors import (
     ConnectionLost,
     DigestMismatch,
     InboxConflict,
     TenantMismatch,
     TransientFailure,
 )
-from consumers.handlers import Handler, Handlers
-from consumers.inbox import Consumer, Delivery, InboxOutcome
-from schemas import telemetry, wire
-from schemas.events import Event
+from accord.consumers.handlers import Handler, Handlers
+from accord.consumers.inbox import Consumer, Delivery, InboxOutcome
+from accord.schemas import telemetry, wire
+from accord.schemas.events import Event
 
 log = logging.getLogger("consumers")
 

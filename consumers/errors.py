@@ -19,7 +19,7 @@ one typed poison reason. Every error's docstring is its default message.
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class ConsumerError(AccordError):

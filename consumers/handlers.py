@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from consumers.errors import NoHandler
-from schemas.events import Event, versioned_type
+from accord.consumers.errors import NoHandler
+from accord.schemas.events import Event, versioned_type
 
 Handler = Callable[[Any, Event], Awaitable[None]]
 

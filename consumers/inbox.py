@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from consumers import sql
-from consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
-from schemas.db import require_transaction, rows_affected
-from schemas.events import Catalog, Event
+from accord.consumers import sql
+from accord.consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
+from accord.schemas.db import require_transaction, rows_affected
+from accord.schemas.events import Catalog, Event
 
 # Pruning keeps rows this much longer than the window: a reserve whose transaction began
 # just before a prune must still find the row it collides with.

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from consumers import sql
-from consumers.errors import PermanentFailure
-from schemas.db import require_transaction
-from schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
+from accord.consumers import sql
+from accord.consumers.errors import PermanentFailure
+from accord.schemas.db import require_transaction
+from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
 
 
 class PoisonReason(StrEnum):

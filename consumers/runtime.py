@@ -29,15 +29,15 @@ from anyio import CancelScope
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry import trace
 
-from consumers import inbox
-from consumers.batch import AfterCommit, BatchProcessor, Stats
-from consumers.errors import ConnectionLost
-from consumers.handlers import Handlers
-from consumers.inbox import Consumer
-from schemas import telemetry, topology
-from schemas.db import DB_CONNECTION_LOST, create_pool
-from schemas.errors import ConfigError
-from schemas.events import Catalog
+from accord.consumers import inbox
+from accord.consumers.batch import AfterCommit, BatchProcessor, Stats
+from accord.consumers.errors import ConnectionLost
+from accord.consumers.handlers import Handlers
+from accord.consumers.inbox import Consumer
+from accord.schemas import telemetry, topology
+from accord.schemas.db import DB_CONNECTION_LOST, create_pool
+from accord.schemas.errors import ConfigError
+from accord.schemas.events import Catalog
 
 log = logging.getLogger("consumers")
 

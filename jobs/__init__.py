@@ -1,7 +1,7 @@
 """Ownership and effects: the SQL jobs module, the single claimant, and its fences."""
 
-from jobs.authority import TenantRestore, authority_watch, check_restore, require_authority
-from jobs.errors import (
+from accord.jobs.authority import TenantRestore, authority_watch, check_restore, require_authority
+from accord.jobs.errors import (
     AuthorityError,
     AuthorityRefused,
     EffectAlreadyBegun,
@@ -24,9 +24,9 @@ from jobs.errors import (
     WorkflowNotRegistered,
     WorkflowOwnedElsewhere,
 )
-from jobs.fence import locked
-from jobs.ledger import FileLedger, Ledger, LedgerEntry, LedgerRecord, LedgerWhy, PgLedger
-from jobs.models import (
+from accord.jobs.fence import locked
+from accord.jobs.ledger import FileLedger, Ledger, LedgerEntry, LedgerRecord, LedgerWhy, PgLedger
+from accord.jobs.models import (
     Cancellation,
     Effect,
     EffectState,
@@ -39,9 +39,9 @@ from jobs.models import (
     RescueReport,
     Submitted,
 )
-from jobs.reconcile import Answer, ReconcileReport, UnresolvedEffect
-from jobs.repair import AuditRow, EffectResolved, EpochAdvanced, Escalated, Repaired
-from jobs.store import Callback, Store, submit
+from accord.jobs.reconcile import Answer, ReconcileReport, UnresolvedEffect
+from accord.jobs.repair import AuditRow, EffectResolved, EpochAdvanced, Escalated, Repaired
+from accord.jobs.store import Callback, Store, submit
 
 __all__ = [
     "Answer",

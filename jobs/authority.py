@@ -32,10 +32,10 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from jobs import repair_sql
-from jobs.errors import AuthorityRefused, RestoreDetected
-from jobs.ledger import Ledger, LedgerRecord, LedgerWhy
-from schemas.db import require_transaction
+from accord.jobs import repair_sql
+from accord.jobs.errors import AuthorityRefused, RestoreDetected
+from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
+from accord.schemas.db import require_transaction
 
 log = logging.getLogger("jobs.authority")
 

@@ -30,7 +30,7 @@
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 #: Every reason the SQL fence (jobs.fence) can give, in the order it checks them.
 FENCE_REASONS = (

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import sql
-from jobs.errors import FENCE_REASONS, FenceLost
-from jobs.models import Lease
-from schemas.db import require_transaction
+from accord.jobs import sql
+from accord.jobs.errors import FENCE_REASONS, FenceLost
+from accord.jobs.models import Lease
+from accord.schemas.db import require_transaction
 
 
 def fence_lost(lease: Lease, reason: str) -> FenceLost:

@@ -31,12 +31,12 @@ import anyio
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jobs import repair_sql
-from jobs.errors import LedgerUnavailable
-from jobs.runner.errors import JournalError, JournalLocked
-from jobs.runner.journal import Journal, Tail, scan_journal
-from schemas.db import connect
-from schemas.errors import ServiceUnavailable
+from accord.jobs import repair_sql
+from accord.jobs.errors import LedgerUnavailable
+from accord.jobs.runner.errors import JournalError, JournalLocked
+from accord.jobs.runner.journal import Journal, Tail, scan_journal
+from accord.schemas.db import connect
+from accord.schemas.errors import ServiceUnavailable
 
 #: The journal header's runner id for a ledger file (a worker journal is refused as a ledger).
 LEDGER_ID = "accord-authority-ledger"

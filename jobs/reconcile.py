@@ -30,9 +30,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from jobs import repair, repair_sql
-from jobs.errors import LookupUnavailable, RepairRefused
-from jobs.models import EffectState, JobState
+from accord.jobs import repair, repair_sql
+from accord.jobs.errors import LookupUnavailable, RepairRefused
+from accord.jobs.models import EffectState, JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +76,16 @@ class Answer:
 #: LookupUnavailable when there is no definite answer.
 Lookup = Callable[[UnresolvedEffect], Awaitable[Answer]]
 
+#: The lookup of the provider that owns this effect's key, or None when its owner offers
+#: none (or nothing owns it). Only the owner's answer is evidence: a provider's "never
+#: accepted" says nothing about a key another provider owns.
+LookupFor = Callable[[UnresolvedEffect], Lookup | None]
+
 
 class Left(StrEnum):
     """Why an effect stayed unresolved in this pass."""
 
-    NO_LOOKUP = "no_lookup"  # the provider offers no receipt lookup: a person resolves it
+    NO_LOOKUP = "no_lookup"  # its key's owner offers no receipt lookup: a person resolves it
     LOOKUP_UNAVAILABLE = "lookup_unavailable"
     SETTLING = "settling"  # "never seen" is not trusted before settle_s
     REFUSED = "refused"  # the repair refused (e.g. the job is running again)
@@ -145,7 +150,7 @@ async def _resume_settled(
 
 async def reconcile(
     conn: Any,
-    lookup: Lookup | None,
+    lookup_for: LookupFor | None,
     *,
     who: str,
     escalate_after_s: float,
@@ -155,11 +160,13 @@ async def reconcile(
     """Owns its transactions (one per resolution, on a repair-role connection ``conn``):
     resolves what the provider answers definitely (resuming a job the resolution leaves
     ``unknown`` with every outcome known), leaves the rest, then escalates unresolved effects
-    older than ``escalate_after_s``. Never resolves anything by age."""
+    older than ``escalate_after_s``. Never resolves anything by age. Each effect is asked of
+    ``lookup_for(effect)`` only: the lookup of the provider owning its key."""
     resolved: list[repair.EffectResolved] = []
     resumed: list[repair.Repaired] = []
     left: list[tuple[UnresolvedEffect, Left]] = []
     for effect in await unresolved(conn, limit=limit):
+        lookup = None if lookup_for is None else lookup_for(effect)
         if lookup is None:
             left.append((effect, Left.NO_LOOKUP))
             continue

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import sql
-from jobs.errors import WorkflowNotDrained, WorkflowNotRegistered, WorkflowOwnedElsewhere
-from jobs.models import Registration
-from schemas.db import require_transaction
+from accord.jobs import sql
+from accord.jobs.errors import WorkflowNotDrained, WorkflowNotRegistered, WorkflowOwnedElsewhere
+from accord.jobs.models import Registration
+from accord.schemas.db import require_transaction
 
 
 async def registration(conn: Any, workflow: str) -> Registration | None:
@@ -43,12 +43,16 @@ async def open_work(tx: Any, workflow: str) -> dict[str, int]:
     return {row["state"]: row["n"] for row in await tx.fetch(sql.OPEN_WORK, workflow)}
 
 
-async def register(tx: Any, workflow: str, owner: str, *, effects_enabled: bool) -> Registration:
+async def register(
+    tx: Any, workflow: str, owner: str, *, effects_enabled: bool, who: str = "jobs.registry"
+) -> Registration:
     """Runs in the caller's transaction; never commits. Registers ``owner`` for ``workflow``
-    (idempotent; sets the effects flag). Raises WorkflowNotDrained if another owner holds a
-    class with open work: use ``transfer`` for that.
+    (idempotent; sets the effects flag) and writes a ``jobs.registration_audit`` row naming
+    ``who`` and what the registration was before. Raises WorkflowNotDrained if another owner
+    holds a class with open work: use ``transfer`` for that.
     """
     require_transaction(tx)
+    before = await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow)
     await tx.execute(sql.REGISTER, workflow, owner, effects_enabled)
     current = Registration.from_record(await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow))
     if current.owner != owner:
@@ -56,11 +60,37 @@ async def register(tx: Any, workflow: str, owner: str, *, effects_enabled: bool)
         if busy:
             raise WorkflowNotDrained(workflow=workflow, owner=current.owner, open=busy)
     await tx.execute(sql.UPDATE_REGISTRATION, workflow, owner, effects_enabled)
+    await _audit(tx, "register", Registration(workflow, owner, effects_enabled), before, who)
     return Registration(workflow, owner, effects_enabled)
 
 
+async def _audit(tx: Any, action: str, now: Registration, before: Any | None, who: str) -> int:
+    audit_id: int = await tx.fetchval(
+        sql.AUDIT_REGISTRATION,
+        action,
+        now.workflow,
+        now.owner,
+        now.effects_enabled,
+        None if before is None else before["owner"],
+        None if before is None else before["effects_enabled"],
+        who,
+    )
+    return audit_id
+
+
+async def audit(conn: Any, workflow: str) -> list[dict[str, Any]]:
+    """Read-only: the registration audit of ``workflow``, oldest first."""
+    return [dict(row) for row in await conn.fetch(sql.REGISTRATION_AUDIT, workflow)]
+
+
 async def transfer(
-    tx: Any, workflow: str, from_owner: str, to_owner: str, *, effects_enabled: bool | None
+    tx: Any,
+    workflow: str,
+    from_owner: str,
+    to_owner: str,
+    *,
+    effects_enabled: bool | None,
+    who: str = "jobs.registry",
 ) -> Registration:
     """Runs in the caller's transaction; never commits. Moves ``workflow`` from
     ``from_owner`` to ``to_owner`` with all its work: jobs keep their ids, operations,
@@ -77,4 +107,5 @@ async def transfer(
     enabled = current.effects_enabled if effects_enabled is None else effects_enabled
     await tx.execute(sql.UPDATE_REGISTRATION, workflow, to_owner, enabled)
     await tx.execute(sql.REVOKE_LEASES, workflow)
+    await _audit(tx, "transfer", Registration(workflow, to_owner, enabled), row, who)
     return Registration(workflow, to_owner, enabled)

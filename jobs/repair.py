@@ -17,11 +17,11 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from jobs import repair_sql
-from jobs.errors import RepairRefused
-from jobs.ledger import Ledger, LedgerRecord, LedgerWhy
-from jobs.models import EffectState, JobState
-from schemas.db import require_transaction
+from accord.jobs import repair_sql
+from accord.jobs.errors import RepairRefused
+from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
+from accord.jobs.models import EffectState, JobState
+from accord.schemas.db import require_transaction
 
 #: The principals of migration 0006 (NOLOGIN group roles; grant them to LOGIN users).
 WORKER_ROLE = "accord_worker"

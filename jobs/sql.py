@@ -92,6 +92,21 @@ UPDATE_REGISTRATION = (
     " WHERE workflow = $1"
 )
 
+# Audit one registration act ($1 action, $2 workflow, $3 owner, $4 effects, $5/$6 what it
+# was before, $7 who); returns the audit id. Same transaction as the act.
+AUDIT_REGISTRATION = (
+    "INSERT INTO jobs.registration_audit (action, workflow, owner, effects_enabled,"
+    " previous_owner, previous_effects_enabled, who) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    " RETURNING audit_id"
+)
+
+# The registration audit of workflow $1, oldest first.
+REGISTRATION_AUDIT = (
+    "SELECT audit_id, at, action, workflow, owner, effects_enabled, previous_owner,"
+    " previous_effects_enabled, who, db_user FROM jobs.registration_audit"
+    " WHERE workflow = $1 ORDER BY audit_id"
+)
+
 # Open work of workflow $1 by state: anything but a finished job keeps its owner.
 OPEN_WORK = (
     "SELECT state, count(*) AS n FROM jobs.jobs"

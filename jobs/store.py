@@ -18,8 +18,8 @@ from typing import Any
 
 import asyncpg
 
-from jobs import fence, registry, sql
-from jobs.errors import (
+from accord.jobs import fence, registry, sql
+from accord.jobs.errors import (
     EffectAlreadyBegun,
     EffectConflict,
     EffectNotPending,
@@ -30,7 +30,7 @@ from jobs.errors import (
     JobNotFound,
     JobsError,
 )
-from jobs.models import (
+from accord.jobs.models import (
     Cancellation,
     Effect,
     EffectStart,
@@ -44,7 +44,7 @@ from jobs.models import (
     RescueReport,
     Submitted,
 )
-from schemas.db import require_transaction
+from accord.schemas.db import require_transaction
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
 Callback = Callable[[Any], Awaitable[None]]
@@ -341,11 +341,13 @@ class Store:
     # -- registration -----------------------------------------------------------------------
 
     async def register_workflow(
-        self, workflow: str, owner: str, *, effects_enabled: bool = False
+        self, workflow: str, owner: str, *, effects_enabled: bool = False, who: str = "jobs.Store"
     ) -> Registration:
-        """Registers ``owner`` as the one queue owner of ``workflow`` (see jobs.registry)."""
+        """Registers ``owner`` as the one queue owner of ``workflow``, audited (jobs.registry)."""
         async with self._connection() as conn, conn.transaction():
-            return await registry.register(conn, workflow, owner, effects_enabled=effects_enabled)
+            return await registry.register(
+                conn, workflow, owner, effects_enabled=effects_enabled, who=who
+            )
 
     async def require_registration(self, workflow: str, owner: str) -> Registration:
         """Raises WorkflowNotRegistered / WorkflowOwnedElsewhere unless ``owner`` serves it."""

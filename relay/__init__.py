@@ -1,6 +1,6 @@
 """Delivery: the transactional outbox (enqueue in the caller's transaction) and the relay."""
 
-from relay.errors import (
+from accord.relay.errors import (
     ConnectionLost,
     DuplicateEvent,
     MessageTooLarge,
@@ -10,9 +10,16 @@ from relay.errors import (
     RelayError,
     Unroutable,
 )
-from relay.outbox import OutboxRow, OutboxState, OutboxStats, Settlement, enqueue, release_held
-from relay.publisher import AmqpPublisher, Publisher, amqp_publisher
-from relay.relay import Relay, RelayConfig, RelayStats
+from accord.relay.outbox import (
+    OutboxRow,
+    OutboxState,
+    OutboxStats,
+    Settlement,
+    enqueue,
+    release_held,
+)
+from accord.relay.publisher import AmqpPublisher, Publisher, amqp_publisher
+from accord.relay.relay import Relay, RelayConfig, RelayStats
 
 __all__ = [
     "AmqpPublisher",

@@ -19,7 +19,7 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class RelayError(AccordError):

@@ -13,19 +13,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
 from typing import Any
 
 import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from relay import sql
-from relay.errors import DuplicateEvent
-from schemas import telemetry
-from schemas.catalog import default_catalog
-from schemas.db import require_transaction, rows_affected
-from schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
+from accord.relay import sql
+from accord.relay.errors import DuplicateEvent
+from accord.schemas import telemetry
+from accord.schemas.db import require_transaction, rows_affected
+from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
 
 
 class OutboxState(StrEnum):
@@ -95,16 +93,11 @@ class OutboxStats:
 _TRACER = telemetry.tracer()
 
 
-@cache
-def _demo_catalog() -> Catalog:
-    return default_catalog()
-
-
 async def enqueue(
     tx: asyncpg.Connection,
     event: Event,
     *,
-    catalog: Catalog | None = None,
+    catalog: Catalog,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> int:
     """Runs in the caller's transaction; never commits. Returns the outbox row id.
@@ -115,7 +108,6 @@ async def enqueue(
     aborted, as after any failed statement). One statement, one round trip.
     """
     require_transaction(tx)
-    catalog = catalog if catalog is not None else _demo_catalog()
     catalog.validate(event, producing=True)
     body = encode_payload(event, max_payload_bytes)
     digest = catalog.digest(event)

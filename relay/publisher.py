@@ -19,9 +19,9 @@ import aio_pika
 import aiormq
 import anyio
 
-from relay.errors import ConnectionLost, MessageTooLarge, Nacked, PublishTimeout, Unroutable
-from schemas.errors import ConfigError, ServiceUnavailable
-from schemas.wire import WireMessage
+from accord.relay.errors import ConnectionLost, MessageTooLarge, Nacked, PublishTimeout, Unroutable
+from accord.schemas.errors import ConfigError, ServiceUnavailable
+from accord.schemas.wire import WireMessage
 
 # RabbitMQ closes the channel with 406 and this text for a message over max_message_size.
 _TOO_LARGE = re.compile(r"larger than configured max size (\d+)")

@@ -24,14 +24,14 @@ import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from relay import outbox, sql
-from relay.errors import MessageTooLarge, PublishFailed, Unroutable
-from relay.outbox import OutboxRow, OutboxState, Settlement
-from relay.publisher import Publisher, amqp_publisher
-from schemas import telemetry
-from schemas.db import DB_CONNECTION_LOST, connect
-from schemas.errors import ConfigError
-from schemas.wire import DEFAULT_SOURCE, to_amqp
+from accord.relay import outbox, sql
+from accord.relay.errors import MessageTooLarge, PublishFailed, Unroutable
+from accord.relay.outbox import OutboxRow, OutboxState, Settlement
+from accord.relay.publisher import Publisher, amqp_publisher
+from accord.schemas import telemetry
+from accord.schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.errors import ConfigError
+from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
 log = logging.getLogger("accord.relay")
 

@@ -1,6 +1,6 @@
 """Contracts every accord module agrees on: settings, errors, migrations, events, topology."""
 
-from schemas.errors import (
+from accord.schemas.errors import (
     AccordError,
     ConfigError,
     EventError,
@@ -15,10 +15,10 @@ from schemas.errors import (
     ServiceUnavailable,
     UnknownEventType,
 )
-from schemas.events import Catalog, Event, EventType
-from schemas.settings import Settings
-from schemas.topology import Topology, WorkflowQueue
-from schemas.wire import Inbound, WireMessage
+from accord.schemas.events import Catalog, Event, EventType
+from accord.schemas.settings import Settings
+from accord.schemas.topology import Topology, WorkflowQueue
+from accord.schemas.wire import Inbound, WireMessage
 
 __all__ = [
     "AccordError",

@@ -7,7 +7,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from schemas.errors import NotInTransaction, ServiceUnavailable
+from accord.schemas.errors import NotInTransaction, ServiceUnavailable
+
+#: The caller's open transaction: an asyncpg connection inside ``conn.transaction()``. Every
+#: function that writes in the caller's transaction (enqueue, reserve, submit, a handler)
+#: takes one and never commits it.
+Tx = asyncpg.Connection
 
 # Errors that mean "the database connection is gone (or the server restarted)": reconnect
 # and retry, never crash and never treat as a verdict. CrashShutdownError (57P02) is an

@@ -29,7 +29,7 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from uuid6 import uuid7
 
-from schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
+from accord.schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 _NAME = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
@@ -52,7 +52,7 @@ class Event(BaseModel):
 
     @property
     def ce_type(self) -> str:
-        """The versioned type on the wire and as the routing key, e.g. ``report.accepted.v1``."""
+        """The versioned type on the wire and as the routing key, e.g. ``order.placed.v1``."""
         return versioned_type(self.type, self.version)
 
 
@@ -68,7 +68,7 @@ def versioned_type(type_: str, version: int) -> str:
 
 
 def split_versioned_type(ce_type: str) -> tuple[str, int]:
-    """``report.accepted.v1`` → (``report.accepted``, 1); UnknownEventType if it has no version."""
+    """``order.placed.v1`` → (``order.placed``, 1); UnknownEventType if it has no version."""
     base, _, tail = ce_type.rpartition(".v")
     if not base or not tail.isdigit():
         raise UnknownEventType(event_type=ce_type, detail="no .vN version suffix")

@@ -17,10 +17,12 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ACCORD_", frozen=True, extra="ignore")
 
+    # The application (module:attribute of an accord.App) the commands run for; --app wins.
+    app: str = ""
     pg_dsn: str = DEFAULT_PG_DSN
     amqp_url: str = DEFAULT_AMQP_URL
-    # Broker topology names; tests give each run its own prefix.
-    topology_prefix: str = "accord"
+    # Broker topology names (empty: the application's name); tests give each run its own.
+    topology_prefix: str = ""
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     relay_batch: int = Field(default=200, gt=0)
     relay_in_flight: int = Field(default=256, gt=0)
@@ -58,11 +60,6 @@ class Settings(BaseSettings):
     # A provider's "never seen" is trusted only for effects older than this.
     reconcile_settle_s: float = Field(default=60.0, ge=0)
     object_dir: str = "var/objects"
-    # The provider the demo's report job calls as an effect (`python -m accord.provider`) and
-    # `accord reconcile` asks for receipts by idempotency key; empty: no lookup.
-    provider_url: str = "http://127.0.0.1:8077"
-    # The demo report job's drafting time before its provider call (0: none).
-    demo_draft_s: float = Field(default=0.0, ge=0)
     metrics_port: int = Field(default=0, ge=0)
 
 

@@ -22,8 +22,14 @@ class WorkflowQueue:
     """One workflow class: its queue, the event types bound to it, its poison queue."""
 
     workflow: str
-    event_types: tuple[str, ...]  # versioned types, e.g. ("report.accepted.v1",)
+    event_types: tuple[str, ...]  # versioned types, e.g. ("order.placed.v1",)
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+    #: The queue's name below the prefix, when it is not the class name.
+    queue_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.queue_name or self.workflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +45,15 @@ class Topology:
     def dead_letter_exchange(self) -> str:
         return f"{self.prefix}.dlx"
 
+    def _queue_name(self, workflow: str) -> str:
+        found = next((wf for wf in self.workflows if wf.workflow == workflow), None)
+        return workflow if found is None else found.name
+
     def queue(self, workflow: str) -> str:
-        return f"{self.prefix}.wf.{workflow}"
+        return f"{self.prefix}.wf.{self._queue_name(workflow)}"
 
     def poison_queue(self, workflow: str) -> str:
-        return f"{self.prefix}.wf.{workflow}.poison"
+        return f"{self.prefix}.wf.{self._queue_name(workflow)}.poison"
 
     def workflow(self, name: str) -> WorkflowQueue:
         for wf in self.workflows:
@@ -56,7 +66,7 @@ class Topology:
             "x-queue-type": "quorum",
             "x-delivery-limit": wf.delivery_limit,
             "x-dead-letter-exchange": self.dead_letter_exchange,
-            "x-dead-letter-routing-key": wf.workflow,
+            "x-dead-letter-routing-key": wf.name,
         }
 
     def names(self) -> tuple[list[str], list[str]]:
@@ -67,17 +77,6 @@ class Topology:
             for q in (self.queue(wf.workflow), self.poison_queue(wf.workflow))
         ]
         return [self.exchange, self.dead_letter_exchange], queues
-
-
-def demo_topology(prefix: str = "accord", delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> Topology:
-    """The demo's topology: the report workflow and a projection of published reports."""
-    return Topology(
-        prefix,
-        (
-            WorkflowQueue("report", ("report.accepted.v1",), delivery_limit),
-            WorkflowQueue("report_projection", ("report.published.v1",), delivery_limit),
-        ),
-    )
 
 
 async def declare(
@@ -105,7 +104,7 @@ async def declare(
             arguments=None if passive else topology.queue_arguments(wf),
         )
         if not passive:
-            await poison.bind(dlx, routing_key=wf.workflow)
+            await poison.bind(dlx, routing_key=wf.name)
             for event_type in wf.event_types:
                 await queue.bind(events, routing_key=event_type)
         queues[wf.workflow] = queue

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.errors import MalformedMessage
-from schemas.events import Event, split_versioned_type
+from accord.schemas.errors import MalformedMessage
+from accord.schemas.events import Event, split_versioned_type
 
 CONTENT_TYPE = "application/json"
 SPECVERSION = "1.0"

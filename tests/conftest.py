@@ -18,7 +18,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from schemas import migrate
+from accord.demo import app as demo_app
+from accord.schemas import migrate
 from tests.support import docker_answers, unavailable, unique
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -78,7 +79,7 @@ def pg_template(pg_admin_dsn: str) -> Iterator[str]:
             await admin.close()
         conn = await asyncpg.connect(with_database(pg_admin_dsn, name))
         try:
-            await migrate.migrate(conn)
+            await migrate.migrate(conn, app_chains=demo_app.migration_chains())
         finally:
             await conn.close()
 

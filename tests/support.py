@@ -7,9 +7,16 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
+
+from accord.demo.catalog import demo_catalog
+from accord.relay import enqueue as relay_enqueue
+from accord.schemas.events import Event
+
+DEMO_CATALOG = demo_catalog()
 
 SOAK = os.environ.get("ACCORD_SOAK", "") not in ("", "0")
 IN_CI = os.environ.get("CI", "") not in ("", "0", "false")
@@ -51,3 +58,9 @@ async def wait_for(
     with anyio.fail_after(within):
         while not await predicate():  # noqa: ASYNC110 - polling, no event to wait on
             await anyio.sleep(every)
+
+
+async def enqueue(tx: Any, event: Event, **options: Any) -> int:
+    """``accord.relay.enqueue``, by default with the demo's catalog (the tests' subject)."""
+    options.setdefault("catalog", DEMO_CATALOG)
+    return await relay_enqueue(tx, event, **options)

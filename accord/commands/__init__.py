@@ -5,6 +5,7 @@ The order of COMMANDS is the order `accord --help` lists them.
 
 COMMANDS = (
     "migrate",
+    "register",
     "relay",
     "consume",
     "worker",

@@ -1,22 +1,26 @@
-"""`accord consume --workflow NAME`: run the consumer of one workflow class until SIGTERM."""
+"""`accord consume --workflow NAME`: run the consumer of one of the application's workflow
+classes until SIGTERM. Tenants: ``--tenant``, else ACCORD_CONSUMER_TENANTS, else the tenants
+the class declares; none at all refuses to start."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
-from accord import runtime, workflows
-from consumers import ConsumerRuntime, RuntimeConfig
-from schemas import migrate
-from schemas.catalog import default_catalog
-from schemas.errors import ConfigError
-from schemas.settings import Settings
-from schemas.topology import demo_topology
+from accord import runtime
+from accord.app import App
+from accord.commands.common import prefix, require_app
+from accord.consumers import ConsumerRuntime, RuntimeConfig
+from accord.schemas import migrate
+from accord.schemas.errors import ConfigError
+from accord.schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("consume", help="run the consumer of one workflow class")
-    parser.add_argument("--workflow", required=True, help="the workflow class, e.g. report")
+    parser = sub.add_parser(
+        "consume", help="run the consumer of one workflow class", description=__doc__
+    )
+    parser.add_argument("--workflow", required=True, help="the application's consumer class")
     parser.add_argument(
         "--tenant",
         action="append",
@@ -27,10 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=handle)
 
 
-def config_from(args: argparse.Namespace, settings: Settings) -> RuntimeConfig:
-    """The runtime config: explicit tenants from --tenant or ACCORD_CONSUMER_TENANTS."""
+def config_from(args: argparse.Namespace, settings: Settings, app: App) -> RuntimeConfig:
+    """The runtime config: explicit tenants from --tenant, ACCORD_CONSUMER_TENANTS or the
+    class's declaration."""
+    declared = app.consumer_class(args.workflow)
     tenants = args.tenant or [t.strip() for t in settings.consumer_tenants.split(",")]
-    tenants = [t for t in tenants if t]
+    tenants = [t for t in tenants if t] or list(declared.tenants)
     if not tenants:
         raise ConfigError(
             "a consumer serves explicit tenants: pass --tenant (or '*' for every tenant)"
@@ -47,21 +53,22 @@ def config_from(args: argparse.Namespace, settings: Settings) -> RuntimeConfig:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = config_from(args, settings)
+    app = require_app(args, settings)
+    config = config_from(args, settings, app)
     with runtime.metrics(settings):
-        return int(runtime.run(_main, settings, config))
+        return int(runtime.run(_main, settings, config, app))
 
 
-async def _main(settings: Settings, config: RuntimeConfig) -> int:
-    catalog = default_catalog()
+async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
     consumer = ConsumerRuntime(
         config=config,
         amqp_url=settings.amqp_url,
         pg_dsn=settings.pg_dsn,
-        topology=demo_topology(settings.topology_prefix),
-        catalog=catalog,
-        handlers=workflows.handlers_for(config.workflow, catalog),
+        topology=app.topology(prefix(app, settings)),
+        catalog=app.catalog,
+        handlers=app.consumer_class(config.workflow).handlers,
     )
-    await migrate.require_current_at(settings.pg_dsn)  # refuse a schema older than the code
+    # refuse a schema older than the code (accord's and the application's)
+    await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     await consumer.run(handle_signals=True)
     return 0

@@ -1,4 +1,5 @@
-"""`accord demo [--n N] [--faults]`: the report workflow end to end, with a summary."""
+"""`accord demo [--n N] [--faults]`: the demo application (``accord.demo:app``, the report
+workflow) end to end through the real `accord` processes, with a summary."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import argparse
 from pathlib import Path
 
 from accord import runtime
+from accord.app import load_app
+from accord.commands.common import app_spec
 from accord.demo.run import DemoOptions, run_demo
-from schemas.settings import Settings
+from accord.errors import AppInvalid
+from accord.schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("demo", help="run the end-to-end demo workflow")
+    parser = sub.add_parser("demo", help="run the end-to-end demo workflow", description=__doc__)
     parser.add_argument("--n", type=int, default=24, help="submissions (%(default)s)")
     parser.add_argument(
         "--faults",
@@ -23,7 +27,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=handle)
 
 
+DEMO_APP = "accord.demo:app"
+
+
 def handle(args: argparse.Namespace, settings: Settings) -> int:
+    spec = app_spec(args, settings) or DEMO_APP
+    if load_app(spec).name != "demo":
+        raise AppInvalid("`accord demo` runs the demo application only", app=spec)
     options = DemoOptions(
         n=args.n, faults=args.faults, timeout_s=args.timeout_s, workdir=Path(args.workdir)
     )

@@ -15,11 +15,11 @@ import anyio
 import asyncpg
 
 from accord import runtime
-from jobs.runner.objects import LocalDirStore, collect_garbage
-from schemas import migrate
-from schemas.db import connect
-from schemas.errors import SchemaBehind
-from schemas.settings import Settings
+from accord.jobs.runner.objects import LocalDirStore, collect_garbage
+from accord.schemas import migrate
+from accord.schemas.db import connect
+from accord.schemas.errors import SchemaBehind
+from accord.schemas.settings import Settings
 
 DEFAULT_RETENTION_S = 24 * 3600.0
 

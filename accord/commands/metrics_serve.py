@@ -9,8 +9,8 @@ import anyio
 
 from accord import runtime
 from accord.ops import install_span_metrics, serving
-from schemas import migrate
-from schemas.settings import Settings
+from accord.schemas import migrate
+from accord.schemas.settings import Settings
 
 DEFAULT_PORT = 9464
 

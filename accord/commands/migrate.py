@@ -1,4 +1,8 @@
-"""`accord migrate [--check]`: apply pending migrations, or say whether the DB is behind."""
+"""`accord migrate [--check]`: apply pending migrations, or say whether the DB is behind.
+
+Accord's own chain first, then, with ``--app``, the application's own directory of
+migrations, in the same checksum ledger (the application's name is its component).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,18 @@ import argparse
 import asyncpg
 
 from accord import runtime
-from schemas import migrate
-from schemas.db import connect, ensure_database
-from schemas.settings import Settings
+from accord.commands.common import optional_app
+from accord.schemas import migrate
+from accord.schemas.db import connect, ensure_database
+from accord.schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("migrate", help="apply pending schema migrations")
+    parser = sub.add_parser(
+        "migrate",
+        help="apply pending schema migrations (accord's, then the application's)",
+        description=__doc__,
+    )
     parser.add_argument(
         "--check",
         action="store_true",
@@ -23,26 +32,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    return int(runtime.run(_main, settings.pg_dsn, bool(args.check)))
+    app = optional_app(args, settings)
+    chains = app.migration_chains() if app is not None else ()
+    return int(runtime.run(_main, settings.pg_dsn, bool(args.check), chains))
 
 
-async def _main(dsn: str, check_only: bool) -> int:
+async def _main(dsn: str, check_only: bool, chains: tuple[migrate.Chain, ...]) -> int:
     if not check_only and await ensure_database(dsn):
         print("created the database")
     try:
         conn = await connect(dsn, command_timeout=None)  # a migration may take long
     except asyncpg.InvalidCatalogNameError:
-        print("database is behind the code: it does not exist yet")
+        print("database is behind the code: it does not exist yet (`accord migrate` creates it)")
         return 1
     try:
         if check_only:
-            status = await migrate.check(conn)
+            status = await migrate.check(conn, chains)
             if status.pending:
-                print(f"database is behind the code: pending {list(status.pending)}")
+                behind = {c: list(v) for c, v in status.pending_by_component if v}
+                print(f"database is behind the code: pending {behind}")
                 return 1
             print(f"database is current: {len(status.applied)} migrations applied")
             return 0
-        applied = await migrate.migrate(conn)
+        applied = await migrate.migrate(conn, app_chains=chains)
         print(f"applied {applied}" if applied else "nothing to apply: database is current")
         return 0
     finally:

@@ -1,31 +1,37 @@
-"""`accord reconcile`: resolve unknown effects with the provider's evidence, one pass.
+"""`accord reconcile`: resolve unknown effects with their providers' evidence, one pass.
 
 Runs as the repair role (see `accord repair`). For each effect needing reconciliation it
-asks the provider for the receipt of the effect's idempotency key (the same key the runner
-sent: jobs.runner.effects.idempotency_key). A receipt resolves it to ``succeeded``; a
+asks only the provider the application declares as the owner of the effect's key, for the
+receipt of the effect's idempotency key (the same key the runner sent:
+jobs.runner.effects.idempotency_key); an effect whose key no provider owns, or whose owner
+offers no lookup, or whose job class the application does not declare, is not asked about.
+A receipt resolves it to ``succeeded``; a
 definite "never seen", for an effect older than ``reconcile_settle_s``, resolves it to
 ``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. A
 resolution that leaves the job with every effect outcome known (one succeeded) also resumes
 it (`accord repair resume`, audited, the provider's answer as evidence): its next run reuses
-the recorded receipt and publishes. With an
-empty provider URL (``--provider-url ''`` or ``ACCORD_PROVIDER_URL=``) there is no lookup: a
-person resolves with `accord repair resolve-effect`. Either way, effects unresolved for longer than
+the recorded receipt and publishes. What no lookup may answer, a person resolves with `accord
+repair resolve-effect`. Either way, effects unresolved for longer than
 ``effect_escalate_after_s`` are escalated, never resolved by time.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import uuid
 
 from accord import runtime
+from accord.app import App, ReceiptLookup
+from accord.commands.common import require_app
 from accord.commands.repair import repair_connection
-from accord.provider import ProviderClient, ProviderLookupFailed
-from jobs import reconcile
-from jobs.errors import LookupUnavailable
-from jobs.models import Lease
-from jobs.runner.effects import idempotency_key
-from schemas.settings import Settings
+from accord.jobs import reconcile
+from accord.jobs.errors import LookupUnavailable
+from accord.jobs.models import Lease
+from accord.jobs.runner.effects import idempotency_key
+from accord.schemas.settings import Settings
+
+log = logging.getLogger("accord.reconcile")
 
 
 def effect_idempotency_key(effect: reconcile.UnresolvedEffect) -> str:
@@ -45,43 +51,65 @@ def effect_idempotency_key(effect: reconcile.UnresolvedEffect) -> str:
     return idempotency_key(lease, effect.effect_key)
 
 
-def provider_lookup(client: ProviderClient) -> reconcile.Lookup:
-    """A reconcile lookup over the provider's receipt lookup by idempotency key."""
+def asking(provider: str, receipt_lookup: ReceiptLookup) -> reconcile.Lookup:
+    """A reconcile lookup over ``provider``'s receipt lookup by idempotency key. Any failure
+    of the lookup is "no definite answer" (LookupUnavailable), never evidence."""
 
     async def lookup(effect: reconcile.UnresolvedEffect) -> reconcile.Answer:
         key = effect_idempotency_key(effect)
         try:
-            receipt = await client.lookup(key)
-        except ProviderLookupFailed as exc:
+            receipt = await receipt_lookup(key)
+        except Exception as exc:
+            log.warning("provider %s gave no answer for key %s: %s", provider, key, exc)
             raise LookupUnavailable(job_id=effect.job_id, key=key) from exc
         if receipt is None:
-            return reconcile.Answer(None, f"provider lookup: key {key} never accepted")
-        return reconcile.Answer(
-            receipt.receipt_id,
-            f"provider receipt {receipt.receipt_id} for key {key}"
-            f" (body sha256 {receipt.body_sha256}, accepted at {receipt.accepted_at})",
-        )
+            return reconcile.Answer(None, f"{provider}: key {key} never accepted")
+        return reconcile.Answer(receipt.receipt_id, f"{provider}: {receipt.evidence}")
 
     return lookup
 
 
+def lookups(app: App) -> reconcile.LookupFor:
+    """Each effect to the lookup of the provider that owns its key, or to none."""
+    by_provider = {p.name: asking(p.name, p.lookup) for p in app.providers if p.lookup}
+
+    def lookup_for(effect: reconcile.UnresolvedEffect) -> reconcile.Lookup | None:
+        if effect.workflow not in app.jobs:
+            return None  # not this application's work: nothing here is its evidence
+        owner = app.owner_of(effect.effect_key)
+        return None if owner is None else by_provider.get(owner.name)
+
+    return lookup_for
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("reconcile", help="resolve unknown effects with provider evidence")
-    parser.add_argument("--provider-url", default=None, help="default: settings provider_url")
+    parser = sub.add_parser(
+        "reconcile", help="resolve unknown effects with provider evidence", description=__doc__
+    )
     parser.add_argument("--who", default="accord-reconcile", help="the principal recorded")
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--escalate-after-s", type=float, default=None)
-    parser.add_argument("--settle-s", type=float, default=None)
+    parser.add_argument("--limit", type=int, default=100, help="effects per pass (%(default)s)")
+    parser.add_argument(
+        "--escalate-after-s",
+        type=float,
+        default=None,
+        help="escalate effects unresolved for longer (default: ACCORD_EFFECT_ESCALATE_AFTER_S)",
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help='trust a "never accepted" only for effects older than this'
+        " (default: ACCORD_RECONCILE_SETTLE_S)",
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    return int(runtime.run(_main, args, settings))
+    app = require_app(args, settings)
+    return int(runtime.run(_main, args, settings, app))
 
 
-async def _main(args: argparse.Namespace, settings: Settings) -> int:
-    url = args.provider_url if args.provider_url is not None else settings.provider_url
-    lookup = provider_lookup(ProviderClient(url)) if url else None
+async def _main(args: argparse.Namespace, settings: Settings, app: App) -> int:
     escalate_after_s = (
         settings.effect_escalate_after_s if args.escalate_after_s is None else args.escalate_after_s
     )
@@ -90,7 +118,7 @@ async def _main(args: argparse.Namespace, settings: Settings) -> int:
     try:
         report = await reconcile.reconcile(
             conn,
-            lookup,
+            lookups(app),
             who=args.who,
             escalate_after_s=escalate_after_s,
             settle_s=settle_s,

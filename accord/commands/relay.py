@@ -1,7 +1,7 @@
 """`accord relay`: run the outbox relay until SIGTERM or SIGINT.
 
-Refuses to start on a schema older than the code, declares the demo topology
-(idempotent), then runs one :class:`relay.Relay`. SIGTERM lets the current batch finish
+Refuses to start on a schema older than the code, declares the application's topology
+(idempotent), then runs one :class:`accord.relay.Relay`. SIGTERM lets the current batch finish
 and settle, then exits 0; a crashed loop exits non-zero so the supervisor restarts it.
 """
 
@@ -16,31 +16,34 @@ import aio_pika
 import anyio
 
 from accord import runtime
-from relay import Relay, RelayConfig
-from schemas import migrate, topology
-from schemas.errors import ServiceUnavailable
-from schemas.settings import Settings
+from accord.app import App
+from accord.commands.common import prefix, require_app
+from accord.relay import Relay, RelayConfig
+from accord.schemas import migrate, topology
+from accord.schemas.errors import ServiceUnavailable
+from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.relay")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("relay", help="run the outbox relay")
+    parser = sub.add_parser("relay", help="run the outbox relay", description=__doc__)
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = require_app(args, settings)
     with runtime.metrics(settings):
-        return int(runtime.run(_main, settings))
+        return int(runtime.run(_main, settings, app))
 
 
-def relay_config(settings: Settings) -> RelayConfig:
+def relay_config(settings: Settings, app: App) -> RelayConfig:
     """The relay's arguments, from settings (the only place they meet)."""
     return RelayConfig(
         pg_dsn=settings.pg_dsn,
         amqp_url=settings.amqp_url,
-        exchange=topology.demo_topology(settings.topology_prefix).exchange,
+        exchange=app.topology(prefix(app, settings)).exchange,
         batch=settings.relay_batch,
         in_flight=settings.relay_in_flight,
         publish_timeout_s=settings.relay_publish_timeout_s,
@@ -54,22 +57,22 @@ def relay_config(settings: Settings) -> RelayConfig:
     )
 
 
-async def _prepare(settings: Settings) -> None:
-    await migrate.require_current_at(settings.pg_dsn)
+async def _prepare(settings: Settings, app: App) -> None:
+    await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     try:
         amqp = await aio_pika.connect(settings.amqp_url, timeout=10)
     except OSError as exc:
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
     try:
         channel = await amqp.channel()
-        await topology.declare(channel, topology.demo_topology(settings.topology_prefix))
+        await topology.declare(channel, app.topology(prefix(app, settings)))
     finally:
         await amqp.close()
 
 
-async def _main(settings: Settings) -> int:
-    config = relay_config(settings)
-    await _prepare(settings)
+async def _main(settings: Settings, app: App) -> int:
+    config = relay_config(settings, app)
+    await _prepare(settings, app)
     relay = Relay(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, relay)

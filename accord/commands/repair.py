@@ -25,13 +25,13 @@ from typing import Any
 import asyncpg
 
 from accord import runtime
-from jobs import authority, repair
-from jobs.ledger import FileLedger, Ledger, PgLedger
-from jobs.models import EffectState
-from schemas import migrate
-from schemas.db import connect, create_pool
-from schemas.errors import ConfigError
-from schemas.settings import Settings
+from accord.jobs import authority, repair
+from accord.jobs.ledger import FileLedger, Ledger, PgLedger
+from accord.jobs.models import EffectState
+from accord.schemas import migrate
+from accord.schemas.db import connect, create_pool
+from accord.schemas.errors import ConfigError
+from accord.schemas.settings import Settings
 
 
 def ledger_from_settings(settings: Settings) -> Ledger:

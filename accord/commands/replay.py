@@ -12,15 +12,18 @@ import argparse
 from datetime import datetime
 
 from accord import runtime
-from accord.ops import parse_since, projection_for, replay, resolve_since
-from schemas import migrate
-from schemas.catalog import default_catalog
-from schemas.db import connect
-from schemas.settings import Settings
+from accord.app import App
+from accord.commands.common import require_app
+from accord.ops import parse_since, replay, resolve_since
+from accord.schemas import migrate
+from accord.schemas.db import connect
+from accord.schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("replay", help="replay retained events to a projection")
+    parser = sub.add_parser(
+        "replay", help="replay retained events to a projection", description=__doc__
+    )
     parser.add_argument("--workflow", required=True, help="the projection's workflow class")
     parser.add_argument(
         "--since", required=True, help="ISO 8601 timestamp, or a duration such as 2h or 7d"
@@ -33,18 +36,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
+    app = require_app(args, settings)
     since = parse_since(args.since)
-    return int(runtime.run(_main, settings, args.workflow, since, bool(args.rebuild), args.batch))
+    return int(
+        runtime.run(_main, settings, app, args.workflow, since, bool(args.rebuild), args.batch)
+    )
 
 
 async def _main(
-    settings: Settings, workflow: str, since: datetime | float, rebuild: bool, batch: int
+    settings: Settings,
+    app: App,
+    workflow: str,
+    since: datetime | float,
+    rebuild: bool,
+    batch: int,
 ) -> int:
-    catalog = default_catalog()
-    projection = projection_for(workflow, catalog)
+    catalog = app.catalog
+    projection = app.projection_of(workflow)
     reader = await connect(settings.pg_dsn)
     try:
-        await migrate.require_current(reader)
+        await migrate.require_current(reader, app.migration_chains())
         writer = await connect(settings.pg_dsn)
         try:
             summary = await replay(

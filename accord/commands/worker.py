@@ -1,7 +1,9 @@
-"""`accord worker --workflow NAME`: run job workers for one workflow class until SIGTERM.
+"""`accord worker --workflow NAME`: run job workers for one of the application's job
+classes until SIGTERM.
 
-Refuses to start on a schema older than the code, and unless ``--owner`` is the registered
-queue owner of the class (``jobs.Store.require_registration``). Opens this runner's journal
+Refuses to start on a schema older than the code, and unless ``--owner`` (default: the owner
+the application declares for the class) is the registered queue owner of the class
+(``accord register``; ``jobs.Store.require_registration``). Opens this runner's journal
 (a torn tail is quarantined and cut, a corrupt one refused) and reports the effects an
 earlier run began whose outcome the database never recorded. The first SIGTERM (or SIGINT)
 stops claiming and lets in-flight handlers finish within ``--grace-s``, then cancels them
@@ -25,16 +27,16 @@ import anyio
 import anyio.abc
 
 from accord import runtime
+from accord.app import App
+from accord.commands.common import require_app
 from accord.commands.repair import ledger_from_settings
-from accord.demo import job as demo_job
-from accord.provider import ProviderClient
-from jobs import Store
-from jobs.authority import authority_watch, require_authority
-from jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
-from schemas import migrate
-from schemas.db import create_pool
-from schemas.errors import ConfigError
-from schemas.settings import Settings
+from accord.jobs import Store
+from accord.jobs.authority import authority_watch, require_authority
+from accord.jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
+from accord.schemas import migrate
+from accord.schemas.db import create_pool
+from accord.schemas.errors import ConfigError
+from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.worker")
 
@@ -54,10 +56,12 @@ class WorkerOptions:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("worker", help="run job workers for one workflow class")
-    parser.add_argument("--workflow", required=True, help="the workflow class, e.g. report")
+    parser = sub.add_parser(
+        "worker", help="run job workers for one workflow class", description=__doc__
+    )
+    parser.add_argument("--workflow", required=True, help="the application's job class")
     parser.add_argument(
-        "--owner", default=demo_job.DEFAULT_OWNER, help="the registered queue owner (%(default)s)"
+        "--owner", default=None, help="the registered queue owner (default: the class's owner)"
     )
     parser.add_argument("--concurrency", type=int, default=4, help="jobs at once (%(default)s)")
     parser.add_argument(
@@ -65,25 +69,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="journal file (default: <journal_dir>/<owner>.<class>.journal)",
     )
-    parser.add_argument("--lease-s", type=float, default=None, help="default: job_lease_s")
+    parser.add_argument(
+        "--lease-s", type=float, default=None, help="default: the class's lease, else job_lease_s"
+    )
     parser.add_argument("--poll-s", type=float, default=1.0, help="claim poll interval")
     parser.add_argument(
         "--rescue-every-s", type=float, default=5.0, help="host the rescue call (0: do not)"
     )
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace period")
     parser.add_argument(
-        "--timeout-s", type=float, default=demo_job.DEFAULT_TIMEOUT_S, help="handler timeout"
+        "--timeout-s", type=float, default=None, help="handler timeout (default: the class's)"
     )
     parser.set_defaults(handler=handle)
 
 
-def options_from(args: argparse.Namespace, settings: Settings) -> WorkerOptions:
-    """The worker's options, from flags and settings (the only place they meet)."""
-    journal = args.journal or Path(settings.journal_dir) / f"{args.owner}.{args.workflow}.journal"
+def options_from(args: argparse.Namespace, settings: Settings, app: App) -> WorkerOptions:
+    """The worker's options, from flags, the class's declaration and settings (the only
+    place they meet)."""
+    declared = app.job_class(args.workflow)
+    owner = args.owner or declared.owner
+    journal = args.journal or Path(settings.journal_dir) / f"{owner}.{args.workflow}.journal"
+    lease_s = args.lease_s or declared.lease_s or settings.job_lease_s
     config = WorkerConfig(
-        owner=args.owner,
+        owner=owner,
         concurrency=args.concurrency,
-        lease_s=args.lease_s if args.lease_s is not None else settings.job_lease_s,
+        lease_s=lease_s,
         poll_s=args.poll_s,
         rescue_every_s=args.rescue_every_s or None,
         grace_s=args.grace_s,
@@ -93,14 +103,21 @@ def options_from(args: argparse.Namespace, settings: Settings) -> WorkerOptions:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    options = options_from(args, settings)
-    provider = ProviderClient(settings.provider_url)
-    handlers = demo_job.handlers(provider, timeout_s=args.timeout_s, draft_s=settings.demo_draft_s)
+    app = require_app(args, settings)
+    options = options_from(args, settings, app)
+    registered = app.registered(options.workflow)
+    if args.timeout_s is not None:
+        registered = Registered(registered.workflow, registered.handler, args.timeout_s)
     with runtime.metrics(settings):
-        return int(runtime.run(serve, settings, options, handlers))
+        return int(runtime.run(serve, settings, options, [registered], app.migration_chains()))
 
 
-async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[Registered]) -> int:
+async def serve(
+    settings: Settings,
+    options: WorkerOptions,
+    handlers: Sequence[Registered],
+    app_chains: Sequence[migrate.Chain] = (),
+) -> int:
     """Run one worker process (the composition root's body; tests' drivers call it too)."""
     chosen = [h for h in handlers if h.workflow == options.workflow]
     if not chosen:
@@ -109,7 +126,8 @@ async def serve(settings: Settings, options: WorkerOptions, handlers: Sequence[R
             workflow=options.workflow,
             known=sorted(h.workflow for h in handlers),
         )
-    await migrate.require_current_at(settings.pg_dsn)  # refuse a schema older than the code
+    # refuse a schema older than the code (accord's and the application's)
+    await migrate.require_current_at(settings.pg_dsn, app_chains)
     # Execution authority only: the worker role can claim, renew, publish and record
     # effects through the jobs functions, and cannot repair (0006_authority.sql).
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}

@@ -17,12 +17,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from accord.demo import sql
+from accord.demo.catalog import demo_catalog
 from accord.demo.errors import SubmissionConflict
-from relay import enqueue
-from schemas.catalog import default_catalog
-from schemas.db import require_transaction
-from schemas.errors import InvalidEvent
-from schemas.events import Catalog, Event
+from accord.relay import enqueue
+from accord.schemas.db import require_transaction
+from accord.schemas.errors import InvalidEvent
+from accord.schemas.events import Catalog, Event
 
 ACCEPTED = "report.accepted"
 PUBLISHED = "report.published"
@@ -92,7 +92,7 @@ async def accept_submission(
     NotInTransaction without an open transaction.
     """
     require_transaction(tx)
-    catalog = catalog if catalog is not None else default_catalog()
+    catalog = catalog if catalog is not None else demo_catalog()
     event = _accepted_event(tenant, report_id, subject)
     catalog.validate(event, producing=True)
     inserted = await tx.fetchval(

@@ -7,7 +7,7 @@ AccordError
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class DemoError(AccordError):

@@ -23,22 +23,23 @@ from typing import Any
 import anyio
 
 from accord.demo import sql
+from accord.demo.catalog import ReportAcceptedV1, demo_catalog
 from accord.demo.domain import PUBLISHED
-from accord.provider import ProviderClient, ProviderRefused
-from jobs.models import Registration
-from jobs.runner.context import JobContext
-from jobs.runner.effects import FailedBeforeDispatch, Success
-from jobs.runner.worker import Handler, Registered
-from jobs.store import Callback, Store
-from relay import enqueue
-from schemas.catalog import ReportAcceptedV1
-from schemas.events import Event
+from accord.demo.provider import ProviderClient, ProviderRefused
+from accord.jobs.models import Registration
+from accord.jobs.runner.context import JobContext
+from accord.jobs.runner.effects import FailedBeforeDispatch, Success
+from accord.jobs.runner.worker import Handler
+from accord.jobs.store import Callback, Store
+from accord.relay import enqueue
+from accord.schemas.events import Event
 
 WORKFLOW = "report"
 #: The queue owner the demo registers for its workflow class.
 DEFAULT_OWNER = "accord-worker"
 EFFECT_KEY = "provider.create_report"
 DEFAULT_TIMEOUT_S = 60.0
+CATALOG = demo_catalog()
 
 
 def render_report(ctx: JobContext, request: ReportAcceptedV1, receipt: str | None) -> bytes:
@@ -88,6 +89,7 @@ def publish_report(
                     "provider_receipt": receipt,
                 },
             ),
+            catalog=CATALOG,
         )
 
     return write
@@ -127,13 +129,6 @@ def report_handler(provider: ProviderClient, *, draft_s: float = 0.0) -> Handler
         await ctx.publish(publish_report(ctx, request, object_key, receipt), object_key=object_key)
 
     return generate_report
-
-
-def handlers(
-    provider: ProviderClient, *, timeout_s: float = DEFAULT_TIMEOUT_S, draft_s: float = 0.0
-) -> list[Registered]:
-    """The demo's job handlers, by workflow class."""
-    return [Registered(WORKFLOW, report_handler(provider, draft_s=draft_s), timeout_s)]
 
 
 async def register_demo(store: Store, owner: str = DEFAULT_OWNER) -> Registration:

@@ -27,14 +27,15 @@ import anyio.abc
 import asyncpg
 
 from accord.demo import summary as demo_summary
+from accord.demo.app import app
 from accord.demo.domain import accept_submission, operation_for
-from accord.demo.job import register_demo
-from accord.provider import Fault, ProviderServer
-from jobs import Store
-from jobs.runner.journal import scan_journal
-from schemas import migrate
-from schemas.db import connect, create_pool, ensure_database
-from schemas.settings import Settings
+from accord.demo.errors import DemoError
+from accord.demo.job import DEFAULT_OWNER, WORKFLOW
+from accord.demo.provider import Fault, ProviderServer
+from accord.jobs.runner.journal import scan_journal
+from accord.schemas import migrate
+from accord.schemas.db import connect, create_pool, ensure_database
+from accord.schemas.settings import Settings
 
 TENANTS = ("acme", "globex")
 
@@ -91,8 +92,9 @@ def _child_env(settings: Settings, provider_url: str, opts: DemoOptions) -> dict
     env.update(
         ACCORD_PG_DSN=settings.pg_dsn,
         ACCORD_AMQP_URL=settings.amqp_url,
-        ACCORD_TOPOLOGY_PREFIX=settings.topology_prefix,
-        ACCORD_PROVIDER_URL=provider_url,
+        ACCORD_APP="accord.demo:app",
+        ACCORD_TOPOLOGY_PREFIX=settings.topology_prefix or app.name,
+        ACCORD_DEMO_PROVIDER_URL=provider_url,
         ACCORD_CONSUMER_TENANTS=",".join(TENANTS),
         ACCORD_JOURNAL_DIR=str(opts.workdir / "journal"),
         ACCORD_OBJECT_DIR=str(opts.workdir / "objects"),
@@ -138,9 +140,22 @@ async def _prepare(settings: Settings) -> None:
     await ensure_database(settings.pg_dsn)
     conn = await connect(settings.pg_dsn)
     try:
-        await migrate.migrate(conn)
+        await migrate.migrate(conn, app_chains=app.migration_chains())
     finally:
         await conn.close()
+
+
+async def _register(env: dict[str, str]) -> None:
+    """The integration checkpoint, as an operator does it: `accord register` (audited)."""
+    done = await anyio.run_process(
+        [sys.executable, "-m", "accord", "register", "--workflow", WORKFLOW,
+         "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "accord-demo"],
+        env=env,
+        check=False,
+    )  # fmt: skip
+    print(done.stdout.decode().rstrip(), flush=True)
+    if done.returncode != 0:
+        raise DemoError("accord register failed", stderr=done.stderr.decode().strip()[-500:])
 
 
 async def _accept_all(pool: asyncpg.Pool, run: str, n: int) -> list[str]:
@@ -181,11 +196,12 @@ async def run_demo(settings: Settings, opts: DemoOptions) -> int:
     provider = ProviderServer(str(opts.workdir / f"provider-{run}.sqlite3"))
     provider.start()
     try:
-        await register_demo(Store(pool))
+        env = _child_env(settings, provider.url, opts)
+        await _register(env)
         if opts.faults:
             # The provider accepts and records these requests, then drops the reply.
             provider.set_fault(Fault.DROP_AFTER_ACCEPT, times=2)
-        children = _children(_child_env(settings, provider.url, opts), opts)
+        children = _children(env, opts)
         print(f"provider simulator at {provider.url}; logs in {opts.workdir / 'logs'}")
         code = await _supervise(pool, run, opts, children)
         accepted = len(provider.evidence())

@@ -1,4 +1,5 @@
-"""SQL owned by the demo domain (schema ``demo``). Values only as $n parameters."""
+"""SQL owned by the demo application (schemas ``demo`` and ``demo_projection``). Values only
+as $n parameters; the tables are defined in accord/demo/migrations."""
 
 # Record submission ($1 tenant, $2 report id) unless it exists; returns the row when inserted.
 INSERT_SUBMISSION = (
@@ -30,3 +31,19 @@ REPORT = (
     "SELECT tenant, report_id, job_id, object_key, provider_receipt, published_at, generation"
     " FROM demo.reports WHERE tenant = $1 AND report_id = $2"
 )
+
+# Upsert one published report; the later event (occurred_at, then event id) wins, so the
+# result does not depend on delivery order.
+UPSERT_PUBLISHED_REPORT = """
+INSERT INTO demo_projection.published_reports AS p
+    (tenant, report_id, operation_id, event_id, object_key, provider_receipt, published_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (tenant, report_id) DO UPDATE
+SET operation_id = EXCLUDED.operation_id, event_id = EXCLUDED.event_id,
+    object_key = EXCLUDED.object_key, provider_receipt = EXCLUDED.provider_receipt,
+    published_at = EXCLUDED.published_at
+WHERE (EXCLUDED.published_at, EXCLUDED.event_id) > (p.published_at, p.event_id)
+"""
+
+# Empty the demo projection before a rebuild (replay --rebuild).
+RESET_PUBLISHED_REPORTS = "DELETE FROM demo_projection.published_reports"

@@ -14,7 +14,7 @@ from accord.ops.errors import (
 from accord.ops.messaging import MessagingMetrics, install_span_metrics
 from accord.ops.metrics import MetricsServer, StatusCollector, families, serve_metrics, serving
 from accord.ops.models import StatusReport, WaitCategory, WaitReason
-from accord.ops.projections import Projection, projection_for, report_projection
+from accord.ops.projections import Projection
 from accord.ops.replay import Refusal, ReplaySummary, parse_since, replay, resolve_since
 from accord.ops.status import collect_status, render_table, to_json
 
@@ -37,10 +37,8 @@ __all__ = [
     "families",
     "install_span_metrics",
     "parse_since",
-    "projection_for",
     "render_table",
     "replay",
-    "report_projection",
     "resolve_since",
     "serve_metrics",
     "serving",

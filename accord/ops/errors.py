@@ -10,7 +10,7 @@ AccordError
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class OpsError(AccordError):

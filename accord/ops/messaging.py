@@ -28,7 +28,7 @@ from opentelemetry.semconv._incubating.metrics import messaging_metrics as semco
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
-from schemas import telemetry
+from accord.schemas import telemetry
 
 ATTR_ERROR_TYPE = "error.type"
 # Span attributes copied onto the metrics (all bounded sets of values).

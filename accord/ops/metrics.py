@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from accord.ops.messaging import MessagingMetrics
 from accord.ops.models import REPORTED_STATES, StatusReport
 from accord.ops.status import collect_status
-from schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.db import DB_CONNECTION_LOST, connect
 
 #: What a scrape maps to ``accord_status_up 0``: the database is unreachable or refused.
 UNAVAILABLE: tuple[type[BaseException], ...] = (*DB_CONNECTION_LOST, asyncpg.PostgresError)

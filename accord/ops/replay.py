@@ -28,9 +28,9 @@ import asyncpg
 from accord.ops import sql
 from accord.ops.errors import InvalidSince, ProjectionPrincipalLost, ReplayWindowExceeded
 from accord.ops.projections import Projection
-from schemas import wire
-from schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
-from schemas.events import Catalog, Event
+from accord.schemas import wire
+from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
+from accord.schemas.events import Catalog, Event
 
 PRINCIPAL = "accord_projection"
 REFUSED = "insufficient_privilege"

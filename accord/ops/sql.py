@@ -231,19 +231,3 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 """
 
 # -- the demo projection --------------------------------------------------------------------
-
-# Upsert one published report; the later event (occurred_at, then event id) wins, so the
-# result does not depend on delivery order.
-UPSERT_PUBLISHED_REPORT = """
-INSERT INTO demo_projection.published_reports AS p
-    (tenant, report_id, operation_id, event_id, object_key, provider_receipt, published_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant, report_id) DO UPDATE
-SET operation_id = EXCLUDED.operation_id, event_id = EXCLUDED.event_id,
-    object_key = EXCLUDED.object_key, provider_receipt = EXCLUDED.provider_receipt,
-    published_at = EXCLUDED.published_at
-WHERE (EXCLUDED.published_at, EXCLUDED.event_id) > (p.published_at, p.event_id)
-"""
-
-# Empty the demo projection before a rebuild.
-RESET_PUBLISHED_REPORTS = "DELETE FROM demo_projection.published_reports"

@@ -1,14 +1,14 @@
 """The worker loop, effect execution and the append-only runner journal."""
 
-from jobs.runner.context import EffectCall, JobContext
-from jobs.runner.effects import (
+from accord.jobs.runner.context import EffectCall, JobContext
+from accord.jobs.runner.effects import (
     EffectOutcomeError,
     EffectUnknown,
     FailedBeforeDispatch,
     Success,
     intent_digest,
 )
-from jobs.runner.errors import (
+from accord.jobs.runner.errors import (
     JournalBroken,
     JournalCorrupt,
     JournalError,
@@ -22,8 +22,8 @@ from jobs.runner.errors import (
     ObjectNotFound,
     ObjectStoreError,
 )
-from jobs.runner.journal import Defect, Journal, JournalScan, Repair, Tail, scan_journal
-from jobs.runner.journal_records import (
+from accord.jobs.runner.journal import Defect, Journal, JournalScan, Repair, Tail, scan_journal
+from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,
     EffectOutcome,
@@ -34,9 +34,9 @@ from jobs.runner.journal_records import (
     parse_record,
     unrecorded_effects,
 )
-from jobs.runner.objects import LocalDirStore, ObjectInfo, ObjectStore, collect_garbage
-from jobs.runner.recovery import open_journal, report_unrecorded
-from jobs.runner.worker import (
+from accord.jobs.runner.objects import LocalDirStore, ObjectInfo, ObjectStore, collect_garbage
+from accord.jobs.runner.recovery import open_journal, report_unrecorded
+from accord.jobs.runner.worker import (
     Ending,
     Finished,
     Handler,

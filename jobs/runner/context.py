@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import anyio
 
-from jobs.errors import FenceLost
-from jobs.models import EffectState, Lease
-from jobs.runner import effects
-from jobs.runner.effects import (
+from accord.jobs.errors import FenceLost
+from accord.jobs.models import EffectState, Lease
+from accord.jobs.runner import effects
+from accord.jobs.runner.effects import (
     EffectUnknown,
     FailedBeforeDispatch,
     Outcome,
@@ -32,10 +32,10 @@ from jobs.runner.effects import (
     classify_result,
     intent_digest,
 )
-from jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
-from jobs.runner.objects import ObjectStore
-from jobs.store import Callback, Store
-from schemas.db import DB_CONNECTION_LOST, require_transaction
+from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
+from accord.jobs.runner.objects import ObjectStore
+from accord.jobs.store import Callback, Store
+from accord.schemas.db import DB_CONNECTION_LOST, require_transaction
 
 log = logging.getLogger("accord.worker")
 

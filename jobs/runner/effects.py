@@ -28,8 +28,8 @@ from typing import Any
 
 import rfc8785
 
-from jobs.models import EffectState, Lease
-from schemas.errors import AccordError
+from accord.jobs.models import EffectState, Lease
+from accord.schemas.errors import AccordError
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ Every error's docstring is its default message; structured fields (``path``, ``o
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class JournalError(AccordError):

@@ -45,7 +45,7 @@ from typing import Any
 import google_crc32c
 from pydantic import BaseModel
 
-from jobs.runner.errors import (
+from accord.jobs.runner.errors import (
     JournalBroken,
     JournalCorrupt,
     JournalHeaderInvalid,

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jobs.runner import sql
-from jobs.runner.journal import Journal, Tail
-from jobs.runner.journal_records import EffectRef, UnrecordedEffect, unrecorded_effects
+from accord.jobs.runner import sql
+from accord.jobs.runner.journal import Journal, Tail
+from accord.jobs.runner.journal_records import EffectRef, UnrecordedEffect, unrecorded_effects
 
 log = logging.getLogger("accord.worker")
 

@@ -28,15 +28,15 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from jobs.errors import EffectsUnresolved, FenceLost
-from jobs.models import EffectState, JobState, Lease
-from jobs.runner import recovery
-from jobs.runner.context import SERVICE_LOST, JobContext
-from jobs.runner.journal import Journal
-from jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
-from jobs.runner.objects import ObjectStore
-from jobs.store import Store
-from schemas.errors import ConfigError
+from accord.jobs.errors import EffectsUnresolved, FenceLost
+from accord.jobs.models import EffectState, JobState, Lease
+from accord.jobs.runner import recovery
+from accord.jobs.runner.context import SERVICE_LOST, JobContext
+from accord.jobs.runner.journal import Journal
+from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
+from accord.jobs.runner.objects import ObjectStore
+from accord.jobs.store import Store
+from accord.schemas.errors import ConfigError
 
 log = logging.getLogger("accord.worker")
 

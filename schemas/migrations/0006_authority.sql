@@ -521,7 +521,7 @@ END $$;
 GRANT USAGE ON SCHEMA jobs TO accord_worker, accord_repair;
 GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO accord_worker, accord_repair;
 -- No DML on jobs.workflows or jobs.results: registration (owner, effects_enabled) is an
--- administrative act of the migrating role (the demo orchestrator, deployment tooling), never
+-- administrative act of the migrating role (`accord register`, deployment tooling), never
 -- of the execution principal, so a worker cannot switch effects on or take over a class without
 -- the drained check; and a result manifest is written only through the fenced
 -- jobs.record_result above, never by a plain INSERT that no fence checks.

@@ -1,4 +1,7 @@
--- 0008 ops: the projection principal, the demo projection, and the replay ledger.
+-- 0008 ops: the projection principal and the replay ledger.
+--
+-- (0.1 also created an application's projection table here; since 0.2 an application's
+-- projection tables are in its own migrations, applied after accord's.)
 --
 -- Projection replay (accord/ops/replay.py) re-delivers retained outbox events to projection
 -- handlers under the role accord_projection (SET LOCAL ROLE per transaction). The role can
@@ -26,28 +29,6 @@ BEGIN
         EXECUTE format('GRANT accord_projection TO %I', current_user);
     END IF;
 END $$;
-
--- The demo projection: one row per published report, rebuilt from report.published.v1.
--- Deterministic in the events alone (no wall-clock columns), so a rebuild by replay can be
--- compared row for row with the live projection.
-CREATE SCHEMA IF NOT EXISTS demo_projection;
-
-CREATE TABLE demo_projection.published_reports (
-    tenant           text        NOT NULL,
-    report_id        text        NOT NULL,
-    operation_id     text        NOT NULL,
-    event_id         uuid        NOT NULL,
-    object_key       text        NOT NULL,
-    provider_receipt text,
-    published_at     timestamptz NOT NULL,  -- the event's occurred_at
-    CONSTRAINT published_reports_pkey PRIMARY KEY (tenant, report_id)
-);
-
-GRANT USAGE ON SCHEMA demo_projection TO accord_projection;
-GRANT SELECT, INSERT, UPDATE, DELETE ON demo_projection.published_reports TO accord_projection;
--- Projection tables added later in this schema by the same migrating role get the same grants.
-ALTER DEFAULT PRIVILEGES IN SCHEMA demo_projection
-    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO accord_projection;
 
 -- Explicitly nothing on the execution side (the role never had it; this states the intent).
 REVOKE ALL ON SCHEMA jobs, relay, consumers FROM accord_projection;

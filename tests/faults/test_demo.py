@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from schemas.topology import demo_topology
+from accord.demo import demo_topology
 from tests.conftest import BrokerNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +29,7 @@ async def test_demo_with_faults_adds_up(
     broker_names.queues.extend(queues)
     env = {
         **os.environ,
+        "ACCORD_APP": "accord.demo:app",
         "ACCORD_PG_DSN": pg_dsn,
         "ACCORD_AMQP_URL": amqp_url,
         "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix,

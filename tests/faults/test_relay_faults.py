@@ -25,10 +25,10 @@ import asyncpg
 import pytest
 from anyio.abc import Process
 
-from relay import Relay, enqueue
-from schemas.topology import Topology
+from accord.relay import Relay
+from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
-from tests.support import scaled, unavailable, wait_for
+from tests.support import enqueue, scaled, unavailable, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_FLIGHT = 40
@@ -68,6 +68,7 @@ async def produce(dsn: str, ids: list[str], total: int, per_second: float) -> No
 def relay_env(dsn: str, amqp_url: str, topo: Topology) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
+        ACCORD_APP="accord.demo:app",
         ACCORD_PG_DSN=dsn,
         ACCORD_AMQP_URL=amqp_url,
         ACCORD_TOPOLOGY_PREFIX=topo.prefix,

@@ -18,9 +18,9 @@ import anyio
 import asyncpg
 import pytest
 
-from relay import Relay
-from schemas.events import Event
-from schemas.topology import Topology
+from accord.relay import Relay
+from accord.schemas.events import Event
+from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.support import unavailable, wait_for
 

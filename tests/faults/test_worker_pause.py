@@ -24,10 +24,10 @@ import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER, accept_submission, report
-from accord.provider import ProviderServer
-from jobs import Store, submit
-from jobs.runner import LocalDirStore, scan_journal
-from schemas.catalog import default_catalog
+from accord.demo.catalog import demo_catalog
+from accord.demo.provider import ProviderServer
+from accord.jobs import Store, submit
+from accord.jobs.runner import LocalDirStore, scan_journal
 from tests.faults.worker_proc import WORKFLOW
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ async def _submit(pg_dsn: str) -> int:
                 tenant=TENANT,
                 workflow=WORKFLOW,
                 operation_id=event.operation_id,
-                digest=default_catalog().digest(event),
+                digest=demo_catalog().digest(event),
                 payload=dict(event.payload),
             )
     finally:
@@ -113,8 +113,9 @@ async def test_paused_worker_cannot_publish_the_reclaiming_worker_can(
         job_id = await _submit(pg_dsn)
         env = {
             **os.environ,
+            "ACCORD_APP": "accord.demo:app",
             "ACCORD_PG_DSN": pg_dsn,
-            "ACCORD_PROVIDER_URL": provider.url,
+            "ACCORD_DEMO_PROVIDER_URL": provider.url,
             "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
             "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"),
         }

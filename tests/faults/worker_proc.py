@@ -2,7 +2,7 @@
 (:func:`accord.commands.worker.serve`) serving a test-only class with a deterministic handler.
 
 Run as ``python -m tests.faults.worker_proc --journal PATH ...`` with ACCORD_PG_DSN,
-ACCORD_PROVIDER_URL and ACCORD_OBJECT_DIR in the environment. The handler prints
+ACCORD_DEMO_PROVIDER_URL and ACCORD_OBJECT_DIR in the environment. The handler prints
 ``computing job=J generation=G`` when it starts, then *finishes its work whatever happens*
 (shielded from the worker's cancellation, as a handler that must complete its computation
 would): it sleeps ``--compute-s``, calls the provider as an effect (``--mode effect``) or
@@ -21,11 +21,12 @@ import anyio
 
 from accord import runtime
 from accord.commands.worker import WorkerOptions, serve
+from accord.demo.app import settings as demo_settings
+from accord.demo.catalog import ReportAcceptedV1
 from accord.demo.job import DEFAULT_OWNER, create_at_provider, publish_report, render_report
-from accord.provider import ProviderClient
-from jobs.runner import Handler, JobContext, Registered, WorkerConfig
-from schemas.catalog import ReportAcceptedV1
-from schemas.settings import load_settings
+from accord.demo.provider import ProviderClient
+from accord.jobs.runner import Handler, JobContext, Registered, WorkerConfig
+from accord.schemas.settings import load_settings
 
 WORKFLOW = "report_paused"
 
@@ -58,7 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     settings = load_settings()
-    provider = ProviderClient(settings.provider_url, timeout_s=5.0)
+    provider = ProviderClient(demo_settings().provider_url, timeout_s=5.0)
     options = WorkerOptions(
         workflow=WORKFLOW,
         journal=Path(args.journal),

@@ -10,7 +10,7 @@ import asyncpg
 
 
 def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ACCORD_PG_DSN": dsn}
+    env = {**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": dsn}
     return subprocess.run(
         [sys.executable, "-m", "accord", *args],
         env=env,

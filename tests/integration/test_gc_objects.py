@@ -11,13 +11,18 @@ from pathlib import Path
 import asyncpg
 
 from accord.commands import gc_objects
-from jobs.runner.objects import LocalDirStore
+from accord.jobs.runner.objects import LocalDirStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ACCORD_PG_DSN": dsn, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "ACCORD_APP": "accord.demo:app",
+        "ACCORD_PG_DSN": dsn,
+        "PYTHONPATH": str(ROOT),
+    }
     return subprocess.run(
         [sys.executable, "-m", "accord", "gc-objects", *args],
         env=env,

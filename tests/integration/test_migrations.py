@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import asyncpg
 import pytest
 
-from jobs import JobConflict, Store, submit
-from schemas import migrate
-from schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
+from accord.demo import app as demo_app
+from accord.jobs import JobConflict, Store, submit
+from accord.schemas import migrate
+from accord.schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 from tests.support import wait_for
 
 
@@ -17,7 +20,7 @@ async def test_empty_database_migrates_then_second_run_is_noop(empty_pg_dsn: str
     try:
         assert (await migrate.check(conn)).pending  # control: a new database is behind
         applied = await migrate.migrate(conn)
-        assert applied == [m.version for m in migrate.load_migrations()]
+        assert applied == [("accord", m.version) for m in migrate.load_migrations()]
         assert await migrate.migrate(conn) == []
         assert (await migrate.check(conn)).current
         await migrate.require_current(conn)
@@ -60,7 +63,7 @@ async def test_database_ahead_of_code_is_refused(pg: asyncpg.Connection) -> None
 async def test_concurrent_migrators_apply_each_file_once(empty_pg_dsn: str) -> None:
 
     conns = [await asyncpg.connect(empty_pg_dsn) for _ in range(3)]
-    results: list[list[int]] = []
+    results: list[list[tuple[str, int]]] = []
     try:
 
         async def run(conn: asyncpg.Connection) -> None:
@@ -69,7 +72,7 @@ async def test_concurrent_migrators_apply_each_file_once(empty_pg_dsn: str) -> N
         async with anyio.create_task_group() as tg:
             for conn in conns:
                 tg.start_soon(run, conn)
-        every = sorted(v for r in results for v in r)
+        every = sorted(v for _, v in (x for r in results for x in r))
         assert every == [m.version for m in migrate.load_migrations()]
     finally:
         for conn in conns:
@@ -107,7 +110,7 @@ async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_d
                 ids[(tenant, op)] = done.job_id
         [lease] = await store.claim("w", "o", lease_s=60)
 
-        later = [m.version for m in migrate.load_migrations() if m.version > 10]
+        later = [("accord", m.version) for m in migrate.load_migrations() if m.version > 10]
         assert await migrate.migrate(conn) == later
         keys = await conn.fetch(
             "SELECT tenant, workflow, operation_id, job_id FROM jobs.operations"
@@ -171,8 +174,67 @@ async def test_0011_lets_a_publish_in_flight_finish_first(empty_pg_dsn: str) -> 
 
             await Store(worker).publish(lease, callback)
 
-        assert applied == [m.version for m in migrate.load_migrations() if m.version > 10]
+        assert applied == [
+            ("accord", m.version) for m in migrate.load_migrations() if m.version > 10
+        ]
         assert (await store.job(lease.job_id)).state == "succeeded"
     finally:
         for conn in (admin, worker, migrator):
             await conn.close()
+
+
+V0_1 = Path(__file__).parent / "fixtures" / "v0_1"
+# The ledger as 0.1 created it: one chain, keyed by version.
+V0_1_LEDGER = """
+CREATE SCHEMA schemas;
+CREATE TABLE schemas.migrations (
+    version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+async def test_a_database_migrated_by_0_1_upgrades_in_place(empty_pg_dsn: str) -> None:
+    """0.2 moved 0007 (the demo's tables) into the demo application's chain and rewrote 0006
+    and 0008: a database migrated by 0.1 is reported behind (not tampered, not ahead), then
+    re-recorded and migrated, keeping its rows; the demo's own chain applies on top of the
+    tables 0.1 created."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await conn.execute(V0_1_LEDGER)
+        old = {p.name: p.read_text(encoding="utf-8") for p in V0_1.glob("*.sql")}
+        for m in migrate.load_migrations():
+            if m.version > 12:
+                break
+            name = f"{m.version:04d}_{m.name}.sql"
+            text = old.get(name, m.text)
+            if m.version == 8:  # 0007 came before it in 0.1
+                await _apply_v0_1(conn, 7, "demo", old["0007_demo.sql"])
+            await _apply_v0_1(conn, m.version, m.name, text)
+        assert set(migrate.RETIRED) == {6, 7, 8}
+        await conn.execute(
+            "INSERT INTO demo.submissions (tenant, report_id, subject, operation_id, event_id)"
+            " VALUES ('acme', 'r1', 's', 'report:r1', gen_random_uuid())"
+        )
+        with pytest.raises(SchemaBehind):  # reported behind, never tampered or ahead
+            await migrate.require_current(conn, demo_app.migration_chains())
+        applied = await migrate.migrate(conn, app_chains=demo_app.migration_chains())
+        assert applied == [("accord", 13), ("demo", 1)]
+        await migrate.require_current(conn, demo_app.migration_chains())
+        rows = await conn.fetch("SELECT component, version FROM schemas.migrations")
+        assert ("accord", 7) not in {tuple(r) for r in rows}
+        assert await conn.fetchval("SELECT count(*) FROM demo.submissions") == 1
+        assert await migrate.migrate(conn, app_chains=demo_app.migration_chains()) == []
+    finally:
+        await conn.close()
+
+
+async def _apply_v0_1(conn: asyncpg.Connection, version: int, name: str, text: str) -> None:
+    async with conn.transaction():
+        await conn.execute(text)
+        await conn.execute(
+            "INSERT INTO schemas.migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            version,
+            name,
+            migrate.Migration(version, name, text).checksum,
+        )

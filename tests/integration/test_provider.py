@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from accord.provider import (
+from accord.demo.provider import (
     Fault,
     ProviderAmbiguous,
     ProviderClient,
@@ -153,7 +153,7 @@ def spawn(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
 
 def start_process(procs: list[subprocess.Popen[str]], db: Path, *args: str) -> str:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "accord.provider", "--port", "0", "--db", str(db), *args],
+        [sys.executable, "-m", "accord.demo.provider", "--port", "0", "--db", str(db), *args],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
         stdout=subprocess.PIPE,

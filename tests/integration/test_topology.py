@@ -6,7 +6,8 @@ import aio_pika
 import aiormq
 import pytest
 
-from schemas.topology import declare, demo_topology
+from accord.demo import demo_topology
+from accord.schemas.topology import declare
 from tests.conftest import BrokerNames
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.catalog import ReportAcceptedV1, default_catalog
-from schemas.events import Catalog, Event, EventType
+from accord.demo.catalog import ReportAcceptedV1, demo_catalog
+from accord.schemas.events import Catalog, Event, EventType
 
 PINNED = Path(__file__).parent / "pinned_schemas"
 
@@ -33,7 +33,7 @@ def pinned(ce_type: str) -> dict[str, Any]:
 
 
 def repin() -> None:
-    for entry in default_catalog():
+    for entry in demo_catalog():
         text = json.dumps(exported(entry.model), indent=2, sort_keys=True) + "\n"
         (PINNED / f"{entry.ce_type}.json").write_text(text)
 
@@ -47,11 +47,11 @@ def additive_only(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def test_every_registered_version_has_a_pin_and_nothing_else_does() -> None:
-    registered = {entry.ce_type for entry in default_catalog()}
+    registered = {entry.ce_type for entry in demo_catalog()}
     assert registered == {path.stem for path in PINNED.glob("*.json")}
 
 
-@pytest.mark.parametrize("entry", list(default_catalog()), ids=lambda e: e.ce_type)
+@pytest.mark.parametrize("entry", list(demo_catalog()), ids=lambda e: e.ce_type)
 def test_exported_schema_matches_its_pin(entry: EventType) -> None:
     assert exported(entry.model) == pinned(entry.ce_type), (
         f"{entry.ce_type} changed: additive optional fields only within a version "
@@ -88,7 +88,7 @@ def test_additive_optional_field_is_read_tolerantly_by_an_older_consumer() -> No
         tenant="a", operation_id="o", type="report.accepted", version=1, payload=newer_payload
     )
     newer.validate(event, producing=True)  # the newer producer accepts its own field
-    older = default_catalog()
+    older = demo_catalog()
     model = older.validate(event, producing=False)  # tolerant reading ignores it
     assert isinstance(model, ReportAcceptedV1) and model.report_id == "r1"
     with pytest.raises(Exception, match="fails its catalog model"):

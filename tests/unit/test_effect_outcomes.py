@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobs.models import EffectState, Lease
-from jobs.runner.effects import (
+from accord.jobs.models import EffectState, Lease
+from accord.jobs.runner.effects import (
     FailedBeforeDispatch,
     Success,
     classify_error,

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from schemas.catalog import default_catalog
-from schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
-from schemas.events import Event, encode_payload, semantic_digest, split_versioned_type
+from accord.demo.catalog import demo_catalog
+from accord.schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
+from accord.schemas.events import Event, encode_payload, semantic_digest, split_versioned_type
 
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 
 
 def accepted(**changes: Any) -> Event:
@@ -87,7 +87,7 @@ def test_digest_changes_with_material_content(change: dict[str, Any]) -> None:
 def test_digest_changes_with_version() -> None:
     from pydantic import BaseModel
 
-    from schemas.events import Catalog, EventType
+    from accord.schemas.events import Catalog, EventType
 
     class V(BaseModel):
         report_id: str

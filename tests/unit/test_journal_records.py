@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from jobs.models import EffectState
-from jobs.runner.errors import JournalRecordInvalid
-from jobs.runner.journal import Journal, scan_journal
-from jobs.runner.journal_records import (
+from accord.jobs.models import EffectState
+from accord.jobs.runner.errors import JournalRecordInvalid
+from accord.jobs.runner.journal import Journal, scan_journal
+from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,
     EffectOutcome,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runner.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
-from jobs.runner.objects import LocalDirStore, ObjectStore, collect_garbage, key_for
+from accord.jobs.runner.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
+from accord.jobs.runner.objects import LocalDirStore, ObjectStore, collect_garbage, key_for
 
 HOUR = 3600.0
 

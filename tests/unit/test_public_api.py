@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 EXPECTED: dict[str, set[str]] = {
-    "schemas": {
+    "accord.schemas": {
         "AccordError",
         "Catalog",
         "Event",
@@ -30,7 +30,7 @@ EXPECTED: dict[str, set[str]] = {
         "Settings",
         "UnknownEventType",
     },
-    "relay": {
+    "accord.relay": {
         "AmqpPublisher",
         "ConnectionLost",
         "DuplicateEvent",
@@ -52,7 +52,7 @@ EXPECTED: dict[str, set[str]] = {
         "enqueue",
         "release_held",
     },
-    "consumers": {
+    "accord.consumers": {
         "ANY_TENANT",
         "ConnectionLost",
         "Consumer",
@@ -79,7 +79,7 @@ EXPECTED: dict[str, set[str]] = {
         "reserve",
         "reserve_many",
     },
-    "jobs": {
+    "accord.jobs": {
         "Callback",
         "Cancellation",
         "Effect",
@@ -135,7 +135,7 @@ EXPECTED: dict[str, set[str]] = {
         "locked",
         "submit",
     },
-    "jobs.runner": {
+    "accord.jobs.runner": {
         "Claim",
         "Defect",
         "EffectBegin",
@@ -184,7 +184,33 @@ EXPECTED: dict[str, set[str]] = {
         "scan_journal",
         "unrecorded_effects",
     },
-    "accord": set(),
+    # What an application author imports (the README's "Use accord in your service").
+    "accord": {
+        "AccordError",
+        "App",
+        "AppError",
+        "AppInvalid",
+        "AppNotFound",
+        "Catalog",
+        "EffectsDisabled",
+        "Event",
+        "EventType",
+        "FailedBeforeDispatch",
+        "FenceLost",
+        "Handlers",
+        "InboxConflict",
+        "InvalidEvent",
+        "JobContext",
+        "LookupUnavailable",
+        "Provider",
+        "Receipt",
+        "ReceiptLookup",
+        "Success",
+        "Tx",
+        "UnknownEventType",
+        "enqueue",
+        "load_app",
+    },
     "accord.ops": {
         "InvalidSince",
         "MessagingMetrics",
@@ -204,10 +230,8 @@ EXPECTED: dict[str, set[str]] = {
         "families",
         "install_span_metrics",
         "parse_since",
-        "projection_for",
         "render_table",
         "replay",
-        "report_projection",
         "resolve_since",
         "serve_metrics",
         "serving",

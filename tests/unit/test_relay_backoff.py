@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from relay import Relay, RelayConfig
-from relay.errors import Nacked
-from relay.outbox import OutboxRow, OutboxState
-from schemas.events import Event
+from accord.relay import Relay, RelayConfig
+from accord.relay.errors import Nacked
+from accord.relay.outbox import OutboxRow, OutboxState
+from accord.schemas.events import Event
 
 
 def row(attempts: int) -> OutboxRow:

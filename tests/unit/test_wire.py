@@ -12,10 +12,10 @@ from cloudevents.core.bindings.rabbitmq import RabbitMQMessage, from_binary, to_
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from schemas.catalog import default_catalog
-from schemas.errors import MalformedMessage, UnknownEventType
-from schemas.events import Event, encode_payload
-from schemas.wire import from_amqp, to_amqp
+from accord.demo.catalog import demo_catalog
+from accord.schemas.errors import MalformedMessage, UnknownEventType
+from accord.schemas.events import Event, encode_payload
+from accord.schemas.wire import from_amqp, to_amqp
 
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 
@@ -37,7 +37,7 @@ def wire_headers(e: Event | None = None) -> tuple[bytes, dict[str, str]]:
     message = to_amqp(
         e,
         encode_payload(e),
-        digest=default_catalog().digest(e),
+        digest=demo_catalog().digest(e),
         publish_id="p-1",
         trace={"traceparent": TRACEPARENT},
     )
@@ -71,7 +71,7 @@ def test_our_message_reads_with_the_sdk() -> None:
     assert ce.get_extension("tenantid") == "tenant-a"
     assert ce.get_extension("operationid") == "op-1"
     assert ce.get_extension("authepoch") == "3"
-    assert ce.get_extension("opdigest") == default_catalog().digest(e)
+    assert ce.get_extension("opdigest") == demo_catalog().digest(e)
     assert ce.get_data() == e.payload
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from jobs import FileLedger, Lease, Store, submit
-from jobs.repair import REPAIR_ROLE, WORKER_ROLE
+from accord.jobs import FileLedger, Lease, Store, submit
+from accord.jobs.repair import REPAIR_ROLE, WORKER_ROLE
 
 WORKFLOW = "report"
 OWNER = "accord-worker"

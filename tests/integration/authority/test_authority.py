@@ -9,7 +9,7 @@ import anyio
 import asyncpg
 import pytest
 
-from jobs import (
+from accord.jobs import (
     AuthorityRefused,
     FenceLost,
     FileLedger,
@@ -23,8 +23,8 @@ from jobs import (
     repair_sql,
     require_authority,
 )
-from jobs.authority import lift, restrict, rotate
-from jobs.repair import advance_epoch, release_hold
+from accord.jobs.authority import lift, restrict, rotate
+from accord.jobs.repair import advance_epoch, release_hold
 from tests.integration.authority.conftest import TENANT, Principals
 
 

@@ -10,9 +10,9 @@ import anyio
 import asyncpg
 import pytest
 
-from jobs import FileLedger, Ledger, LedgerRecord, LedgerUnavailable, LedgerWhy, PgLedger
-from jobs.ledger import LEDGER_ID
-from jobs.runner.journal import Journal
+from accord.jobs import FileLedger, Ledger, LedgerRecord, LedgerUnavailable, LedgerWhy, PgLedger
+from accord.jobs.ledger import LEDGER_ID
+from accord.jobs.runner.journal import Journal
 
 
 def record(tenant: str, epoch: int, why: LedgerWhy = LedgerWhy.ROTATE) -> LedgerRecord:

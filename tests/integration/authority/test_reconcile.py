@@ -13,12 +13,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from accord.commands.reconcile import provider_lookup
-from accord.provider import Fault, ProviderAmbiguous, ProviderClient, ProviderServer
-from jobs import EffectState, JobState, Lease, reconcile
-from jobs.reconcile import Left
-from jobs.repair import audit
-from jobs.runner.effects import idempotency_key
+from accord.commands.reconcile import asking
+from accord.demo.app import receipt_lookup
+from accord.demo.provider import Fault, ProviderAmbiguous, ProviderClient, ProviderServer
+from accord.jobs import EffectState, JobState, Lease, reconcile
+from accord.jobs.reconcile import Left
+from accord.jobs.repair import audit
+from accord.jobs.runner.effects import idempotency_key
 from tests.integration.authority.conftest import Principals
 
 KEY = "deliver"
@@ -55,6 +56,12 @@ async def never_sent(p: Principals, op: str) -> Lease:
     await p.store.begin_effect(lease, KEY, "intent")  # then the worker died before sending
     await gave_up(p, lease)
     return lease
+
+
+def provider_lookup(client: ProviderClient) -> reconcile.LookupFor:
+    """The report provider's lookup, for every effect of these tests (all of them its key)."""
+    lookup = asking("report_provider", receipt_lookup(client))
+    return lambda _effect: lookup
 
 
 async def test_the_provider_receipt_decides(
@@ -135,7 +142,12 @@ async def test_without_a_lookup_it_stays_unknown_and_escalates_by_age(
         assert [why for _, why in young.left] == [Left.NO_LOOKUP]
     done = await anyio.run_process(
         [sys.executable, "-m", "accord", "reconcile", "--escalate-after-s", "0"],
-        env={**ledger_env, "ACCORD_PG_DSN": p.dsn, "ACCORD_PROVIDER_URL": ""},
+        env={
+            **ledger_env,
+            "ACCORD_APP": "accord.demo:app",
+            "ACCORD_PG_DSN": p.dsn,
+            "ACCORD_DEMO_PROVIDER_URL": "http://127.0.0.1:9",
+        },
         check=False,
     )
     out = done.stdout.decode()

@@ -8,8 +8,8 @@ import sys
 import anyio
 import pytest
 
-from jobs import EffectState, JobState, RepairRefused
-from jobs.repair import release_hold, requeue_poison, resolve_effect
+from accord.jobs import EffectState, JobState, RepairRefused
+from accord.jobs.repair import release_hold, requeue_poison, resolve_effect
 from tests.integration.authority.conftest import Principals
 
 
@@ -89,7 +89,7 @@ async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> No
     await p.store.begin_effect(lease, "k", "i")
     await p.store.finish_effect(lease, "k", EffectState.UNKNOWN)
     await p.store.fail(lease, "ambiguous", retry=False)
-    env = {**os.environ, "ACCORD_PG_DSN": p.dsn}
+    env = {**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": p.dsn}
     base = [sys.executable, "-m", "accord", "repair"]
     args = ["resolve-effect", "--job", str(job_id), "--key", "k", "--outcome", "succeeded"]
     done = await anyio.run_process(

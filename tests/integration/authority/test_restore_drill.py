@@ -18,9 +18,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from jobs import FenceLost, FileLedger, RepairRefused, check_restore, require_authority, sql
-from jobs.authority import restrict, rotate
-from jobs.repair import audit, release_hold
+from accord.jobs import FenceLost, FileLedger, RepairRefused, check_restore, require_authority, sql
+from accord.jobs.authority import restrict, rotate
+from accord.jobs.repair import audit, release_hold
 from tests.integration.authority.conftest import (
     TENANT,
     Principals,
@@ -44,7 +44,12 @@ async def run(*argv: str, env: dict[str, str] | None = None) -> anyio.abc.Proces
 
 
 async def cli(dsn: str, ledger: FileLedger, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "ACCORD_PG_DSN": dsn, "ACCORD_LEDGER_PATH": str(ledger.path)}
+    env = {
+        **os.environ,
+        "ACCORD_APP": "accord.demo:app",
+        "ACCORD_PG_DSN": dsn,
+        "ACCORD_LEDGER_PATH": str(ledger.path),
+    }
     done = await anyio.run_process([sys.executable, "-m", "accord", *args], env=env, check=False)
     return done.returncode, done.stdout.decode() + done.stderr.decode()
 

@@ -16,8 +16,7 @@ import anyio
 import asyncpg
 import pytest
 
-from accord.ops import collect_status
-from jobs import (
+from accord.jobs import (
     EffectAlreadyBegun,
     EffectConflict,
     EffectState,
@@ -26,7 +25,8 @@ from jobs import (
     RepairRefused,
     repair_sql,
 )
-from jobs.repair import audit, resolve_effect, resume
+from accord.jobs.repair import audit, resolve_effect, resume
+from accord.ops import collect_status
 from tests.integration.authority.conftest import Principals
 
 KEY = "deliver"
@@ -211,7 +211,7 @@ async def test_status_says_what_an_unknown_job_waits_for(principals: Principals)
 async def test_accord_repair_resume(principals: Principals) -> None:
     p = principals
     job_id = (await succeeded_then(p, "fail_retry")).job_id
-    env = {**os.environ, "ACCORD_PG_DSN": p.dsn}
+    env = {**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": p.dsn}
     base = [sys.executable, "-m", "accord", "repair", "resume", "--job", str(job_id)]
     done = await anyio.run_process(
         [*base, "--evidence", "provider receipt r-1", "--who", "alice"], env=env, check=False

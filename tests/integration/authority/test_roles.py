@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from jobs import EffectState, FenceLost, JobState, RepairRefused, Store, repair_sql, sql
-from jobs.repair import audit, release_hold, resolve_effect
+from accord.jobs import EffectState, FenceLost, JobState, RepairRefused, Store, repair_sql, sql
+from accord.jobs.repair import audit, release_hold, resolve_effect
 from tests.integration.authority.conftest import OWNER, WORKFLOW, Principals
 
 DENIED = asyncpg.InsufficientPrivilegeError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from schemas.topology import Topology
+from accord.schemas.topology import Topology
 from tests.conftest import BrokerNames
 from tests.integration.consumers.support import CREATE_EFFECTS, topology_for
 

@@ -13,15 +13,15 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from consumers import ConsumerRuntime, Handlers, RuntimeConfig
-from schemas import wire
-from schemas.catalog import default_catalog
-from schemas.events import Event, encode_payload
-from schemas.topology import Topology, WorkflowQueue
+from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from accord.demo.catalog import demo_catalog
+from accord.schemas import wire
+from accord.schemas.events import Event, encode_payload
+from accord.schemas.topology import Topology, WorkflowQueue
 
 WORKFLOW = "report"
 TENANT = "acme"
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 
 # A test-only effect table: deliberately without a unique key, so a duplicate effect
 # would show up as a second row instead of an error.
@@ -126,7 +126,7 @@ async def publish_events(amqp_url: str, topo: Topology, events: Iterable[Event])
 
 
 async def declare_topology(amqp_url: str, topo: Topology) -> None:
-    from schemas.topology import declare
+    from accord.schemas.topology import declare
 
     connection = await aio_pika.connect(amqp_url)
     try:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from consumers import (
+from accord.consumers import (
     Consumer,
     Delivery,
     InboxConflict,
@@ -19,9 +19,9 @@ from consumers import (
     reserve,
     reserve_many,
 )
-from consumers import sql as consumer_sql
-from schemas.errors import NotInTransaction
-from schemas.events import Event
+from accord.consumers import sql as consumer_sql
+from accord.schemas.errors import NotInTransaction
+from accord.schemas.events import Event
 from tests.integration.consumers.support import CATALOG, counts, report
 
 CONSUMER = Consumer("report", CATALOG, replay_window_s=3600.0)

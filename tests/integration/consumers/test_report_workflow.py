@@ -12,10 +12,11 @@ import anyio
 import asyncpg
 import pytest
 
-from accord import workflows
-from consumers import ConsumerRuntime, PoisonReason, RuntimeConfig
-from jobs import JobState, Store, submit
-from schemas.topology import Topology, demo_topology
+from accord.consumers import ConsumerRuntime, PoisonReason, RuntimeConfig
+from accord.demo import app as demo_app
+from accord.demo import demo_topology
+from accord.jobs import JobState, Store, submit
+from accord.schemas.topology import Topology
 from tests.conftest import BrokerNames
 from tests.integration.consumers.conftest import own
 from tests.integration.consumers.support import (
@@ -47,7 +48,7 @@ def _runtime(amqp_url: str, pg_dsn: str, topo: Topology) -> ConsumerRuntime:
         pg_dsn=pg_dsn,
         topology=topo,
         catalog=CATALOG,
-        handlers=workflows.handlers_for("report", CATALOG),
+        handlers=demo_app.consumer_class("report").handlers,
     )
 
 
@@ -120,6 +121,7 @@ async def test_a_job_with_another_digest_is_a_permanent_conflict(
 def _env(pg_dsn: str, amqp_url: str, prefix: str) -> dict[str, str]:
     return {
         **os.environ,
+        "ACCORD_APP": "accord.demo:app",
         "ACCORD_PG_DSN": pg_dsn,
         "ACCORD_AMQP_URL": amqp_url,
         "ACCORD_TOPOLOGY_PREFIX": prefix,

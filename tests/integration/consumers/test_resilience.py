@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from schemas import telemetry
-from schemas.topology import Topology
+from accord.schemas import telemetry
+from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
     CuttableProxy,
     amqp_message,

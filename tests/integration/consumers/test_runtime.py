@@ -11,10 +11,10 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumers import Handlers, PoisonReason, TransientFailure
-from schemas.errors import ConfigError
-from schemas.events import Event
-from schemas.topology import Topology
+from accord.consumers import Handlers, PoisonReason, TransientFailure
+from accord.schemas.errors import ConfigError
+from accord.schemas.events import Event
+from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
     amqp_message,
     counts,

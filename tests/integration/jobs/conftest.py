@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from jobs import Lease, Store, submit
+from accord.jobs import Lease, Store, submit
 
 WORKFLOW = "report"
 OWNER = "accord-worker"

@@ -9,7 +9,7 @@ import anyio
 import asyncpg
 import pytest
 
-from jobs import Lease, Store, sql
+from accord.jobs import Lease, Store, sql
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 from tests.support import scaled
 

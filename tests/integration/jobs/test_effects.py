@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import (
+from accord.jobs import (
     EffectAlreadyBegun,
     EffectConflict,
     EffectNotPending,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import (
+from accord.jobs import (
     EffectState,
     FenceLost,
     JobState,

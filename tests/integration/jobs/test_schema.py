@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 import asyncpg
 import pytest
 
-from jobs import Store, sql
-from jobs.models import EffectState, JobState
+from accord.jobs import Store, sql
+from accord.jobs.models import EffectState, JobState
 
 
 async def check_values(pg: asyncpg.Connection, constraint: str) -> set[str]:

@@ -11,7 +11,7 @@ from collections import Counter
 import asyncpg
 import pytest
 
-from jobs import FenceLost, JobState, Lease, Store
+from accord.jobs import FenceLost, JobState, Lease, Store
 from tests.integration.jobs.conftest import Jobs
 from tests.support import scaled
 

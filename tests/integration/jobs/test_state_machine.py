@@ -29,7 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobs import (
+from accord.jobs import (
     EffectAlreadyBegun,
     EffectNotPending,
     EffectState,
@@ -40,7 +40,7 @@ from jobs import (
     Store,
     submit,
 )
-from jobs.repair import resume
+from accord.jobs.repair import resume
 from tests.support import SOAK, scaled
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import anyio
 import asyncpg
 import pytest
 
-from jobs import (
+from accord.jobs import (
     EffectState,
     EffectsUnresolved,
     FenceLost,
@@ -22,7 +22,7 @@ from jobs import (
     Store,
     sql,
 )
-from jobs.store import BatchPublished
+from accord.jobs.store import BatchPublished
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 from tests.support import wait_for
 

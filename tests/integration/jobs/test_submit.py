@@ -6,8 +6,8 @@ import anyio
 import asyncpg
 import pytest
 
-from jobs import JobConflict, JobState, submit
-from schemas.errors import NotInTransaction
+from accord.jobs import JobConflict, JobState, submit
+from accord.schemas.errors import NotInTransaction
 from tests.integration.jobs.conftest import TENANT, WORKFLOW, Jobs
 
 

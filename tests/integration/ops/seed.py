@@ -11,12 +11,12 @@ from typing import Any
 
 import asyncpg
 
-from consumers import Consumer, Delivery, InboxOutcome, record_delivery
-from consumers.poison import PoisonReason, PoisonRecord, body_fingerprint, record_poison
-from jobs import EffectState, Lease, Store, submit
-from relay import enqueue
-from schemas.catalog import default_catalog
-from schemas.events import Event
+from accord.consumers import Consumer, Delivery, InboxOutcome, record_delivery
+from accord.consumers.poison import PoisonReason, PoisonRecord, body_fingerprint, record_poison
+from accord.demo.catalog import demo_catalog
+from accord.jobs import EffectState, Lease, Store, submit
+from accord.schemas.events import Event
+from tests.support import enqueue
 
 #: Put into every payload, error text and poison detail: must never reach status or metrics.
 SECRET = "SECRET-7f3a-do-not-print"
@@ -190,7 +190,7 @@ async def seed_delivery(pool: asyncpg.Pool, e: Expected) -> None:
             "UPDATE relay.outbox SET state = 'held', last_reason = 'unroutable'"
             " WHERE operation_id = 'op-2'"
         )
-        consumer = Consumer(REPORT, default_catalog(), 3600.0)
+        consumer = Consumer(REPORT, demo_catalog(), 3600.0)
         async with conn.transaction():
             for n, outcome in ((0, "new"), (0, "duplicate"), (1, "conflict")):
                 await record_delivery(

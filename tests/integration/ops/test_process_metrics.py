@@ -15,10 +15,10 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay import enqueue
-from schemas.events import Event
-from schemas.topology import demo_topology
+from accord.demo import demo_topology
+from accord.schemas.events import Event
 from tests.conftest import BrokerNames
+from tests.support import enqueue
 
 
 def free_port() -> int:
@@ -52,6 +52,7 @@ async def test_relay_serves_status_and_messaging_metrics(
     port = free_port()
     env = {
         **os.environ,
+        "ACCORD_APP": "accord.demo:app",
         "ACCORD_PG_DSN": pg_dsn,
         "ACCORD_AMQP_URL": amqp_url,
         "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix,

@@ -17,6 +17,12 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from accord.demo import demo_topology
+from accord.demo.app import PROJECTION as REPORT_PROJECTION
+from accord.demo.app import app as demo_app
+from accord.demo.catalog import demo_catalog
+from accord.jobs import Store, submit
 from accord.ops import (
     Projection,
     ProjectionPrincipalLost,
@@ -24,22 +30,16 @@ from accord.ops import (
     UnknownProjection,
     collect_status,
     install_span_metrics,
-    projection_for,
     replay,
-    report_projection,
     serve_metrics,
 )
-from accord.ops.projections import REPORT_PROJECTION
-from consumers import ConsumerRuntime, Handlers, RuntimeConfig
-from jobs import Store, submit
-from relay import Relay, RelayConfig, enqueue
-from schemas.catalog import default_catalog
-from schemas.events import Event
-from schemas.topology import declare, demo_topology
+from accord.relay import Relay, RelayConfig
+from accord.schemas.events import Event
+from accord.schemas.topology import declare
 from tests.conftest import BrokerNames
-from tests.support import wait_for
+from tests.support import enqueue, wait_for
 
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 # Event times within the inbox's replay window (an older event is refused as too old).
 BASE = datetime.now(UTC) - timedelta(hours=1)
 PROJECTION_ROWS = (
@@ -73,7 +73,7 @@ async def enqueue_all(conn: asyncpg.Connection, batch: list[Event]) -> None:
 def run_cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "accord", *args],
-        env={**os.environ, "ACCORD_PG_DSN": dsn, **env},
+        env={**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": dsn, **env},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -118,7 +118,7 @@ async def test_rebuilt_projection_matches_the_live_one(
     consumer = ConsumerRuntime(
         config=RuntimeConfig(workflow=REPORT_PROJECTION, tenants=frozenset({"*"})),
         amqp_url=amqp_url, pg_dsn=pg_dsn, topology=topo, catalog=CATALOG,
-        handlers=report_projection(CATALOG).handlers,
+        handlers=demo_app.projection_of(REPORT_PROJECTION).handlers,
     )  # fmt: skip
     relay = Relay(
         RelayConfig(pg_dsn=pg_dsn, amqp_url=amqp_url, exchange=topo.exchange, poll_s=0.05)
@@ -150,7 +150,7 @@ async def test_rebuilt_projection_matches_the_live_one(
     assert done.returncode == 0, done.stderr
     assert f"events={len(batch)} applied={len(batch)} refused=0" in done.stdout
     assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == live
-    summary = await do_replay(pg_dsn, report_projection(CATALOG), rebuild=True)
+    summary = await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION), rebuild=True)
     assert (summary.events, summary.applied, summary.refused) == (len(batch), len(batch), 0)
     assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == live
 
@@ -214,7 +214,7 @@ COUNTS = (
 
 def greedy(attempt: Callable[[Any, Event], Awaitable[None]], every: int) -> Projection:
     """The demo projection whose handler also tries ``attempt`` on every ``every``-th event."""
-    honest = report_projection(CATALOG)
+    honest = demo_app.projection_of(REPORT_PROJECTION)
     handlers = Handlers(REPORT_PROJECTION)
     project = honest.handlers.get(published(0))
 
@@ -292,7 +292,7 @@ async def test_a_handler_that_leaves_the_principal_is_caught(
         await do_replay(pg_dsn, greedy(escape, every=2))
     assert await pg.fetchval("SELECT count(*) FROM demo_projection.published_reports") == 0
     # Control: the honest projection replays the same events.
-    summary = await do_replay(pg_dsn, report_projection(CATALOG))
+    summary = await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION))
     assert summary.applied == 3
 
 
@@ -300,13 +300,15 @@ async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.C
     await mark_published(pg, [published(1)])
     # Control: inside the window.
     since = datetime.now(UTC) - timedelta(seconds=30)
-    summary = await do_replay(pg_dsn, report_projection(CATALOG), since=since, retention_s=60.0)
+    summary = await do_replay(
+        pg_dsn, demo_app.projection_of(REPORT_PROJECTION), since=since, retention_s=60.0
+    )
     assert summary.applied == 1
     with pytest.raises(ReplayWindowExceeded):
-        await do_replay(pg_dsn, report_projection(CATALOG), retention_s=60.0)
+        await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION), retention_s=60.0)
     too_old = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "2h",
                       ACCORD_RELAY_RETENTION_S="60")  # fmt: skip
     assert too_old.returncode == 2
     assert "ReplayWindowExceeded" in too_old.stderr
     with pytest.raises(UnknownProjection):
-        projection_for("report", CATALOG)
+        demo_app.projection_of("report")

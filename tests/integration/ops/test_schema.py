@@ -80,7 +80,7 @@ def test_parse_since() -> None:
 def test_metrics_serve_command(pg_dsn: str) -> None:
     with subprocess.Popen(
         [sys.executable, "-m", "accord", "metrics-serve", "--port", "0"],
-        env={**os.environ, "ACCORD_PG_DSN": pg_dsn},
+        env={**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": pg_dsn},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

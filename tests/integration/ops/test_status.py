@@ -35,7 +35,7 @@ async def seeded(pool: asyncpg.Pool) -> Expected:
 def run_cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "accord", *args],
-        env={**os.environ, "ACCORD_PG_DSN": dsn, **env},
+        env={**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": dsn, **env},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.topology import Topology
+from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
 
 

@@ -10,10 +10,12 @@ import aio_pika
 import anyio
 import asyncpg
 
-from relay import Relay, RelayConfig, enqueue
-from relay.outbox import OutboxStats, stats
-from schemas.events import Event
-from schemas.topology import Topology, declare, demo_topology
+from accord.demo import demo_topology
+from accord.relay import Relay, RelayConfig
+from accord.relay.outbox import OutboxStats, stats
+from accord.schemas.events import Event
+from accord.schemas.topology import Topology, declare
+from tests.support import enqueue
 
 ACCEPTED = "report.accepted"
 

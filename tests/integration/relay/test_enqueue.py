@@ -14,10 +14,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from relay import DuplicateEvent, enqueue, outbox, sql
-from schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
-from schemas.events import Event
+from accord.relay import DuplicateEvent, outbox, sql
+from accord.schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
+from accord.schemas.events import Event
 from tests.integration.relay.helpers import make_event
+from tests.support import enqueue
 
 
 async def count(pg: asyncpg.Connection) -> int:

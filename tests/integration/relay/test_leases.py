@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import anyio
 import asyncpg
 
-from relay import Relay, outbox
-from relay.outbox import OutboxState, Settlement
-from schemas.topology import Topology
-from schemas.wire import WireMessage
+from accord.relay import Relay, outbox
+from accord.relay.outbox import OutboxState, Settlement
+from accord.schemas.topology import Topology
+from accord.schemas.wire import WireMessage
 from tests.integration.relay import helpers
 
 

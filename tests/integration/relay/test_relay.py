@@ -16,14 +16,14 @@ from cloudevents.core.v1.event import CloudEvent
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
-from relay import Relay, enqueue, outbox, sql
-from relay.publisher import amqp_publisher
-from schemas.catalog import default_catalog
-from schemas.events import Catalog, Event, EventType, encode_payload
-from schemas.topology import Topology
+from accord.demo.catalog import demo_catalog
+from accord.relay import Relay, outbox, sql
+from accord.relay.publisher import amqp_publisher
+from accord.schemas.events import Catalog, Event, EventType, encode_payload
+from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.integration.relay.test_enqueue import memory_exporter
-from tests.support import scaled, wait_for
+from tests.support import enqueue, scaled, wait_for
 
 
 class _Rollback(Exception):
@@ -118,7 +118,7 @@ class AuditNotedV1(BaseModel):
 
 
 def catalog_with_unbound_type() -> Catalog:
-    catalog = default_catalog()
+    catalog = demo_catalog()
     catalog.register(EventType("audit.noted", 1, AuditNotedV1))
     return catalog
 
@@ -304,7 +304,7 @@ async def enqueue_silently(dsn: str, event: Event) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         body = encode_payload(event, 262_144)
-        digest = default_catalog().digest(event)
+        digest = demo_catalog().digest(event)
         await conn.execute(silent, *outbox.enqueue_args(event, digest, body, None))
     finally:
         await conn.close()

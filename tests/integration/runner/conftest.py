@@ -15,20 +15,20 @@ import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER, WORKFLOW, accept_submission, register_demo
-from accord.provider import ProviderClient, ProviderServer
-from jobs import Store, submit
-from jobs.runner import (
+from accord.demo.catalog import demo_catalog
+from accord.demo.provider import ProviderClient, ProviderServer
+from accord.jobs import Store, submit
+from accord.jobs.runner import (
     Handler,
     LocalDirStore,
     Worker,
     WorkerConfig,
     open_journal,
 )
-from schemas.catalog import default_catalog
 from tests import support
 
 TENANT = "acme"
-CATALOG = default_catalog()
+CATALOG = demo_catalog()
 
 
 @dataclass

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER, report
-from jobs import JobState
-from jobs.runner import scan_journal
+from accord.jobs import JobState
+from accord.jobs.runner import scan_journal
 from tests.integration.runner.conftest import TENANT, Rig, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.timeout(90)
 def _env(pg_dsn: str, tmp: Path, provider_url: str = "http://127.0.0.1:9") -> dict[str, str]:
     return {
         **os.environ,
+        "ACCORD_APP": "accord.demo:app",
         "ACCORD_PG_DSN": pg_dsn,
-        "ACCORD_PROVIDER_URL": provider_url,
+        "ACCORD_DEMO_PROVIDER_URL": provider_url,
         "ACCORD_JOURNAL_DIR": str(tmp / "journal"),
         "ACCORD_OBJECT_DIR": str(tmp / "objects"),
         "ACCORD_LEDGER_PATH": str(tmp / "authority.ledger"),
@@ -43,7 +44,7 @@ async def test_accord_worker_refuses_to_start_when_it_should_not_serve(
     )
     assert elsewhere.returncode == 2 and b"WorkflowOwnedElsewhere" in elsewhere.stderr
     unknown = await anyio.run_process([*CLI[:-1], "no-such-class"], env=env, cwd=ROOT, check=False)
-    assert unknown.returncode == 2 and b"ConfigError" in unknown.stderr
+    assert unknown.returncode == 2 and b"AppInvalid" in unknown.stderr
     # a class this worker knows, with no queue owner registered in the database (test-only)
     await rig.pool.execute("DELETE FROM jobs.workflows WHERE workflow = $1", CLI[-1])
     unregistered = await anyio.run_process(CLI, env=env, cwd=ROOT, check=False)
@@ -77,3 +78,56 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
     assert (tmp_path / "objects").is_dir()
     records = scan_journal(tmp_path / "journal" / f"{DEFAULT_OWNER}.report.journal").records
     assert [r["type"] for r in records] == ["claim", "effect_begin", "effect_outcome", "publish"]
+
+
+async def _accord(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    return await anyio.run_process(
+        [sys.executable, "-m", "accord", *args], env=env, cwd=ROOT, check=False
+    )
+
+
+async def test_registration_with_effects_disabled_keeps_the_effect_from_beginning(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The integration checkpoint. Control: registered with effects enabled (the rig's own
+    registration), a job runs its effect and publishes (the test above). Then `accord
+    register --effects disabled`, an audited act: the worker still claims the class, its
+    job is refused at begin_effect (nothing dispatched, no effect record), and `accord
+    status` says the work waits for that."""
+    env = _env(rig.pg_dsn, tmp_path, rig.provider.url)
+    done = await _accord(
+        env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER,
+        "--effects", "disabled", "--who", "test-operator",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert b"effects=disabled who=test-operator" in done.stdout
+    audit = await rig.pool.fetch(
+        "SELECT action, owner, effects_enabled, previous_effects_enabled, who"
+        " FROM jobs.registration_audit WHERE workflow = 'report' ORDER BY audit_id"
+    )
+    assert tuple(audit[-1]) == ("register", DEFAULT_OWNER, False, True, "test-operator")
+    job_id = await rig.submit_report("r-off")
+    process = await anyio.open_process(
+        [*CLI, "--lease-s", "5", "--poll-s", "0.1"], env=env, cwd=ROOT, stderr=subprocess.PIPE
+    )
+    try:
+
+        async def refused() -> bool:
+            last = await rig.pool.fetchval(
+                "SELECT last_error FROM jobs.jobs WHERE job_id = $1", job_id
+            )
+            return bool(last == "effects_disabled")
+
+        await wait_for(refused, within=30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            await process.wait()
+    assert (
+        await rig.pool.fetchval("SELECT count(*) FROM jobs.effects WHERE job_id = $1", job_id) == 0
+    )
+    assert rig.provider.evidence() == []  # nothing reached the provider
+    status = await _accord(env, "status")
+    assert status.returncode == 0, status.stderr
+    [line] = [ln for ln in status.stdout.decode().splitlines() if "effects_disabled" in ln]
+    assert "report" in line and TENANT in line

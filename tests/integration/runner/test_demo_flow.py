@@ -7,11 +7,17 @@ import anyio
 import asyncpg
 import pytest
 
-from accord import workflows
-from accord.demo import WORKFLOW, SubmissionConflict, accept_submission, report, report_handler
-from consumers import ConsumerRuntime, RuntimeConfig
-from relay import Relay, RelayConfig
-from schemas.topology import demo_topology
+from accord.consumers import ConsumerRuntime, RuntimeConfig
+from accord.demo import (
+    WORKFLOW,
+    SubmissionConflict,
+    accept_submission,
+    demo_topology,
+    report,
+    report_handler,
+)
+from accord.demo import app as demo_app
+from accord.relay import Relay, RelayConfig
 from tests.conftest import BrokerNames
 from tests.integration.runner.conftest import CATALOG, TENANT, Rig, running, wait_for
 
@@ -36,7 +42,7 @@ async def test_accept_to_published_report_through_relay_consumer_and_worker(
         pg_dsn=rig.pg_dsn,
         topology=topo,  # declared at start
         catalog=CATALOG,
-        handlers=workflows.handlers_for(WORKFLOW, CATALOG),
+        handlers=demo_app.consumer_class(WORKFLOW).handlers,
     )
     worker = rig.worker({WORKFLOW: (report_handler(rig.client), 30.0)})
     async with anyio.create_task_group() as tg:

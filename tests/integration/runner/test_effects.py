@@ -14,10 +14,10 @@ import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
-from accord.provider import Fault, ProviderAmbiguous, ProviderRefused
-from jobs import EffectAlreadyBegun, EffectState, JobState
-from jobs.repair import audit
-from jobs.runner import (
+from accord.demo.provider import Fault, ProviderAmbiguous, ProviderRefused
+from accord.jobs import EffectAlreadyBegun, EffectState, JobState
+from accord.jobs.repair import audit
+from accord.jobs.runner import (
     EffectRef,
     EffectUnknown,
     Ending,
@@ -27,7 +27,7 @@ from jobs.runner import (
     report_unrecorded,
     scan_journal,
 )
-from jobs.runner.recovery import open_journal
+from accord.jobs.runner.recovery import open_journal
 from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -90,8 +90,9 @@ async def test_lost_reply_reconciled_resumes_and_publishes_without_a_second_requ
             [sys.executable, "-m", "accord", "reconcile", "--settle-s", "0"],
             env={
                 **os.environ,
+                "ACCORD_APP": "accord.demo:app",
                 "ACCORD_PG_DSN": rig.pg_dsn,
-                "ACCORD_PROVIDER_URL": rig.provider.url,
+                "ACCORD_DEMO_PROVIDER_URL": rig.provider.url,
                 "ACCORD_LEDGER_PATH": str(tmp_path / "ledger"),
             },
             check=False,

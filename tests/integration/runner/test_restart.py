@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER
-from jobs import EffectState, JobState
-from jobs.runner import (
+from accord.jobs import EffectState, JobState
+from accord.jobs.runner import (
     EffectRef,
     JobContext,
     JournalCorrupt,

@@ -10,7 +10,7 @@ import pytest
 
 from accord.demo import SubmissionState
 from accord.demo import sql as demo_sql
-from jobs.runner import sql as runner_sql
+from accord.jobs.runner import sql as runner_sql
 
 
 def statements(*modules: ModuleType) -> list[tuple[str, str]]:

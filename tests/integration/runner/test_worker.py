@@ -11,9 +11,9 @@ import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
-from accord.provider import Fault
-from jobs import FenceLost, JobState, submit
-from jobs.runner import Ending, Handler, JobContext, scan_journal
+from accord.demo.provider import Fault
+from accord.jobs import FenceLost, JobState, submit
+from accord.jobs.runner import Ending, Handler, JobContext, scan_journal
 from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The async provider client: one HTTP/1.1 exchange per call over anyio, typed outcomes.
 
 It knows exactly whether a request left: a failure to connect is a refusal (nothing was
-sent), any failure after the first byte was written is ambiguous (see accord.provider.errors).
+sent), any failure after the first byte was written is ambiguous (see accord.demo.provider.errors).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from urllib.parse import quote, urlsplit
 import anyio
 import anyio.abc
 
-from accord.provider.errors import (
+from accord.demo.provider.errors import (
     ProviderAmbiguous,
     ProviderConflict,
     ProviderLookupFailed,
     ProviderRefused,
 )
-from accord.provider.wire import MAX_BODY, Fault, Receipt
+from accord.demo.provider.wire import MAX_BODY, Fault, Receipt
 
 
 @dataclass(frozen=True, slots=True)

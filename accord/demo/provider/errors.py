@@ -12,7 +12,7 @@ AccordError
 
 from __future__ import annotations
 
-from schemas.errors import AccordError
+from accord.schemas.errors import AccordError
 
 
 class ProviderError(AccordError):

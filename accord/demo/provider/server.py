@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 import anyio
 
-from accord.provider.wire import HOST, MAX_BODY, Fault, Receipt
+from accord.demo.provider.wire import HOST, MAX_BODY, Fault, Receipt
 
 log = logging.getLogger(__name__)
 

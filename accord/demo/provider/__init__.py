@@ -13,20 +13,20 @@ answers receipt lookups by key, and injects faults per request (headers ``X-Acco
 Routes: ``POST /reports`` (header ``Idempotency-Key``, JSON body), ``GET /reports/<key>``,
 ``GET /evidence``, ``GET /stats``, ``PUT /admin/fault``. Run it in-process
 (``with ProviderServer(db) as server`` or ``async with``) or as a process:
-``python -m accord.provider --port P --db PATH``. :class:`ProviderClient` is the async client;
-its errors (accord.provider.errors) tell the effect runner what it may do next.
+``python -m accord.demo.provider --port P --db PATH``. :class:`ProviderClient` is the async client;
+its errors (accord.demo.provider.errors) tell the effect runner what it may do next.
 """
 
-from accord.provider.client import ProviderClient
-from accord.provider.errors import (
+from accord.demo.provider.client import ProviderClient
+from accord.demo.provider.errors import (
     ProviderAmbiguous,
     ProviderConflict,
     ProviderError,
     ProviderLookupFailed,
     ProviderRefused,
 )
-from accord.provider.server import Evidence, ProviderServer
-from accord.provider.wire import Fault, Receipt
+from accord.demo.provider.server import Evidence, ProviderServer
+from accord.demo.provider.wire import Fault, Receipt
 
 __all__ = [
     "Evidence",

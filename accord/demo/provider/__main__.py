@@ -1,4 +1,4 @@
-"""``python -m accord.provider --port P --db PATH``: the simulator as its own process."""
+"""``python -m accord.demo.provider --port P --db PATH``: the simulator as its own process."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import argparse
 import signal
 import sys
 
-from accord.provider.server import ProviderServer
-from accord.provider.wire import Fault
+from accord.demo.provider.server import ProviderServer
+from accord.demo.provider.wire import Fault
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m accord.provider --port P --db PATH``: serve until SIGTERM or SIGINT."""
+    """``python -m accord.demo.provider --port P --db PATH``: serve until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(
-        prog="accord.provider", description="the accord provider simulator"
+        prog="accord.demo.provider", description="the accord provider simulator"
     )
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any)")
     parser.add_argument("--db", required=True, help="the evidence file (SQLite)")

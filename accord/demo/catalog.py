@@ -1,13 +1,13 @@
-"""The versioned event types accord ships with (the demo's report workflow).
+"""The demo application's versioned event types (the report workflow).
 
-Applications build their own ``Catalog``; this one is the demo's and the tests' default.
+An application builds its own ``Catalog`` and hands it to its ``accord.App``.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events import Catalog, EventType
+from accord.schemas.events import Catalog, EventType
 
 
 class ReportAcceptedV1(BaseModel):
@@ -31,7 +31,7 @@ class ReportPublishedV1(BaseModel):
     provider_receipt: str | None = None
 
 
-def default_catalog() -> Catalog:
+def demo_catalog() -> Catalog:
     return Catalog(
         [
             # priority is a scheduling hint, not part of what the report means.
