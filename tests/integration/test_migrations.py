@@ -95,6 +95,12 @@ async def test_a_pending_file_below_an_applied_one_is_refused(pg: asyncpg.Connec
     assert info.value.fields["pending"] == [versions[1]]
 
 
+# A registration as a database at 0010 takes it (jobs.registration_audit comes with 0013).
+REGISTER_AT_0010 = (
+    "INSERT INTO jobs.workflows (workflow, owner, effects_enabled) VALUES ('w', 'o', false)"
+)
+
+
 async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_dsn: str) -> None:
     """jobs.operations (0011) takes over the idempotency key from jobs.jobs: an upgraded
     database keeps every job's key, and work in flight across the upgrade still publishes."""
@@ -102,7 +108,7 @@ async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_d
     try:
         await migrate.migrate(conn, through=10)
         store = Store(conn)
-        await store.register_workflow("w", "o")
+        await conn.execute(REGISTER_AT_0010)
         ids: dict[tuple[str, str], int] = {}
         async with conn.transaction():
             for tenant, op in [("acme", "a"), ("acme", "b"), ("zeta", "a")]:
@@ -149,7 +155,7 @@ async def test_0011_lets_a_publish_in_flight_finish_first(empty_pg_dsn: str) -> 
     try:
         await migrate.migrate(admin, through=10)
         store = Store(admin)
-        await store.register_workflow("w", "o")
+        await admin.execute(REGISTER_AT_0010)
         async with admin.transaction():
             await submit(admin, tenant="acme", workflow="w", operation_id="a", digest="d")
         [lease] = await store.claim("w", "o", lease_s=60)
