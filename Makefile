@@ -30,8 +30,9 @@ lint: venv
 test: venv services
 	$(BIN)/pytest -q
 
+# The demo is one application (accord.demo:app): its tables are its own migrations.
 demo: venv services
-	$(BIN)/accord migrate
+	$(BIN)/accord migrate --app accord.demo:app
 	$(BIN)/accord demo
 
 # Each prints its ratios against the raw limits measured in the same run (figures in README).
