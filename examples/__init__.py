@@ -1,0 +1,1 @@
+"""Example applications written only against accord's public API (``from accord import ...``)."""
