@@ -33,10 +33,10 @@ ACCORD = "accord"
 
 #: Files of accord's own chain that 0.2.0 moved out (0007: an application's tables, now in
 #: that application's own chain) or rewrote (0006: a comment; 0008: without that
-#: application's projection table), by version, with the checksum 0.1 applied them with. A database migrated by 0.1 has these rows: the migrator
-#: re-records them first (a moved file's row goes, a rewritten file's row takes the current
-#: checksum; the objects they created stay as they are), and a read-only check reports them
-#: as pending.
+#: application's projection table), by version, with the checksum 0.1 applied them with.
+#: A database migrated by 0.1 has these rows: the migrator re-records them first (a moved
+#: file's row goes, a rewritten file's row takes the current checksum; the objects they
+#: created stay as they are), and a read-only check reports them as pending.
 RETIRED: dict[int, str] = {
     6: "ed5d04c91a0f7fdfa9c69549863b65700f7fb26dc7339a0d1a72fce643fddf88",
     7: "679b5adf88576a1737aa54597d383ff4fd8a4aef614d57c04e8e5003c99612a5",
