@@ -56,13 +56,29 @@ def _settings() -> Settings:
         raise SettingsInvalid(problems) from None
 
 
+def _accord_error(exc: BaseException) -> AccordError | None:
+    """The AccordError a failure comes down to: itself, or the first in a task group's
+    exception group whose other members are only the cancellations it caused."""
+    if isinstance(exc, AccordError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _accord_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = _settings()
         code: int = args.handler(args, settings)
-    except AccordError as exc:
-        print(f"accord: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        error = _accord_error(exc)
+        if error is None:
+            raise
+        print(f"accord: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     return code
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,8 +12,18 @@ import anyio
 from accord.schemas.settings import Settings
 
 
+def _stop_before_ready(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """Run ``main`` on asyncio, with uvloop as the loop where it is installed."""
+    """Run ``main`` on asyncio, with uvloop as the loop where it is installed.
+
+    Until ``main`` installs its own SIGTERM handling (each long-running command does once it
+    serves: finish the batch, then exit 0), a SIGTERM ends the process at once with exit 0:
+    nothing has been claimed, consumed or published yet, so there is nothing to drain.
+    """
+    signal.signal(signal.SIGTERM, _stop_before_ready)
     try:
         import uvloop  # noqa: F401
     except ImportError:

@@ -34,7 +34,8 @@ from accord.consumers.batch import AfterCommit, BatchProcessor, Stats
 from accord.consumers.errors import ConnectionLost
 from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
-from accord.schemas import telemetry, topology
+from accord.schemas import broker, telemetry, topology
+from accord.schemas.backoff import Backoff, BackoffPolicy
 from accord.schemas.db import DB_CONNECTION_LOST, create_pool
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog
@@ -71,7 +72,7 @@ class RuntimeConfig:
     batch_max: int = 64
     concurrency: int = 2
     drain_timeout_s: float = 30.0
-    reconnect_delay_s: float = 1.0
+    reconnect_delay_s: float = 5.0  # the cap of the reconnect backoff
     connect_timeout_s: float = 10.0
     prune_interval_s: float = 60.0
     prune_batch: int = 1000
@@ -140,14 +141,21 @@ class ConsumerRuntime:
             raise leaves[0] if len(leaves) == 1 else failure
 
     async def _reconnecting(self) -> None:
+        """Sessions until stopped: a lost service is retried with the shared backoff (capped
+        at ``reconnect_delay_s``); anything else, a ServiceRefused included, ends the run."""
+        backoff = Backoff(BackoffPolicy(cap_s=self.config.reconnect_delay_s))
         while not self._stopping.is_set():
+            sessions = self.sessions
             try:
                 await self._session()
             except BaseException as exc:  # only reconnectable failures are handled
                 if not _reconnectable(exc):
                     raise
-                log.warning("session ended, reconnecting: %s", _describe(exc))
-                with anyio.move_on_after(self.config.reconnect_delay_s):
+                if self.sessions > sessions:
+                    backoff.reset()  # that session was up: start the backoff afresh
+                delay = backoff.next()
+                log.warning("session ended, reconnecting in %.2fs: %s", delay, _describe(exc))
+                with anyio.move_on_after(delay):
                     await self._stopping.wait()
 
     async def _on_signals(self, scope: CancelScope) -> None:
@@ -162,7 +170,7 @@ class ConsumerRuntime:
 
     async def _session(self) -> None:
         cfg = self.config
-        connection = await aio_pika.connect(self.amqp_url, timeout=cfg.connect_timeout_s)
+        connection = await broker.connect(self.amqp_url, timeout=cfg.connect_timeout_s)
         try:
             pool = await create_pool(
                 self.pg_dsn, min_size=cfg.concurrency + 1, max_size=cfg.concurrency + 1

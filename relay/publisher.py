@@ -20,6 +20,7 @@ import aiormq
 import anyio
 
 from accord.relay.errors import ConnectionLost, MessageTooLarge, Nacked, PublishTimeout, Unroutable
+from accord.schemas import broker
 from accord.schemas.errors import ConfigError, ServiceUnavailable
 from accord.schemas.wire import WireMessage
 
@@ -111,10 +112,11 @@ async def amqp_publisher(
     """Connect, open a confirm channel and check that ``exchange`` exists; close on exit.
 
     ServiceUnavailable when the broker does not answer; ConfigError when the exchange is
-    missing (declare the topology first).
+    missing (declare the topology first); a ServiceRefused when the broker refuses the login
+    or the vhost (accord.schemas.broker).
     """
     try:
-        connection = await aio_pika.connect(url, timeout=connect_timeout)
+        connection = await broker.connect(url, timeout=connect_timeout)
     except (aiormq.exceptions.AMQPError, OSError) as exc:
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
     try:

@@ -29,6 +29,7 @@ from accord.relay.errors import MessageTooLarge, PublishFailed, Unroutable
 from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
+from accord.schemas.backoff import Backoff, BackoffPolicy
 from accord.schemas.db import DB_CONNECTION_LOST, connect
 from accord.schemas.errors import ConfigError
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
@@ -127,46 +128,48 @@ class Relay:
             await self._publish_loop()
             tg.cancel_scope.cancel()
 
+    def _backoff(self) -> Backoff:
+        return Backoff(BackoffPolicy(cap_s=self.config.reconnect_max_s))
+
     async def _publish_loop(self) -> None:
-        """One broker session at a time; inside it, ``loops`` workers each with a PG link."""
-        delay = 0.0
+        """One broker session at a time; inside it, ``loops`` workers each with a PG link.
+        A lost service is retried with the shared backoff; a refusal (ServiceRefused: a bad
+        login, a missing vhost) is not a lost service and ends the relay."""
+        backoff = self._backoff()
         while not self._stopping:
-            if delay:
-                await self._sleep(delay)
             try:
                 async with self._publisher() as publisher:
-                    delay = 0.0
+                    backoff.reset()
                     async with anyio.create_task_group() as tg:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
             except SERVICE_LOST as exc:
-                delay = self._lost(exc, delay)
+                await self._sleep(self._lost(exc, backoff))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
-                    delay = self._lost(None, delay)
+                    await self._sleep(self._lost(None, backoff))
 
-    def _lost(self, exc: BaseException | None, delay: float) -> float:
+    def _lost(self, exc: BaseException | None, backoff: Backoff) -> float:
         self.stats.reconnects += 1
+        delay = backoff.next()
         what = type(exc).__name__ if exc else "broker channel closed"
-        log.warning("relay lost a service; reconnecting: %s", what)
-        return min(self.config.reconnect_max_s, max(0.05, delay * 2))
+        log.warning("relay lost a service; reconnecting in %.2fs: %s", delay, what)
+        return delay
 
     async def _worker(self, publisher: Publisher, index: int) -> None:
         """Own PostgreSQL link; returns when stopping or when the broker channel broke."""
-        delay = 0.0
+        backoff = self._backoff()
         while not self._stopping and not publisher.broken():
-            if delay:
-                await self._sleep(delay)
             try:
                 conn = await connect(self.config.pg_dsn)
             except SERVICE_LOST as exc:
-                delay = self._lost(exc, delay)
+                await self._sleep(self._lost(exc, backoff))
                 continue
             try:
-                delay = 0.0
+                backoff.reset()
                 await self._drain(conn, publisher, prunes=index == 0)
             except SERVICE_LOST as exc:
-                delay = self._lost(exc, delay)
+                await self._sleep(self._lost(exc, backoff))
             finally:
                 await _close(conn)
 
@@ -301,12 +304,14 @@ class Relay:
 
     async def _listen_loop(self) -> None:
         """Keep a LISTEN connection; any notification wakes the publish loop."""
+        backoff = self._backoff()
         while True:
             try:
                 conn = await connect(self.config.pg_dsn)
             except SERVICE_LOST:
-                await anyio.sleep(self.config.reconnect_max_s)
+                await anyio.sleep(backoff.next())
                 continue
+            backoff.reset()
             try:
                 await self._listen(conn)
             except SERVICE_LOST:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from accord.schemas.errors import NotInTransaction, ServiceUnavailable
+from accord.schemas.errors import (
+    DatabaseLoginRefused,
+    DatabaseMissing,
+    InvalidDsn,
+    NotInTransaction,
+    ServiceUnavailable,
+)
 
 #: The caller's open transaction: an asyncpg connection inside ``conn.transaction()``. Every
 #: function that writes in the caller's transaction (enqueue, reserve, submit, a handler)
@@ -52,13 +60,59 @@ def require_transaction(tx: Any) -> None:
         raise NotInTransaction()
 
 
-async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
-    """Open one connection; a refused or unreachable server becomes ServiceUnavailable."""
-    kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
+def where(dsn: str) -> dict[str, str]:
+    """Where a DSN points, for an error a person can act on: host:port, user, database (never
+    the password)."""
     try:
-        return await asyncpg.connect(dsn, **kwargs)
+        parts = urlsplit(dsn)
+        port = parts.port or 5432
+    except ValueError:
+        return {"dsn": "unparsable"}
+    return {
+        "at": f"{parts.hostname or 'localhost'}:{port}",
+        "user": parts.username or "(default)",
+        "database": parts.path.lstrip("/") or "(default)",
+    }
+
+
+@contextmanager
+def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Foreign connection errors, mapped once: what retrying cannot fix is a ServiceRefused
+    (the process stops with one line); an unreachable server is ServiceUnavailable (its
+    loops retry with the shared backoff)."""
+    role = (kwargs.get("server_settings") or {}).get("role")
+    extra = {"role": role} if role else {}
+    try:
+        yield
+    except asyncpg.ClientConfigurationError as exc:
+        raise InvalidDsn(detail=str(exc)) from None
+    except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError) as exc:
+        raise DatabaseLoginRefused(
+            f"PostgreSQL refused the login ({exc}): create the user or fix ACCORD_PG_DSN",
+            **where(dsn),
+            **extra,
+        ) from None
+    except (asyncpg.InvalidParameterValueError, asyncpg.InsufficientPrivilegeError) as exc:
+        if not role:
+            raise
+        raise DatabaseLoginRefused(
+            f"PostgreSQL refused the role ({exc}): run `accord migrate`, which creates the"
+            " process roles and grants the migrating user membership",
+            **where(dsn),
+            **extra,
+        ) from None
+    except asyncpg.InvalidCatalogNameError:
+        raise DatabaseMissing(**where(dsn)) from None
     except (OSError, asyncpg.CannotConnectNowError) as exc:
-        raise ServiceUnavailable(service="postgresql", detail=str(exc)) from exc
+        raise ServiceUnavailable(service="postgresql", detail=str(exc), **where(dsn)) from exc
+
+
+async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """Open one connection: ServiceUnavailable when unreachable (transient), a ServiceRefused
+    (InvalidDsn, DatabaseLoginRefused, DatabaseMissing) when retrying cannot help."""
+    kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
+    with _mapped(dsn, kwargs):
+        return await asyncpg.connect(dsn, **kwargs)
 
 
 async def ensure_database(dsn: str) -> bool:
@@ -68,7 +122,7 @@ async def ensure_database(dsn: str) -> bool:
     """
     try:
         conn = await connect(dsn)
-    except asyncpg.InvalidCatalogNameError:
+    except DatabaseMissing:
         pass
     else:
         await conn.close()
@@ -88,11 +142,9 @@ async def ensure_database(dsn: str) -> bool:
 
 
 async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
-    """Open a pool; a refused or unreachable server becomes ServiceUnavailable."""
+    """Open a pool; errors mapped as :func:`connect` maps them."""
     kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
-    try:
+    with _mapped(dsn, kwargs):
         pool = await asyncpg.create_pool(dsn, **kwargs)
-    except (OSError, asyncpg.CannotConnectNowError) as exc:
-        raise ServiceUnavailable(service="postgresql", detail=str(exc)) from exc
     assert pool is not None
     return pool

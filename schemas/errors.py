@@ -7,7 +7,13 @@ errors of the contracts everyone shares::
     AccordError
     ├── NotInTransaction          a durable write was given no open transaction
     ├── ConfigError               settings that cannot work
-    ├── ServiceUnavailable        PostgreSQL or RabbitMQ did not answer
+    │   └── ServiceRefused        a service answered and refused us: retrying cannot help
+    │       ├── InvalidDsn            ACCORD_PG_DSN (or another DSN) is not a PostgreSQL DSN
+    │       ├── DatabaseLoginRefused  PostgreSQL refused the user, password or role
+    │       ├── DatabaseMissing       the database does not exist (`accord migrate` creates it)
+    │       ├── BrokerLoginRefused    RabbitMQ refused the login or the vhost's permissions
+    │       └── BrokerVhostRefused    the vhost does not exist, or the user may not use it
+    ├── ServiceUnavailable        PostgreSQL or RabbitMQ did not answer (transient: retried)
     ├── MigrationError            the schema ledger and the code disagree
     │   ├── MigrationTampered     an applied file changed after it was applied
     │   ├── SchemaBehind          the database lacks migrations the code needs
@@ -53,6 +59,42 @@ class ConfigError(AccordError):
     """The configuration cannot work."""
 
     reason = "config"
+
+
+class ServiceRefused(ConfigError):
+    """A service answered and refused this configuration; retrying cannot help."""
+
+    reason = "service_refused"
+
+
+class InvalidDsn(ServiceRefused):
+    """The PostgreSQL DSN cannot be parsed: use postgresql://USER@HOST:PORT/DATABASE."""
+
+    reason = "invalid_dsn"
+
+
+class DatabaseLoginRefused(ServiceRefused):
+    """PostgreSQL refused the login: check the DSN's user and password (and the role it sets)."""
+
+    reason = "database_login_refused"
+
+
+class DatabaseMissing(ServiceRefused):
+    """The database does not exist: `accord migrate` creates it."""
+
+    reason = "database_missing"
+
+
+class BrokerLoginRefused(ServiceRefused):
+    """RabbitMQ refused the login: check the AMQP URL's user, password and vhost permissions."""
+
+    reason = "broker_login_refused"
+
+
+class BrokerVhostRefused(ServiceRefused):
+    """RabbitMQ refused the vhost: it does not exist or the user has no permissions on it."""
+
+    reason = "broker_vhost_refused"
 
 
 class ServiceUnavailable(AccordError):

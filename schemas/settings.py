@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     consumer_concurrency: int = Field(default=2, gt=0)
     # The tenants a consumer serves, comma-separated ("*" for all); none means refuse to start.
     consumer_tenants: str = ""
+    # A consumer poisons a message body larger than this (typed reason too_large), unread.
+    consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
     job_lease_s: float = Field(default=60.0, gt=0)
     journal_dir: str = "var/journal"
     ledger_path: str = "var/authority.ledger"
@@ -55,6 +57,10 @@ class Settings(BaseSettings):
     # `accord worker` executes jobs as this role (execution authority: no repair rights);
     # empty: as the DSN's own user.
     worker_role: str = "accord_worker"
+    # `accord relay` and `accord consume` run as these roles (only their own grants; empty: as
+    # the DSN's own user).
+    relay_role: str = "accord_relay"
+    consumer_role: str = "accord_consumer"
     # Unresolved effects older than this are escalated (never resolved by time).
     effect_escalate_after_s: float = Field(default=3600.0, ge=0)
     # A provider's "never seen" is trusted only for effects older than this.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+import anyio
+
 from accord import runtime
 from accord.app import App
 from accord.commands.common import prefix, require_app
@@ -70,5 +72,17 @@ async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
     )
     # refuse a schema older than the code (accord's and the application's)
     await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
-    await consumer.run(handle_signals=True)
+    async with anyio.create_task_group() as tg:
+
+        async def announce() -> None:
+            await consumer.consuming.wait()
+            print(
+                f"consumer ready: workflow={config.workflow}"
+                f" queue={consumer.topology.queue(config.workflow)}",
+                flush=True,
+            )
+
+        tg.start_soon(announce)
+        await consumer.run(handle_signals=True)
+        tg.cancel_scope.cancel()
     return 0

@@ -12,13 +12,11 @@ import argparse
 from pathlib import Path
 
 import anyio
-import asyncpg
 
 from accord import runtime
 from accord.jobs.runner.objects import LocalDirStore, collect_garbage
 from accord.schemas import migrate
 from accord.schemas.db import connect
-from accord.schemas.errors import SchemaBehind
 from accord.schemas.settings import Settings
 
 DEFAULT_RETENTION_S = 24 * 3600.0
@@ -54,10 +52,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _main(dsn: str, root: Path, retention_s: float) -> int:
-    try:
-        conn = await connect(dsn)
-    except asyncpg.InvalidCatalogNameError as exc:
-        raise SchemaBehind("the database does not exist yet; run `accord migrate`") from exc
+    conn = await connect(dsn)  # DatabaseMissing says `accord migrate` creates it
     try:
         await migrate.require_current(conn)
         referenced = {row["object_key"] for row in await conn.fetch(REFERENCED_KEYS)}

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-import asyncpg
-
 from accord import runtime
 from accord.commands.common import optional_app
 from accord.schemas import migrate
 from accord.schemas.db import connect, ensure_database
+from accord.schemas.errors import DatabaseMissing
 from accord.schemas.settings import Settings
 
 
@@ -42,7 +41,7 @@ async def _main(dsn: str, check_only: bool, chains: tuple[migrate.Chain, ...]) -
         print("created the database")
     try:
         conn = await connect(dsn, command_timeout=None)  # a migration may take long
-    except asyncpg.InvalidCatalogNameError:
+    except DatabaseMissing:
         print("database is behind the code: it does not exist yet (`accord migrate` creates it)")
         return 1
     try:

@@ -12,14 +12,13 @@ import logging
 import signal
 import sys
 
-import aio_pika
 import anyio
 
 from accord import runtime
 from accord.app import App
 from accord.commands.common import prefix, require_app
 from accord.relay import Relay, RelayConfig
-from accord.schemas import migrate, topology
+from accord.schemas import broker, migrate, topology
 from accord.schemas.errors import ServiceUnavailable
 from accord.schemas.settings import Settings
 
@@ -60,7 +59,7 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
 async def _prepare(settings: Settings, app: App) -> None:
     await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     try:
-        amqp = await aio_pika.connect(settings.amqp_url, timeout=10)
+        amqp = await broker.connect(settings.amqp_url, timeout=10)
     except OSError as exc:
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
     try:

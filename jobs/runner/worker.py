@@ -36,6 +36,7 @@ from accord.jobs.runner.journal import Journal
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store
+from accord.schemas.backoff import Backoff
 from accord.schemas.errors import ConfigError
 
 log = logging.getLogger("accord.worker")
@@ -209,7 +210,8 @@ class Worker:
             jobs.cancel_scope.cancel()
 
     async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
-        backoff = self.config.poll_s
+        backoff = Backoff()  # the shared policy (accord.schemas.backoff)
+        wait = self.config.poll_s
         while not self._stopping:
             free = self.config.concurrency - self._running
             if free <= 0:
@@ -228,17 +230,18 @@ class Worker:
                     limit=wanted,
                 )
             except SERVICE_LOST as exc:
-                log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
-                backoff = min(backoff * 2, 30.0)
+                wait = max(self.config.poll_s, backoff.next())
+                log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, wait)
             else:
-                backoff = self.config.poll_s
+                backoff.reset()
+                wait = self.config.poll_s
             finally:
                 self._release(wanted - len(leases))
             for lease in leases:
                 self.stats.claimed += 1
                 jobs.start_soon(self._run_job, registered, lease, started)
             if len(leases) < wanted:
-                await self._nap(backoff if backoff > self.config.poll_s else self.config.poll_s)
+                await self._nap(wait)
 
     async def _rescue_loop(self, every_s: float) -> None:
         while not self._stopping:

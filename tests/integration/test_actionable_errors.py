@@ -1,0 +1,175 @@
+"""Configuration and connection problems: one line naming what and where, and the right exit.
+
+The real `accord` command for each problem. Permanent refusals (an unknown database user, a
+database that does not exist, an invalid DSN, an unknown vhost, a refused broker login) stop
+the process with exit status 2 and one line that names host:port, user, database or vhost
+and what to do; they are never retried. A SIGTERM that arrives before a process has finished
+starting ends it with exit 0. Faults come only from servers this test runs itself (a port
+that accepts and never answers) or from names that do not exist: the shared services are
+never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "accord.demo:app"
+pytestmark = pytest.mark.timeout(180)
+
+
+def accord(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "accord", *args],
+        env={**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": APP, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str], error: str, *names: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"accord: {error}: "), lines[0]
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def with_db(dsn: str, *, user: str | None = None, database: str | None = None) -> str:
+    parts = urlsplit(dsn)
+    netloc = parts.netloc if user is None else f"{user}@{parts.hostname}:{parts.port or 5432}"
+    path = parts.path if database is None else f"/{database}"
+    return urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
+def with_amqp(url: str, *, password: str | None = None, vhost: str | None = None) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port or 5672}"
+    path = parts.path if vhost is None else f"/{vhost}"
+    return urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
+def test_a_database_user_that_does_not_exist(pg_dsn: str) -> None:
+    user = f"nobody_{uuid.uuid4().hex[:8]}"
+    dsn = with_db(pg_dsn, user=user)
+    for command in (["status"], ["relay"], ["worker", "--workflow", "report"]):
+        line = one_line(accord(*command, ACCORD_PG_DSN=dsn), "DatabaseLoginRefused", user)
+        assert "at='127.0.0.1:" in line and "fix ACCORD_PG_DSN" in line
+
+
+def test_a_database_that_does_not_exist_names_accord_migrate(pg_dsn: str) -> None:
+    name = f"missing_{uuid.uuid4().hex[:8]}"
+    dsn = with_db(pg_dsn, database=name)
+    for command in (["status"], ["relay"], ["consume", "--workflow", "report", "--tenant", "*"]):
+        line = one_line(accord(*command, ACCORD_PG_DSN=dsn), "DatabaseMissing", name)
+        assert "`accord migrate` creates it" in line
+    checked = accord("migrate", "--check", ACCORD_PG_DSN=dsn)
+    assert checked.returncode == 1 and "`accord migrate` creates it" in checked.stdout
+
+
+def test_an_invalid_dsn_and_an_invalid_url() -> None:
+    one_line(accord("status", ACCORD_PG_DSN="host=localhost dbname=x"), "InvalidDsn", "DSN")
+    one_line(accord("status", ACCORD_RELAY_IN_FLIGHT="-3"), "SettingsInvalid", "RELAY_IN_FLIGHT")
+
+
+def test_an_unknown_vhost_stops_the_relay_and_the_consumer(pg_dsn: str, amqp_url: str) -> None:
+    vhost = f"no_such_vhost_{uuid.uuid4().hex[:8]}"
+    url = with_amqp(amqp_url, vhost=vhost)
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": url}
+    for command in (["relay"], ["consume", "--workflow", "report", "--tenant", "*"]):
+        line = one_line(accord(*command, **env), "BrokerVhostRefused", vhost)
+        assert "rabbitmqctl add_vhost" in line and "at='127.0.0.1:" in line
+
+
+def test_a_refused_broker_login_stops_the_consumer_within_seconds(
+    pg_dsn: str, amqp_url: str
+) -> None:
+    """Control first: with the right password the consumer serves (SIGTERM ends it, 0)."""
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url, "ACCORD_CONSUMER_TENANTS": "*",
+           "ACCORD_TOPOLOGY_PREFIX": f"t{uuid.uuid4().hex[:10]}"}  # fmt: skip
+    with _start("consume", "--workflow", "report", **env) as good:
+        try:
+            _wait_for_line(good, "consumer ready", within=30)
+        finally:
+            good.send_signal(signal.SIGTERM)
+            assert good.wait(timeout=30) == 0
+    refused_env = {**env, "ACCORD_AMQP_URL": with_amqp(amqp_url, password="wrong-password")}
+    started = time.monotonic()
+    done = accord("consume", "--workflow", "report", **refused_env)
+    elapsed = time.monotonic() - started
+    line = one_line(done, "BrokerLoginRefused", "user='guest'", "vhost='/'")
+    assert "wrong-password" not in line  # the password is never printed
+    assert elapsed < 15, elapsed  # stopped, not retried for ever
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port of this test's own that accepts connections and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["relay"], ["consume", "--workflow", "report", "--tenant", "*"]],
+    ids=["relay", "consume"],
+)
+def test_sigterm_before_the_process_serves_exits_0(
+    command: list[str], pg_dsn: str, silent_port: int
+) -> None:
+    env = {
+        "ACCORD_PG_DSN": pg_dsn,
+        "ACCORD_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{silent_port}/",
+    }
+    with _start(*command, **env) as process:
+        time.sleep(2.0)  # connecting to a broker that never answers: not serving yet
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+
+
+def _start(*args: str, **env: str) -> subprocess.Popen[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "accord", *args],
+        env={**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": APP, **env},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_line(process: subprocess.Popen[str], text: str, *, within: float) -> None:
+    assert process.stdout is not None
+    deadline = time.monotonic() + within
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        seen.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} within {within}s: {''.join(seen)[-2000:]}")
