@@ -30,7 +30,6 @@ from accord.jobs.ledger import FileLedger, Ledger, PgLedger
 from accord.jobs.models import EffectState
 from accord.schemas import migrate
 from accord.schemas.db import connect, create_pool
-from accord.schemas.errors import ConfigError
 from accord.schemas.settings import Settings
 
 
@@ -50,12 +49,7 @@ def repair_connect_args(settings: Settings) -> tuple[str, dict[str, Any]]:
 async def repair_connection(settings: Settings) -> asyncpg.Connection:
     """One connection as the repair role, on a schema no older than the code."""
     dsn, kwargs = repair_connect_args(settings)
-    try:
-        conn = await connect(dsn, **kwargs)
-    except (asyncpg.InvalidParameterValueError, asyncpg.InsufficientPrivilegeError) as exc:
-        raise ConfigError(
-            "cannot connect as the repair role", role=settings.repair_role, detail=str(exc)
-        ) from exc
+    conn = await connect(dsn, **kwargs)  # DatabaseLoginRefused names the role it could not set
     await migrate.require_current(conn)
     return conn
 
