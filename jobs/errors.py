@@ -21,7 +21,19 @@
         │   ├── AuthorityRefused      the database refused the change (reason = why)
         │   └── RestoreDetected       the database is behind the ledger for some tenant
         ├── RepairRefused             a repair refused (reason = why: running, not_held, ...)
-        └── LookupUnavailable         a receipt lookup gave no definite answer (reconcile later)
+        ├── LookupUnavailable         a receipt lookup gave no definite answer (reconcile later)
+        ├── JournalError              a framed file (runner journal, ledger) cannot be used as asked
+        │   ├── JournalLocked         another writer holds its lock (refused at once)
+        │   ├── JournalHeaderInvalid  not a file this code can read (magic, version, header CRC)
+        │   ├── JournalRunnerMismatch the file belongs to another runner id
+        │   ├── JournalCorrupt        a bad frame followed by valid frames: fatal, never truncated
+        │   ├── JournalTornTail       append refused: the torn tail must be repaired first
+        │   ├── JournalRecordInvalid  a record that is not a JSON object, or too large
+        │   └── JournalBroken         a write or fsync failed: the handle is finished, reopen
+        └── ObjectStoreError          the result object store cannot serve the request
+            ├── ObjectKeyInvalid      not a content address (``sha256-<64 hex>``)
+            ├── ObjectNotFound        no object under that key
+            └── ObjectCorrupt         the stored bytes no longer hash to their key
 
 ``FenceLost.reason`` is the first lease field that no longer matches: ``missing``,
 ``tenant``, ``operation``, ``generation``, ``owner``, ``attempt``, ``state``, ``epoch``,
@@ -172,3 +184,75 @@ class LookupUnavailable(JobsError):
     """The provider's receipt lookup gave no definite answer; the effect stays unresolved."""
 
     reason = "lookup_unavailable"
+
+
+class JournalError(JobsError):
+    """The runner journal cannot be used as asked."""
+
+    reason = "journal"
+
+
+class JournalLocked(JournalError):
+    """Another writer holds the runner journal's lock; refusing to open it."""
+
+    reason = "journal_locked"
+
+
+class JournalHeaderInvalid(JournalError):
+    """The file is not a runner journal this code can read."""
+
+    reason = "journal_header"
+
+
+class JournalRunnerMismatch(JournalError):
+    """The runner journal belongs to another runner id."""
+
+    reason = "journal_runner_mismatch"
+
+
+class JournalCorrupt(JournalError):
+    """The runner journal is corrupt: a bad frame is followed by valid frames; not repairing."""
+
+    reason = "journal_corrupt"
+
+
+class JournalTornTail(JournalError):
+    """The runner journal ends in a torn tail; repair it before appending."""
+
+    reason = "journal_torn"
+
+
+class JournalRecordInvalid(JournalError):
+    """The journal record is not a JSON object of a known shape, or is too large."""
+
+    reason = "journal_record"
+
+
+class JournalBroken(JournalError):
+    """A journal write or fsync failed; this handle is unusable, reopen the journal to rescan."""
+
+    reason = "journal_broken"
+
+
+class ObjectStoreError(JobsError):
+    """The result object store cannot serve the request."""
+
+    reason = "object_store"
+
+
+class ObjectKeyInvalid(ObjectStoreError):
+    """The key is not a content address (sha256-<64 lowercase hex>)."""
+
+    reason = "object_key"
+
+
+class ObjectNotFound(ObjectStoreError):
+    """No object is stored under that key."""
+
+    reason = "object_not_found"
+
+
+class ObjectCorrupt(ObjectStoreError):
+    """The stored object no longer hashes to its key."""
+
+    reason = "object_corrupt"

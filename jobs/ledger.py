@@ -7,7 +7,7 @@ had"; a database whose epoch is behind it was restored (see jobs.authority).
 
 Two implementations of one small interface, run through one shared test suite:
 
-* :class:`FileLedger` (default) the runner journal format (jobs.runner.journal: framed,
+* :class:`FileLedger` (default) the runner journal format (jobs.framing: framed,
   CRC-32C, ``flock``, ``fsync``) on durable storage. Writers open, append and close under the
   journal's exclusive lock (retried briefly when another process holds it); readers scan the
   verified prefix without locking. A torn tail is an append that never returned, hence an
@@ -32,9 +32,8 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accord.jobs import repair_sql
-from accord.jobs.errors import LedgerUnavailable
-from accord.jobs.runner.errors import JournalError, JournalLocked
-from accord.jobs.runner.journal import Journal, Tail, scan_journal
+from accord.jobs.errors import JournalError, JournalLocked, LedgerUnavailable
+from accord.jobs.framing import Journal, Tail, scan_journal
 from accord.schemas.db import connect
 from accord.schemas.errors import ServiceUnavailable
 

@@ -32,7 +32,7 @@ from accord.demo.domain import accept_submission, operation_for
 from accord.demo.errors import DemoError
 from accord.demo.job import DEFAULT_OWNER, WORKFLOW
 from accord.demo.provider import Fault, ProviderServer
-from accord.jobs.runner.journal import scan_journal
+from accord.jobs.framing import scan_journal
 from accord.schemas import migrate
 from accord.schemas.db import connect, create_pool, ensure_database
 from accord.schemas.settings import Settings

@@ -1,14 +1,6 @@
 """The worker loop, effect execution and the append-only runner journal."""
 
-from accord.jobs.runner.context import EffectCall, JobContext
-from accord.jobs.runner.effects import (
-    EffectOutcomeError,
-    EffectUnknown,
-    FailedBeforeDispatch,
-    Success,
-    intent_digest,
-)
-from accord.jobs.runner.errors import (
+from accord.jobs.errors import (
     JournalBroken,
     JournalCorrupt,
     JournalError,
@@ -22,7 +14,15 @@ from accord.jobs.runner.errors import (
     ObjectNotFound,
     ObjectStoreError,
 )
-from accord.jobs.runner.journal import Defect, Journal, JournalScan, Repair, Tail, scan_journal
+from accord.jobs.framing import Defect, Journal, JournalScan, Repair, Tail, scan_journal
+from accord.jobs.runner.context import EffectCall, JobContext
+from accord.jobs.runner.effects import (
+    EffectOutcomeError,
+    EffectUnknown,
+    FailedBeforeDispatch,
+    Success,
+    intent_digest,
+)
 from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,

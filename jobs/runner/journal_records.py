@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from accord.jobs.errors import JournalRecordInvalid
 from accord.jobs.models import EffectState
-from accord.jobs.runner.errors import JournalRecordInvalid
 
 
 class RecordType(StrEnum):

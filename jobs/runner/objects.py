@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from accord.jobs.runner.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
-from accord.jobs.runner.journal import fsync_dir
+from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
+from accord.jobs.framing import fsync_dir
 
 _KEY = re.compile(r"sha256-[0-9a-f]{64}")
 

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from accord.jobs.framing import Journal, Tail
 from accord.jobs.runner import sql
-from accord.jobs.runner.journal import Journal, Tail
 from accord.jobs.runner.journal_records import EffectRef, UnrecordedEffect, unrecorded_effects
 
 log = logging.getLogger("accord.worker")

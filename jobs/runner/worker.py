@@ -29,10 +29,10 @@ import anyio
 import anyio.abc
 
 from accord.jobs.errors import EffectsUnresolved, FenceLost
+from accord.jobs.framing import Journal
 from accord.jobs.models import EffectState, JobState, Lease
 from accord.jobs.runner import recovery
 from accord.jobs.runner.context import SERVICE_LOST, JobContext
-from accord.jobs.runner.journal import Journal
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store

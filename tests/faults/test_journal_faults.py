@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accord.jobs.runner import journal
-from accord.jobs.runner.errors import JournalCorrupt, JournalLocked
-from accord.jobs.runner.journal import Journal, Tail, quarantine_tail, scan_bytes, scan_journal
+from accord.jobs import framing as journal
+from accord.jobs.errors import JournalCorrupt, JournalLocked
+from accord.jobs.framing import Journal, Tail, quarantine_tail, scan_bytes, scan_journal
 from tests.support import scaled
 
 RUNNER = "runner-faults"
@@ -202,7 +202,7 @@ def test_repair_of_a_corrupt_journal_changes_nothing(tmp_path: Path) -> None:
 
 HOLDER = """
 import sys, time
-from accord.jobs.runner.journal import Journal
+from accord.jobs.framing import Journal
 j = Journal.open(sys.argv[1], "runner-faults")
 print("locked", flush=True)
 time.sleep(60)
@@ -239,7 +239,7 @@ def test_second_opener_in_another_process_is_refused_at_once(tmp_path: Path) -> 
 
 APPENDER = """
 import sys
-from accord.jobs.runner.journal import Journal, Tail
+from accord.jobs.framing import Journal, Tail
 j = Journal.open(sys.argv[1], "runner-faults")
 if j.scan.tail is Tail.TORN:
     j.repair()

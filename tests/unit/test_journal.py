@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accord.jobs.runner import journal
-from accord.jobs.runner.errors import (
+from accord.jobs import framing as journal
+from accord.jobs.errors import (
     JournalBroken,
     JournalCorrupt,
     JournalHeaderInvalid,
@@ -22,7 +22,7 @@ from accord.jobs.runner.errors import (
     JournalRunnerMismatch,
     JournalTornTail,
 )
-from accord.jobs.runner.journal import Defect, Journal, Tail, scan_bytes, scan_journal
+from accord.jobs.framing import Defect, Journal, Tail, scan_bytes, scan_journal
 
 RUNNER = "runner-1"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from accord.jobs.errors import JournalRecordInvalid
+from accord.jobs.framing import Journal, scan_journal
 from accord.jobs.models import EffectState
-from accord.jobs.runner.errors import JournalRecordInvalid
-from accord.jobs.runner.journal import Journal, scan_journal
 from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,

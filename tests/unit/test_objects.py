@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.jobs.runner.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
+from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
 from accord.jobs.runner.objects import LocalDirStore, ObjectStore, collect_garbage, key_for
 
 HOUR = 3600.0

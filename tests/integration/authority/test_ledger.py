@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 
 from accord.jobs import FileLedger, Ledger, LedgerRecord, LedgerUnavailable, LedgerWhy, PgLedger
+from accord.jobs.framing import Journal
 from accord.jobs.ledger import LEDGER_ID
-from accord.jobs.runner.journal import Journal
 
 
 def record(tenant: str, epoch: int, why: LedgerWhy = LedgerWhy.ROTATE) -> LedgerRecord:

@@ -1,4 +1,5 @@
-"""The runner journal: an append-only, checksummed, fsynced local log of what one worker did.
+"""The framed file: an append-only, checksummed, fsynced local log (the runner journal's format,
+and the file authority ledger's: jobs.runner and jobs.ledger both build on it).
 
 Invariant it owns: every record :meth:`Journal.append` returned for is on disk and is returned,
 in order, by every later scan; bytes after the verified prefix are never dropped unless they are
@@ -45,7 +46,7 @@ from typing import Any
 import google_crc32c
 from pydantic import BaseModel
 
-from accord.jobs.runner.errors import (
+from accord.jobs.errors import (
     JournalBroken,
     JournalCorrupt,
     JournalHeaderInvalid,
