@@ -25,52 +25,12 @@ GROUP BY j.state, j.tenant, j.workflow
 ORDER BY j.state, j.tenant, j.workflow
 """
 
-# Why waiting work waits: one typed reason per job (first match wins, in this order), grouped
-# by (reason, state, tenant, workflow). Worker presence is derived from live leases: there is
-# no worker liveness table, so "no live worker" means no running job of the class holds an
-# unexpired lease. $1 = effect states that leave an outcome unknown (pending, unknown, ...).
+# Why waiting work waits, by (reason, state, tenant, workflow): the jobs module's own view
+# (jobs.waiting, next to jobs.claim) says why each job waits; this only groups it.
 WAITING = """
-WITH live AS (
-    SELECT workflow, count(*) AS leases FROM jobs.jobs
-    WHERE state = 'running' AND lease_expires_at > now()
-    GROUP BY workflow
-), unresolved AS (
-    SELECT DISTINCT e.job_id FROM jobs.effects e WHERE e.state = ANY ($1::text[])
-), classified AS (
-    SELECT j.state, j.tenant, j.workflow, j.created_at, CASE
-        WHEN j.state = 'held' THEN 'held'
-        -- unknown with every effect outcome known (one succeeded): only a repair resumes it
-        WHEN j.state = 'unknown' AND u.job_id IS NULL THEN 'awaiting_resume'
-        WHEN j.state = 'unknown' THEN 'unresolved_effect'
-        WHEN j.state IN ('canceled', 'failed', 'poison') THEN 'unresolved_effect'
-        WHEN j.state = 'running' AND j.epoch IS DISTINCT FROM t.epoch THEN 'epoch_rotated'
-        WHEN j.state = 'running' AND j.lease_expires_at <= now() THEN 'lease_expired'
-        WHEN j.state = 'running' AND t.frozen THEN 'tenant_frozen'
-        WHEN j.state = 'running' THEN NULL
-        WHEN w.workflow IS NULL THEN 'unregistered_workflow'
-        WHEN t.frozen THEN 'tenant_frozen'
-        WHEN u.job_id IS NOT NULL THEN 'unresolved_effect'
-        WHEN j.resumed_generation IS DISTINCT FROM j.generation
-             AND EXISTS (SELECT 1 FROM jobs.effects e
-                         WHERE e.job_id = j.job_id AND e.state = 'succeeded')
-            THEN 'blocked_by_effect'
-        WHEN NOT w.effects_enabled AND j.last_error = 'effects_disabled' THEN 'effects_disabled'
-        WHEN j.run_after > now() THEN 'backoff'
-        WHEN l.leases IS NULL THEN 'no_live_worker'
-        ELSE 'workers_busy'
-    END AS reason
-    FROM jobs.jobs j
-    JOIN jobs.tenants t ON t.tenant = j.tenant
-    LEFT JOIN jobs.workflows w ON w.workflow = j.workflow
-    LEFT JOIN live l ON l.workflow = j.workflow
-    LEFT JOIN unresolved u ON u.job_id = j.job_id
-    -- Finished work waits only when an effect outcome is still unknown (e.g. canceled).
-    WHERE j.state IN ('queued', 'held', 'unknown', 'running')
-       OR (j.state IN ('canceled', 'failed', 'poison') AND u.job_id IS NOT NULL)
-)
 SELECT reason, state, tenant, workflow, count(*)::bigint AS jobs,
        EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
-FROM classified
+FROM jobs.waiting
 WHERE reason IS NOT NULL
 GROUP BY reason, state, tenant, workflow
 ORDER BY reason, state, tenant, workflow

@@ -57,7 +57,7 @@ async def _collect(conn: Any) -> StatusReport:
     return StatusReport(
         taken_at=await conn.fetchval(sql.NOW),
         jobs=jobs,
-        waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING, unresolved),
+        waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
         miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
         key_mismatches=await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES),
