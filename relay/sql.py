@@ -4,8 +4,8 @@
 NOTIFY_CHANNEL = "relay_outbox"
 
 # Insert one event and wake relays at commit, in one statement (one round trip, DESIGN §11).
-# pg_notify in RETURNING rather than a CTE around the INSERT: the same single statement, but
-# the CTE cost 16-27 µs more per transaction here (docs/delivery.md, Measured).
+# pg_notify in RETURNING rather than a CTE around the INSERT: the same single statement, and
+# cheaper per transaction than the CTE (measured: docs/bench-log.md).
 ENQUEUE = """
 INSERT INTO relay.outbox (
     event_id, tenant, operation_id, type, version, authority_epoch,
