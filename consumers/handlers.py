@@ -10,12 +10,12 @@ exception is transient and the message is retried up to the queue's delivery lim
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
 from accord.consumers.errors import NoHandler
+from accord.schemas.db import Tx
 from accord.schemas.events import Event, versioned_type
 
-Handler = Callable[[Any, Event], Awaitable[None]]
+Handler = Callable[[Tx, Event], Awaitable[None]]
 
 
 class Handlers:

@@ -35,7 +35,7 @@ import asyncpg
 from accord.jobs import repair_sql
 from accord.jobs.errors import AuthorityRefused, RestoreDetected
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 
 log = logging.getLogger("jobs.authority")
 
@@ -64,7 +64,7 @@ class TenantRestore:
 
 
 async def _change(
-    tx: Any,
+    tx: Tx,
     ledger: Ledger,
     tenant: str,
     why: LedgerWhy,
@@ -91,7 +91,7 @@ async def _change(
     return epoch
 
 
-async def rotate(tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None) -> int:
+async def rotate(tx: Tx, ledger: Ledger, tenant: str, *, who: str | None = None) -> int:
     """Runs in the caller's transaction; never commits. Advances the tenant's epoch by one,
     ledger first; once committed every lease under the old epoch fails its fence. Keeps the
     tenant's restriction as it is. Returns the new epoch."""
@@ -99,7 +99,7 @@ async def rotate(tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None
 
 
 async def restrict(
-    tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
+    tx: Tx, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
 ) -> int:
     """Runs in the caller's transaction; never commits. Restricts the tenant: epoch + 1 and
     frozen, ledger first (so lifting it later cannot revive an old lease). Returns the epoch."""
@@ -107,7 +107,7 @@ async def restrict(
 
 
 async def lift(
-    tx: Any, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
+    tx: Tx, ledger: Ledger, tenant: str, *, who: str | None = None, evidence: str | None = None
 ) -> int:
     """Runs in the caller's transaction; never commits. Lifts a restriction (epoch + 1, not
     frozen). Raises AuthorityRefused(reason="restore_unresolved") while the database is behind

@@ -5,7 +5,7 @@
         ├── JobConflict               same operation submitted with another digest
         ├── JobNotFound               no such job
         ├── InvalidLeaseLength        a lease must be finite and positive
-        ├── FenceLost                 the caller no longer holds the job (reason = failing field)
+        ├── FenceLost                 the caller no longer holds the job (failed_check = the field)
         ├── EffectError               an effect record refuses the transition
         │   ├── EffectsDisabled       the workflow class is not registered with effects enabled
         │   ├── EffectAlreadyBegun    the key's latest record is not failed_before_dispatch
@@ -35,7 +35,8 @@
             ├── ObjectNotFound        no object under that key
             └── ObjectCorrupt         the stored bytes no longer hash to their key
 
-``FenceLost.reason`` is the first lease field that no longer matches: ``missing``,
+``FenceLost.failed_check`` is the first lease field that no longer matches (its typed
+``reason`` stays ``fence_lost``): ``missing``,
 ``tenant``, ``operation``, ``generation``, ``owner``, ``attempt``, ``state``, ``epoch``,
 ``frozen``, ``lease_expired`` (or ``row_count`` if the guarded update touched no row).
 """
@@ -88,6 +89,8 @@ class FenceLost(JobsError):
     """The caller no longer holds this job; its write-back was refused."""
 
     reason = "fence_lost"
+    #: The first lease field that no longer matches (one of FENCE_REASONS).
+    failed_check: str
 
 
 class EffectError(JobsError):

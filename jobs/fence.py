@@ -14,7 +14,7 @@ from typing import Any
 from accord.jobs import sql
 from accord.jobs.errors import FENCE_REASONS, FenceLost
 from accord.jobs.models import Lease
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 
 
 def fence_lost(lease: Lease, reason: str) -> FenceLost:
@@ -22,7 +22,7 @@ def fence_lost(lease: Lease, reason: str) -> FenceLost:
     if reason not in FENCE_REASONS:
         raise AssertionError(f"unexpected fence status {reason!r}")
     return FenceLost(
-        reason=reason,
+        failed_check=reason,
         job_id=lease.job_id,
         operation_id=lease.operation_id,
         expected_generation=lease.generation,
@@ -30,7 +30,7 @@ def fence_lost(lease: Lease, reason: str) -> FenceLost:
     )
 
 
-async def locked(tx: Any, lease: Lease) -> None:
+async def locked(tx: Tx, lease: Lease) -> None:
     """Runs in the caller's transaction; never commits. Locks the job row until the caller's
     transaction ends and raises FenceLost (naming the field) unless ``lease`` still holds it.
     """
@@ -40,7 +40,7 @@ async def locked(tx: Any, lease: Lease) -> None:
         raise fence_lost(lease, reason)
 
 
-async def succeed(tx: Any, lease: Lease) -> str | None:
+async def succeed(tx: Tx, lease: Lease) -> str | None:
     """Runs in the caller's transaction; never commits. Fences again and marks the job
     succeeded; returns None, or the refusal (a fence reason or ``unresolved_effect``).
     """
@@ -62,7 +62,7 @@ async def succeed_once(conn: Any, lease: Lease) -> str | None:
     return status
 
 
-async def record_result(tx: Any, lease: Lease, object_key: str, content_digest: str) -> None:
+async def record_result(tx: Tx, lease: Lease, object_key: str, content_digest: str) -> None:
     """Runs in the caller's transaction (a publish callback); never commits. Fences again and
     writes the ``jobs.results`` manifest row that makes ``object_key`` authoritative for the
     lease's job; raises FenceLost (nothing written) unless ``lease`` still holds it."""

@@ -33,6 +33,7 @@ from typing import Any
 from accord.jobs import repair, repair_sql
 from accord.jobs.errors import LookupUnavailable, RepairRefused
 from accord.jobs.models import EffectState, JobState
+from accord.schemas.db import Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ async def _resolve(conn: Any, effect: UnresolvedEffect, answer: Answer, who: str
 
 
 async def _resume_settled(
-    tx: Any, done: repair.EffectResolved, answer: Answer, who: str
+    tx: Tx, done: repair.EffectResolved, answer: Answer, who: str
 ) -> repair.Repaired | None:
     """Resume the job if the resolution left it ``unknown`` (resolve_effect requeues it itself
     when nothing blocks a rerun). A refusal (another effect still unresolved, an open restore)

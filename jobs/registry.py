@@ -14,7 +14,7 @@ from typing import Any
 from accord.jobs import sql
 from accord.jobs.errors import WorkflowNotDrained, WorkflowNotRegistered, WorkflowOwnedElsewhere
 from accord.jobs.models import Registration
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 
 
 async def registration(conn: Any, workflow: str) -> Registration | None:
@@ -38,13 +38,13 @@ async def require(conn: Any, workflow: str, owner: str) -> Registration:
     return check_owner(await registration(conn, workflow), workflow, owner)
 
 
-async def open_work(tx: Any, workflow: str) -> dict[str, int]:
+async def open_work(tx: Tx, workflow: str) -> dict[str, int]:
     """Counts of the class's jobs that are not finished (queued, running, unknown, held)."""
     return {row["state"]: row["n"] for row in await tx.fetch(sql.OPEN_WORK, workflow)}
 
 
 async def register(
-    tx: Any, workflow: str, owner: str, *, effects_enabled: bool, who: str = "jobs.registry"
+    tx: Tx, workflow: str, owner: str, *, effects_enabled: bool, who: str = "jobs.registry"
 ) -> Registration:
     """Runs in the caller's transaction; never commits. Registers ``owner`` for ``workflow``
     (idempotent; sets the effects flag) and writes a ``jobs.registration_audit`` row naming
@@ -64,7 +64,7 @@ async def register(
     return Registration(workflow, owner, effects_enabled)
 
 
-async def _audit(tx: Any, action: str, now: Registration, before: Any | None, who: str) -> int:
+async def _audit(tx: Tx, action: str, now: Registration, before: Any | None, who: str) -> int:
     audit_id: int = await tx.fetchval(
         sql.AUDIT_REGISTRATION,
         action,
@@ -84,7 +84,7 @@ async def audit(conn: Any, workflow: str) -> list[dict[str, Any]]:
 
 
 async def transfer(
-    tx: Any,
+    tx: Tx,
     workflow: str,
     from_owner: str,
     to_owner: str,

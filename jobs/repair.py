@@ -21,7 +21,7 @@ from accord.jobs import repair_sql
 from accord.jobs.errors import RepairRefused
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
 from accord.jobs.models import EffectState, JobState
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 
 #: The principals of migration 0006 (NOLOGIN group roles; grant them to LOGIN users).
 WORKER_ROLE = "accord_worker"
@@ -109,7 +109,7 @@ def _refused(status: str | None, **ids: Any) -> None:
 
 
 async def resolve_effect(
-    tx: Any,
+    tx: Tx,
     job_id: int,
     effect_key: str,
     outcome: EffectState,
@@ -133,7 +133,7 @@ async def resolve_effect(
     return EffectResolved(job_id, effect_key, row["seq"], outcome, state, row["audit_id"])
 
 
-async def release_hold(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+async def release_hold(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
     """Runs in the caller's transaction; never commits. A held job goes to queued (or unknown
     if an effect forbids running it again). Raises RepairRefused (running, not_held, missing,
     restore_unresolved: advance the tenant's epoch first)."""
@@ -143,7 +143,7 @@ async def release_hold(tx: Any, job_id: int, *, who: str, evidence: str) -> Repa
     return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
 
 
-async def requeue_poison(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+async def requeue_poison(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
     """Runs in the caller's transaction; never commits. A poison job goes back to queued with
     a fresh attempt budget. Raises RepairRefused (running, not_poison, effects_unresolved)."""
     require_transaction(tx)
@@ -152,7 +152,7 @@ async def requeue_poison(tx: Any, job_id: int, *, who: str, evidence: str) -> Re
     return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
 
 
-async def resume(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
+async def resume(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
     """Runs in the caller's transaction; never commits. An ``unknown`` job whose effects all
     have a known outcome (e.g. one succeeded, then the reply, the worker or a later step was
     lost) goes back to ``queued``, resumable for exactly one claim: that run gets each
@@ -167,7 +167,7 @@ async def resume(tx: Any, job_id: int, *, who: str, evidence: str) -> Repaired:
 
 
 async def advance_epoch(
-    tx: Any, ledger: Ledger, tenant: str, *, who: str, evidence: str
+    tx: Tx, ledger: Ledger, tenant: str, *, who: str, evidence: str
 ) -> EpochAdvanced:
     """Runs in the caller's transaction; never commits. Validates and advances the tenant's
     epoch past both the database and the ledger, lifts the freeze and resolves the open restore
@@ -195,7 +195,7 @@ async def advance_epoch(
     return EpochAdvanced(tenant, epoch, ledger_epoch, done["audit_id"])
 
 
-async def escalate(tx: Any, older_than_s: float, *, limit: int = 1000) -> list[Escalated]:
+async def escalate(tx: Tx, older_than_s: float, *, limit: int = 1000) -> list[Escalated]:
     """Runs in the caller's transaction; never commits. Marks unresolved effects begun more
     than ``older_than_s`` ago as escalated (once each). Never resolves anything."""
     require_transaction(tx)

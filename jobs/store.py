@@ -44,10 +44,10 @@ from accord.jobs.models import (
     RescueReport,
     Submitted,
 )
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
-Callback = Callable[[Any], Awaitable[None]]
+Callback = Callable[[Tx], Awaitable[None]]
 
 MAX_LEASE_S = 86_400.0
 
@@ -59,7 +59,7 @@ def _lease_seconds(lease_s: float) -> float:
 
 
 async def submit(
-    tx: Any,
+    tx: Tx,
     *,
     tenant: str,
     workflow: str,

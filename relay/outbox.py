@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 from accord.relay import sql
 from accord.relay.errors import DuplicateEvent
 from accord.schemas import telemetry
-from accord.schemas.db import require_transaction, rows_affected
+from accord.schemas.db import Tx, require_transaction, rows_affected
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
 
 
@@ -94,7 +94,7 @@ _TRACER = telemetry.tracer()
 
 
 async def enqueue(
-    tx: asyncpg.Connection,
+    tx: Tx,
     event: Event,
     *,
     catalog: Catalog,
@@ -158,16 +158,14 @@ def enqueue_args(event: Event, digest: str, body: bytes, trace_json: str | None)
     )
 
 
-async def claim(
-    tx: asyncpg.Connection, token: uuid.UUID, limit: int, lease_s: float
-) -> list[OutboxRow]:
+async def claim(tx: Tx, token: uuid.UUID, limit: int, lease_s: float) -> list[OutboxRow]:
     """Runs in the caller's (short) transaction. Leases up to ``limit`` eligible rows."""
     require_transaction(tx)
     records = await tx.fetch(sql.CLAIM, limit, token, lease_s)
     return sorted((OutboxRow.from_record(r) for r in records), key=lambda row: row.id)
 
 
-async def settle(tx: asyncpg.Connection, token: uuid.UUID, outcomes: Sequence[Settlement]) -> int:
+async def settle(tx: Tx, token: uuid.UUID, outcomes: Sequence[Settlement]) -> int:
     """Runs in the caller's transaction. Applies outcomes guarded by ``token``; rows settled."""
     require_transaction(tx)
     if not outcomes:
@@ -184,14 +182,14 @@ async def settle(tx: asyncpg.Connection, token: uuid.UUID, outcomes: Sequence[Se
     return rows_affected(status)
 
 
-async def prune(tx: asyncpg.Connection, retention_s: float, limit: int) -> int:
+async def prune(tx: Tx, retention_s: float, limit: int) -> int:
     """Runs in the caller's transaction. Deletes one bounded batch of old published rows."""
     require_transaction(tx)
     status: str = await tx.execute(sql.PRUNE, retention_s, limit)
     return rows_affected(status)
 
 
-async def release_held(tx: asyncpg.Connection, tenant: str, event_ids: Sequence[uuid.UUID]) -> int:
+async def release_held(tx: Tx, tenant: str, event_ids: Sequence[uuid.UUID]) -> int:
     """Runs in the caller's transaction. Makes held rows pending again; rows released."""
     require_transaction(tx)
     status: str = await tx.execute(sql.RELEASE_HELD, tenant, list(event_ids))

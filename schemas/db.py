@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -17,10 +17,25 @@ from accord.schemas.errors import (
     ServiceUnavailable,
 )
 
-#: The caller's open transaction: an asyncpg connection inside ``conn.transaction()``. Every
-#: function that writes in the caller's transaction (enqueue, reserve, submit, a handler)
-#: takes one and never commits it.
-Tx = asyncpg.Connection
+
+class Tx(Protocol):
+    """The caller's open transaction: an asyncpg connection inside ``conn.transaction()``.
+
+    Every function that works in the caller's transaction (enqueue, reserve, submit, the
+    fences, a handler, a publish callback) takes one and never commits it; this Protocol is
+    what they may call on it, so mypy checks the convention (asyncpg itself is untyped).
+    """
+
+    async def execute(self, query: str, *args: Any) -> str: ...
+
+    async def fetch(self, query: str, *args: Any) -> list[Any]: ...
+
+    async def fetchrow(self, query: str, *args: Any) -> Any: ...
+
+    async def fetchval(self, query: str, *args: Any, column: int = 0) -> Any: ...
+
+    def is_in_transaction(self) -> bool: ...
+
 
 # Errors that mean "the database connection is gone (or the server restarted)": reconnect
 # and retry, never crash and never treat as a verdict. CrashShutdownError (57P02) is an
@@ -53,7 +68,7 @@ def rows_affected(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-def require_transaction(tx: Any) -> None:
+def require_transaction(tx: Tx) -> None:
     """Raise NotInTransaction unless ``tx`` is an asyncpg connection inside an open transaction."""
     is_in = getattr(tx, "is_in_transaction", None)
     if is_in is None or not is_in():

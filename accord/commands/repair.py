@@ -29,7 +29,7 @@ from accord.jobs import authority, repair
 from accord.jobs.ledger import FileLedger, Ledger, PgLedger
 from accord.jobs.models import EffectState
 from accord.schemas import migrate
-from accord.schemas.db import connect, create_pool
+from accord.schemas.db import Tx, connect, create_pool
 from accord.schemas.settings import Settings
 
 
@@ -110,7 +110,7 @@ async def _in_transaction(settings: Settings, work: Callable[[Any], Awaitable[An
 
 
 async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
-    async def work(tx: Any) -> repair.EffectResolved:
+    async def work(tx: Tx) -> repair.EffectResolved:
         return await repair.resolve_effect(
             tx,
             args.job,
@@ -137,7 +137,7 @@ def _job_repair(action: JobRepair, verb: str) -> Callable[..., Awaitable[int]]:
     transaction as the repair principal."""
 
     async def command(args: argparse.Namespace, settings: Settings) -> int:
-        async def work(tx: Any) -> repair.Repaired:
+        async def work(tx: Tx) -> repair.Repaired:
             return await action(tx, args.job, who=args.who, evidence=args.evidence)
 
         done: repair.Repaired = await _in_transaction(settings, work)
@@ -150,7 +150,7 @@ def _job_repair(action: JobRepair, verb: str) -> Callable[..., Awaitable[int]]:
 async def _advance(args: argparse.Namespace, settings: Settings) -> int:
     ledger = ledger_from_settings(settings)
 
-    async def work(tx: Any) -> repair.EpochAdvanced:
+    async def work(tx: Tx) -> repair.EpochAdvanced:
         return await repair.advance_epoch(
             tx, ledger, args.tenant, who=args.who, evidence=args.evidence
         )

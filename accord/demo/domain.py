@@ -20,7 +20,7 @@ from accord.demo import sql
 from accord.demo.catalog import demo_catalog
 from accord.demo.errors import SubmissionConflict
 from accord.relay import enqueue
-from accord.schemas.db import require_transaction
+from accord.schemas.db import Tx, require_transaction
 from accord.schemas.errors import InvalidEvent
 from accord.schemas.events import Catalog, Event
 
@@ -81,7 +81,7 @@ def _accepted_event(tenant: str, report_id: str, subject: str, **identity: Any) 
 
 
 async def accept_submission(
-    tx: Any, tenant: str, report_id: str, subject: str, *, catalog: Catalog | None = None
+    tx: Tx, tenant: str, report_id: str, subject: str, *, catalog: Catalog | None = None
 ) -> Event:
     """Runs in the caller's transaction; never commits. Records the submission and enqueues
     ``report.accepted.v1`` for it, in that transaction; returns the event.

@@ -18,7 +18,6 @@ Steps, each with its own guarantee:
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import anyio
 
@@ -32,6 +31,7 @@ from accord.jobs.runner.effects import FailedBeforeDispatch, Success
 from accord.jobs.runner.worker import Handler
 from accord.jobs.store import Callback, Store
 from accord.relay import enqueue
+from accord.schemas.db import Tx
 from accord.schemas.events import Event
 
 WORKFLOW = "report"
@@ -64,7 +64,7 @@ def publish_report(
     """The publish callback: database-only writes in the fenced publish transaction."""
     lease = ctx.lease
 
-    async def write(tx: Any) -> None:
+    async def write(tx: Tx) -> None:
         await tx.execute(
             sql.INSERT_REPORT,
             lease.tenant,

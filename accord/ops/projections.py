@@ -11,9 +11,9 @@ whatever the delivery order or the number of redeliveries.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from accord.consumers import Handlers
+from accord.schemas.db import Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class Projection:
         """The versioned event types the projection is built from."""
         return list(self.handlers)
 
-    async def reset(self, tx: Any) -> None:
+    async def reset(self, tx: Tx) -> None:
         """Runs in the caller's transaction (under the projection principal); never commits."""
         for statement in self.reset_statements:
             await tx.execute(statement)

@@ -35,7 +35,7 @@ from accord.jobs.runner.effects import (
 from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Callback, Store
-from accord.schemas.db import DB_CONNECTION_LOST, require_transaction
+from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
 
 log = logging.getLogger("accord.worker")
 
@@ -237,7 +237,7 @@ class JobContext:
                 ref.effect_key,
                 ref.seq,
                 outcome.state,
-                exc.fields.get("reason"),
+                exc.fields.get("failed_check"),
             )
         except SERVICE_LOST as exc:
             log.warning(
@@ -266,7 +266,7 @@ class JobContext:
         key: str = await anyio.to_thread.run_sync(self._objects.put, data)
         return key
 
-    async def record_result(self, tx: Any, object_key: str) -> None:
+    async def record_result(self, tx: Tx, object_key: str) -> None:
         """Runs in the publish callback's transaction; never commits. Writes the jobs.results
         manifest row naming ``object_key`` through the fence (``Store.record_result``): raises
         FenceLost, and writes nothing, unless this lease still holds the job."""

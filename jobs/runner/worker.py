@@ -345,7 +345,7 @@ class Worker:
                     "lease lost: job=%s generation=%s fence=%s; stopping the handler",
                     ctx.lease.job_id,
                     ctx.lease.generation,
-                    exc.fields.get("reason"),
+                    exc.fields.get("failed_check"),
                 )
                 scope.cancel()
                 return
@@ -366,7 +366,7 @@ class Worker:
             return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
         if ctx.fence_lost is not None or isinstance(error, FenceLost):
             lost = ctx.fence_lost or error
-            reason = lost.fields.get("reason") if isinstance(lost, FenceLost) else None
+            reason = lost.fields.get("failed_check") if isinstance(lost, FenceLost) else None
             return self._finished(ctx, Ending.FENCE_LOST, None, str(reason))
         if error is None and not scope.cancelled_caught:
             return await self._complete(ctx)
@@ -380,7 +380,7 @@ class Worker:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
                 await ctx.publish(None)
         except FenceLost as exc:
-            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("reason")))
+            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
             return await self._give_up(ctx, Ending.FAILED, _reason(exc))
         except SERVICE_LOST as exc:
@@ -397,7 +397,7 @@ class Worker:
                 state = await self._store.fail(ctx.lease, reason, retry=True)
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
-            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("reason")))
+            return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except SERVICE_LOST as exc:
             log.warning("could not give up job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         return self._finished(ctx, Ending.UNRECORDED, None, reason)

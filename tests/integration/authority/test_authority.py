@@ -63,7 +63,7 @@ async def test_rotation_writes_the_ledger_before_the_database(
     assert await epoch_of(p) == (2, False)
     with pytest.raises(FenceLost) as lost:
         await p.store.publish(lease)
-    assert lost.value.reason == "epoch"
+    assert lost.value.failed_check == "epoch"
     assert await check_restore(p.worker, ledger) == []  # control: not behind
 
 
@@ -113,7 +113,7 @@ async def test_begin_effect_is_refused_while_frozen(principals: Principals) -> N
     await p.owner.execute("UPDATE jobs.tenants SET frozen = true WHERE tenant = $1", TENANT)
     with pytest.raises(FenceLost) as lost:
         await p.store.begin_effect(lease, "k2", "i")
-    assert lost.value.reason == "frozen"
+    assert lost.value.failed_check == "frozen"
 
 
 async def test_check_restore_holds_work_once_and_is_idempotent(

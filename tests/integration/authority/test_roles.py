@@ -231,7 +231,7 @@ async def test_the_worker_writes_manifests_only_fenced_and_never_registers(
         with pytest.raises(FenceLost) as info:
             async with conn.transaction():
                 await Store.record_result(conn, lease, "sha256-stale", "stale")
-        assert info.value.reason == "generation"
+        assert info.value.failed_check == "generation"
         async with conn.transaction():
             await Store.record_result(conn, fresh, "sha256-fresh", "fresh")
     assert await p.owner.fetchval("SELECT object_key FROM jobs.results") == "sha256-fresh"
@@ -244,5 +244,5 @@ async def test_the_worker_publishes_a_batch(principals: Principals) -> None:
     await p.expire(ids[2])
     done = await p.store.publish_many(leases)  # as accord_worker
     assert [le.job_id for le in done.published] == ids[:2]
-    assert [(le.job_id, err.reason) for le, err in done.refused] == [(ids[2], "lease_expired")]
+    assert [(le.job_id, err.failed_check) for le, err in done.refused] == [(ids[2], "lease_expired")]
     assert [await p.state(j) for j in ids] == ["succeeded", "succeeded", "running"]

@@ -74,7 +74,7 @@ async def test_effect_write_backs_pass_the_fence(jobs: Jobs) -> None:
     await jobs.expire(job_id)
     with pytest.raises(FenceLost) as info:
         await jobs.store.begin_effect(lease, "k2", "i")
-    assert info.value.reason == "lease_expired"
+    assert info.value.failed_check == "lease_expired"
     with pytest.raises(FenceLost):
         await jobs.store.finish_effect(lease, "k1", EffectState.SUCCEEDED)
     # the pending record stays as the evidence

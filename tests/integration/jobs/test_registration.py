@@ -91,7 +91,7 @@ async def test_transfer_carries_the_work_and_fences_out_the_old_owner(jobs: Jobs
     assert reg.owner == "new" and reg.effects_enabled
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(old_lease)
-    assert info.value.reason == "lease_expired"
+    assert info.value.failed_check == "lease_expired"
     with pytest.raises(WorkflowOwnedElsewhere):
         await jobs.store.claim("w3", "old", lease_s=30)
     assert (await jobs.store.rescue()).requeued == [running]

@@ -53,7 +53,7 @@ async def one_run(jobs: Jobs, i: int, mode: str, tally: Counter[str]) -> None:
     try:
         await jobs.store.publish(old, manifest(old))
     except FenceLost as lost:
-        tally[f"stale_refused:{mode}:{lost.reason}"] += 1
+        tally[f"stale_refused:{mode}:{lost.failed_check}"] += 1
     else:
         tally[f"stale_ACCEPTED:{mode}"] += 1
     if mode == "rotation":
@@ -63,7 +63,7 @@ async def one_run(jobs: Jobs, i: int, mode: str, tally: Counter[str]) -> None:
         try:  # again, now that the new worker holds the job
             await jobs.store.publish(old, manifest(old))
         except FenceLost as lost:
-            tally[f"stale_refused_after_reclaim:{mode}:{lost.reason}"] += 1
+            tally[f"stale_refused_after_reclaim:{mode}:{lost.failed_check}"] += 1
         else:
             tally[f"stale_ACCEPTED_after_reclaim:{mode}"] += 1
     if new is not None:

@@ -153,7 +153,7 @@ class Machine(RuleBasedStateMachine):
             return True, call
         with pytest.raises(FenceLost) as info:
             self.run(call)
-        assert info.value.reason == reason
+        assert info.value.failed_check == reason
         return False, None
 
     def leave_running(self, job: MJob, *, retry: bool) -> None:
@@ -324,7 +324,7 @@ class Machine(RuleBasedStateMachine):
             if expected is None:
                 assert isinstance(error, EffectsUnresolved)
             else:
-                assert isinstance(error, FenceLost) and error.reason == expected
+                assert isinstance(error, FenceLost) and error.failed_check == expected
         for lease in done.published:
             job = self.by_id(lease.job_id)
             job.state, job.lease, job.published_by = "succeeded", None, None
@@ -497,7 +497,7 @@ class Machine(RuleBasedStateMachine):
         if expected is not None:
             with pytest.raises(RepairRefused) as info:
                 self.run(go())
-            assert info.value.reason == expected
+            assert info.value.failed_check == expected
             return
         self.run(go())
         job.state, job.generation, job.resumable = "queued", job.generation + 1, True

@@ -78,7 +78,7 @@ async def test_publish_then_every_later_write_back_is_refused(jobs: Jobs) -> Non
     ):
         with pytest.raises(FenceLost) as info:
             await attempt
-        assert info.value.reason == "state"
+        assert info.value.failed_check == "state"
 
 
 async def test_publish_without_callback_is_one_fenced_statement(jobs: Jobs) -> None:
@@ -102,7 +102,7 @@ async def test_refused_publish_keeps_nothing_the_callback_wrote(jobs: Jobs) -> N
 
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(lease, expire_then_write)
-    assert info.value.reason == "lease_expired"
+    assert info.value.failed_check == "lease_expired"
     assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.results") == 0
     assert await jobs.state(job_id) == "running"
 
@@ -125,7 +125,7 @@ async def test_fence_names_the_field_that_no_longer_matches(jobs: Jobs) -> None:
         async with jobs.pool.acquire() as conn, conn.transaction():
             with pytest.raises(FenceLost) as info:
                 await Store.locked(conn, forged)
-        assert info.value.reason == reason
+        assert info.value.failed_check == reason
         assert info.value.fields["expected_generation"] == forged.generation
 
 
@@ -141,7 +141,7 @@ async def test_renew_extends_only_an_unexpired_current_lease(jobs: Jobs) -> None
     await jobs.expire(job_id)
     with pytest.raises(FenceLost) as info:
         await jobs.store.renew(renewed, 60)
-    assert info.value.reason == "lease_expired"
+    assert info.value.failed_check == "lease_expired"
     assert await jobs.pool.fetchval(
         "SELECT lease_expires_at < now() FROM jobs.jobs WHERE job_id = $1", job_id
     )
@@ -157,7 +157,7 @@ async def test_expired_then_reclaimed_the_old_worker_cannot_publish(jobs: Jobs) 
     assert new.generation == old.generation + 2  # rescue +1, claim +1
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(old, publisher(old))
-    assert info.value.reason == "generation"
+    assert info.value.failed_check == "generation"
     await jobs.store.publish(new, publisher(new))
     assert await jobs.pool.fetchval("SELECT object_key FROM jobs.results") == (
         f"results/{job_id}/{new.attempt_id}"
@@ -245,7 +245,7 @@ async def test_cancel_queued_and_running_work(jobs: Jobs) -> None:
     assert done.generation == lease.generation + 1 and not done.unresolved_effects
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(lease, publisher(lease))
-    assert info.value.reason == "generation"
+    assert info.value.failed_check == "generation"
     assert (await jobs.store.cancel(queued, reason="operator")).changed
     again = await jobs.store.cancel(queued, reason="operator")
     assert not again.changed and again.state is JobState.CANCELED
@@ -271,7 +271,7 @@ async def test_rotation_invalidates_every_lease_under_the_old_epoch(jobs: Jobs) 
     assert await jobs.store.rotate_epoch(TENANT) == 2
     with pytest.raises(FenceLost) as info:
         await jobs.store.renew(lb, 30)
-    assert info.value.reason == "epoch"
+    assert info.value.failed_check == "epoch"
     await jobs.store.publish(lc)  # another tenant's authority is untouched
     # rescue returns stale-epoch work at once, without waiting for the lease to run out
     report = await jobs.store.rescue()
@@ -293,12 +293,12 @@ async def test_frozen_authority_is_not_claimed_and_fails_the_fence(jobs: Jobs) -
     assert await jobs.store.claim(WORKFLOW, OWNER, lease_s=30) == []
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(lease)
-    assert info.value.reason == "frozen"
+    assert info.value.failed_check == "frozen"
     await jobs.store.unfreeze(TENANT)
     # freezing revoked the running lease; thawing does not revive it: rescue returns the work
     with pytest.raises(FenceLost) as info:
         await jobs.store.publish(lease)
-    assert info.value.reason == "lease_expired"
+    assert info.value.failed_check == "lease_expired"
     assert (await jobs.store.rescue()).requeued == [b]
     again = await jobs.store.claim(WORKFLOW, OWNER, lease_s=30, limit=5)
     for fresh in again:
@@ -316,8 +316,8 @@ async def test_publish_many_fences_each_lease_alone(jobs: Jobs) -> None:
     assert [le.job_id for le in done.published] == [ids[0]]
     why = {lease.job_id: error for lease, error in done.refused}
     assert isinstance(why[ids[1]], EffectsUnresolved)
-    assert isinstance(why[ids[2]], FenceLost) and why[ids[2]].reason == "generation"
-    assert isinstance(why[ids[3]], FenceLost) and why[ids[3]].reason == "lease_expired"
+    assert isinstance(why[ids[2]], FenceLost) and why[ids[2]].failed_check == "generation"
+    assert isinstance(why[ids[3]], FenceLost) and why[ids[3]].failed_check == "lease_expired"
     assert [await jobs.state(j) for j in ids] == ["succeeded", "running", "canceled", "running"]
     again = await jobs.store.publish_many([leases[0]])
     assert again.published == () and again.refused[0][1].reason == "state"
