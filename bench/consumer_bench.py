@@ -73,7 +73,10 @@ def messages(n: int) -> list[aio_pika.Message]:
             payload={"report_id": f"r{i}", "subject": "quarterly numbers"},
         )
         wire = to_amqp(
-            event, encode_payload(event), digest=CATALOG.digest(event), publish_id=str(i)
+            event,
+            encode_payload(event),
+            digest=CATALOG.digest(event),
+            publish_id=str(uuid.UUID(int=i)),
         )
         out.append(
             aio_pika.Message(

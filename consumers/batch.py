@@ -15,30 +15,44 @@ than one per message matters on RabbitMQ: a channel's quorum-queue client buffer
 beyond ``quorum_commands_soft_limit`` (32) unsent, and drops that buffer when the channel
 closes (rabbitmq-server#10327). Individual acks of a drained prefetch window, sent just
 before a clean close, were ignored, and their committed messages came back.
+
+Judging: a body over ``max_body_bytes`` is poisoned unread (``too_large``); the parser and
+the catalog raise only typed errors, all permanent. A failure while applying is classified
+once (``_classify``): accord's permanent errors, and PostgreSQL's refusals of the content
+by SQLSTATE class (``database_refusal``: 22, 23, 42), poison only that message at once;
+everything else is transient (requeued, bounded by the delivery limit).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aio_pika
+import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from accord.consumers import inbox, poison
 from accord.consumers.errors import (
     ConnectionLost,
+    DatabaseRefused,
+    DataException,
     DigestMismatch,
     InboxConflict,
+    IntegrityViolation,
+    MessageTooLarge,
+    PrivilegeMissing,
+    StatementRefused,
     TenantMismatch,
     TransientFailure,
 )
 from accord.consumers.handlers import Handler, Handlers
 from accord.consumers.inbox import Consumer, Delivery, InboxOutcome
 from accord.schemas import telemetry, wire
+from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.events import Event
 
 log = logging.getLogger("consumers")
@@ -46,6 +60,14 @@ log = logging.getLogger("consumers")
 ANY_TENANT = "*"
 AfterCommit = Callable[[], None]
 _ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
+DEFAULT_MAX_BODY_BYTES = 256 * 1024
+_MAX_COUNT = 2**31 - 1
+# SQLSTATE classes that say PostgreSQL will refuse this content every time.
+_REFUSALS: dict[str, type[DatabaseRefused]] = {
+    "22": DataException,  # data exception: 22P05 (jsonb: \u0000), 22021, 22001, 22P02, ...
+    "23": IntegrityViolation,  # integrity constraint violation: 23514 CHECK, 23502, 23503, ...
+    "42": StatementRefused,  # syntax error or access rule violation
+}
 
 
 @dataclass(slots=True)
@@ -87,6 +109,7 @@ class BatchProcessor:
     tracer: trace.Tracer
     after_commit: AfterCommit | None = None
     stats: Stats = field(default_factory=Stats)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     async def process(
         self, conn: Any, messages: Sequence[aio_pika.abc.AbstractIncomingMessage]
@@ -108,13 +131,15 @@ class BatchProcessor:
         """Parse and judge one message before any transaction; permanent errors are noted."""
         headers = dict(message.headers or {})
         raw_count = headers.get("x-delivery-count", 0)
-        count = raw_count if isinstance(raw_count, int) and raw_count >= 0 else 0
-        raw_publish = headers.get("publish-id")
-        delivery = Delivery(
-            publish_id=raw_publish if isinstance(raw_publish, str) else None,
-            redelivered=bool(message.redelivered),
-            delivery_count=count,
+        # The broker's count (a publisher may send anything): within the int4 columns that
+        # keep it (inbox deliveries, poison records), so recording it never fails.
+        count = (
+            min(raw_count, _MAX_COUNT)
+            if isinstance(raw_count, int) and not isinstance(raw_count, bool) and raw_count > 0
+            else 0
         )
+        # The publish id is taken from the parsed message (canonical UUID text) below.
+        delivery = Delivery(redelivered=bool(message.redelivered), delivery_count=count)
         trace_carrier = {k: v for k, v in headers.items() if isinstance(v, str)}
         span = self.tracer.start_span(
             f"process {self.queue}",
@@ -135,6 +160,10 @@ class BatchProcessor:
             },
         )
         item = Item(message=message, delivery=delivery, span=span)
+        size = len(message.body)
+        if size > self.max_body_bytes:  # refused unread: never parsed, never stored
+            item.permanent = MessageTooLarge(bytes=size, limit=self.max_body_bytes)
+            return item
         try:
             self._judge(item, wire.from_amqp(message.body, headers, message.content_type))
         except poison.PERMANENT_ERRORS as exc:
@@ -144,6 +173,7 @@ class BatchProcessor:
     def _judge(self, item: Item, inbound: wire.Inbound) -> None:
         event = inbound.event
         item.event = event
+        item.delivery = replace(item.delivery, publish_id=inbound.publish_id)
         item.span.set_attribute(telemetry.ATTR_TENANT, event.tenant)
         item.span.set_attribute(telemetry.ATTR_OPERATION_ID, event.operation_id)
         if ANY_TENANT not in self.tenants and event.tenant not in self.tenants:
@@ -276,14 +306,18 @@ class BatchProcessor:
             assert item.transient is not None
             reason = poison.PoisonReason.RETRIES_EXHAUSTED
             detail = {"error": type(item.transient).__name__, "limit": self.delivery_limit}
+            sqlstate = getattr(item.transient, "sqlstate", None)
+            if isinstance(sqlstate, str):
+                detail["sqlstate"] = poison.storable(sqlstate, 5)
         size, sha = poison.body_fingerprint(item.message.body)
         event = item.event
+        headers = item.message.headers or {}
         return poison.PoisonRecord(
             consumer=self.consumer.name,
             queue=self.queue,
             reason=reason,
             detail=detail,
-            headers=poison.summarize_headers(item.message.headers),
+            headers=poison.summarize_headers(headers),
             body_size=size,
             body_sha256=sha,
             redelivered=item.delivery.redelivered,
@@ -292,16 +326,26 @@ class BatchProcessor:
             operation_id=event.operation_id if event else None,
             event_id=str(event.event_id) if event else None,
             event_type=event.ce_type if event else None,
-            message_id=item.message.message_id,
-            publish_id=item.delivery.publish_id,
+            message_id=_raw_id(item.message.message_id),
+            # Parsed (canonical UUID text) when the message parsed; else as it came.
+            publish_id=item.delivery.publish_id or _raw_id(headers.get("publish-id")),
         )
 
 
 def _classify(conn: Any, item: Item, exc: Exception) -> None:
-    """Permanent errors poison the message; anything else from the (foreign) handler code is
-    transient and retried, bounded by the queue's delivery limit; it is never dropped."""
+    """Permanent errors poison the message, PostgreSQL's refusals of its content included
+    (``database_refusal``); anything else from the (foreign) handler code is transient and
+    retried, bounded by the queue's delivery limit; it is never dropped."""
     _raise_if_lost(conn, exc)
-    if isinstance(exc, poison.PERMANENT_ERRORS):
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        # The process's grants, not this message's content: stop before anything is acked.
+        raise PrivilegeMissing(
+            table=getattr(exc, "table_name", None), detail=str(exc).splitlines()[0][:200]
+        ) from exc
+    refused = database_refusal(exc)
+    if refused is not None:
+        item.permanent = refused
+    elif isinstance(exc, poison.PERMANENT_ERRORS):
         item.permanent = exc
         if isinstance(exc, InboxConflict):
             item.outcome = InboxOutcome.CONFLICT
@@ -309,10 +353,43 @@ def _classify(conn: Any, item: Item, exc: Exception) -> None:
         item.transient = exc
 
 
+def database_refusal(exc: BaseException) -> DatabaseRefused | None:
+    """The one classification of a database error: a permanent DatabaseRefused (with the
+    SQLSTATE and the names of the constraint, table and column, never values) when
+    PostgreSQL refused the content (SQLSTATE class 22, 23 or 42); None for anything else,
+    which stays transient: a lost connection (class 08 and asyncpg's connection errors), a
+    serialization failure or deadlock (class 40), a timeout, a non-database error."""
+    if not isinstance(exc, asyncpg.PostgresError) or isinstance(exc, DB_CONNECTION_LOST):
+        return None
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return None  # 42501 is the process's missing grant, not the content (_classify)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if not isinstance(sqlstate, str):
+        return None
+    kind = _REFUSALS.get(sqlstate[:2])
+    if kind is None:
+        return None
+    fields: dict[str, Any] = {"sqlstate": sqlstate, "postgres_error": type(exc).__name__}
+    for name in ("schema", "table", "column", "constraint"):
+        value = getattr(exc, f"{name}_name", None)
+        if isinstance(value, str):
+            fields[name] = value
+    refused = kind(**fields)
+    refused.__cause__ = exc
+    return refused
+
+
 def _raise_if_lost(conn: Any, exc: BaseException) -> None:
     """A failure on a closed connection is a lost connection, not a message's fault."""
     if conn.is_closed():
         raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
+
+
+def _raw_id(value: Any) -> str | None:
+    """An identifier as the message carried it, for the poison record: text only, storable."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return poison.storable(value, 200) if isinstance(value, str) else None
 
 
 def _ids(item: Item, exc: BaseException | None) -> str:

@@ -8,13 +8,28 @@
         │   ├── TenantMismatch        the event's tenant is not one this consumer serves
         │   ├── DigestMismatch        the producer's digest is not the one we compute
         │   ├── NoHandler             the catalog knows the type; this workflow has no handler
-        │   └── Rejected              a handler refused the event for good
+        │   ├── Rejected              a handler refused the event for good
+        │   ├── MessageTooLarge       the body is over the consumer's bound: refused unread
+        │   └── DatabaseRefused       PostgreSQL refused the message's content (by SQLSTATE)
+        │       ├── DataException         class 22: a value a type refuses (jsonb: NUL, ...)
+        │       ├── IntegrityViolation    class 23: a CHECK, NOT NULL, foreign or unique key
+        │       └── StatementRefused      class 42: a syntax error or an access rule
         ├── TransientFailure          try again later (requeue, bounded by the delivery limit)
-        └── ConnectionLost            PostgreSQL or RabbitMQ went away; the session reconnects
+        ├── ConnectionLost            PostgreSQL or RabbitMQ went away; the session reconnects
+        └── PrivilegeMissing          42501: the consumer's role lacks a grant; stop, ack nothing
 
 Wire-level problems are schemas' own errors (MalformedMessage, UnknownEventType,
 InvalidEvent) and are also permanent; consumers.poison maps every permanent error to
 one typed poison reason. Every error's docstring is its default message.
+
+Database errors are classified once, at the seam where a message's transaction failed
+(``consumers.batch.database_refusal``): SQLSTATE classes 22, 23 and 42 say the content or
+the statement can never succeed, so the message is poisoned at once with the SQLSTATE in
+the record; a lost connection (class 08), a serialization failure or deadlock (class 40)
+and anything else stay transient. One code of class 42 is neither: 42501 (insufficient
+privilege) says the *process* lacks a grant, whatever the message, so it stops the consumer
+(PrivilegeMissing, one line naming the table) instead of poisoning every message it sees;
+the messages stay unacknowledged in the queue until the grant exists.
 """
 
 from __future__ import annotations
@@ -80,3 +95,40 @@ class ConnectionLost(ConsumerError):
     """A connection to PostgreSQL or RabbitMQ was lost; the consumer reconnects."""
 
     reason = "connection_lost"
+
+
+class MessageTooLarge(PermanentFailure):
+    """The message body is larger than this consumer's bound; it is poisoned unread."""
+
+    reason = "too_large"
+
+
+class DatabaseRefused(PermanentFailure):
+    """PostgreSQL refused this message's content for good (see the SQLSTATE)."""
+
+    reason = "database_refused"
+
+
+class DataException(DatabaseRefused):
+    """PostgreSQL refused a value (SQLSTATE class 22, data exception)."""
+
+    reason = "data_exception"
+
+
+class IntegrityViolation(DatabaseRefused):
+    """PostgreSQL refused a row (SQLSTATE class 23, integrity constraint violation)."""
+
+    reason = "integrity_violation"
+
+
+class StatementRefused(DatabaseRefused):
+    """PostgreSQL refused a statement (SQLSTATE class 42, syntax error or access rule)."""
+
+    reason = "statement_refused"
+
+
+class PrivilegeMissing(ConsumerError):
+    """The consumer's database role lacks a privilege its handler needs: grant it to the role
+    in the application's migrations; no message was acknowledged."""
+
+    reason = "privilege_missing"

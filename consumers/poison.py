@@ -4,12 +4,18 @@ A poison record holds a typed reason, the identifiers that could be read, a summ
 the headers and the body's size and SHA-256, never the raw payload. The runtime writes
 it in its own short transaction and only then rejects the message to the dead-letter
 queue, so every dead-lettered message it decided on has its record.
+
+Everything a record keeps is made storable first (``storable``): text taken from a
+message (a header value, a duplicate key, a message id) may hold NUL or a lone surrogate,
+which PostgreSQL's text and jsonb refuse; a record that cannot be written would stop the
+consumer instead of setting the message aside.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -45,6 +51,11 @@ class PoisonReason(StrEnum):
     TOO_OLD = "too_old"
     REJECTED = "rejected"
     RETRIES_EXHAUSTED = "retries_exhausted"
+    TENANT_CONFLICT = "tenant_conflict"  # the body names another tenant than the header
+    TOO_LARGE = "too_large"  # the body is over the consumer's bound (max_body_bytes)
+    DATA_EXCEPTION = "data_exception"  # PostgreSQL refused a value: SQLSTATE class 22
+    INTEGRITY_VIOLATION = "integrity_violation"  # SQLSTATE class 23
+    STATEMENT_REFUSED = "statement_refused"  # SQLSTATE class 42
 
 
 PERMANENT_ERRORS = (PermanentFailure, MalformedMessage, UnknownEventType, InvalidEvent)
@@ -55,6 +66,7 @@ _KEPT = frozenset(
      "opdigest", "publish-id", "traceparent", "x-delivery-count", "x-first-death-reason"}
 )  # fmt: skip
 _VALUE_LIMIT = 128
+_DETAIL_LIMIT = 512
 
 
 def reason_for(exc: BaseException) -> PoisonReason:
@@ -71,18 +83,32 @@ def reason_for(exc: BaseException) -> PoisonReason:
             if getattr(exc, "known_versions", None)
             else PoisonReason.UNKNOWN_TYPE
         )
-    if isinstance(exc, InvalidEvent):
-        return PoisonReason.INVALID_EVENT
-    try:
+    try:  # every other error names its own reason (TenantConflict, DataException, ...)
         return PoisonReason(getattr(exc, "reason", ""))
     except ValueError:
-        return PoisonReason.REJECTED
+        return (
+            PoisonReason.INVALID_EVENT if isinstance(exc, InvalidEvent) else PoisonReason.REJECTED
+        )
+
+
+def storable(text: str, limit: int | None = None) -> str:
+    """``text`` as PostgreSQL text and jsonb keep it: NUL and lone surrogates spelled out
+    as backslash escapes; cut to ``limit`` characters."""
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = text.replace("\x00", "\\x00")
+    return text if limit is None else text[:limit]
+
+
+def _storable_opt(text: str | None, limit: int) -> str | None:
+    return None if text is None else storable(text, limit)
 
 
 def summarize_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     """Header names with identifier values (truncated); other values only by type and size."""
     summary: dict[str, str] = {}
-    for name, value in (headers or {}).items():
+    for raw_name, value in (headers or {}).items():
+        name = storable(str(raw_name), _VALUE_LIMIT)
         bare = name.lower()
         for prefix in ("ce-", "cloudevents_", "cloudevents:"):
             if bare.startswith(prefix):
@@ -90,7 +116,7 @@ def summarize_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
                 break
         if bare in _KEPT and isinstance(value, str | bytes | int | bool):
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            summary[name] = text[:_VALUE_LIMIT]
+            summary[name] = storable(text, _VALUE_LIMIT)
         else:
             summary[name] = f"<{type(value).__name__}>"
     return summary
@@ -145,7 +171,12 @@ def error_detail(exc: BaseException) -> dict[str, Any]:
         fields = {k: v for k, v in vars(exc).items() if not k.startswith("_")}
     detail: dict[str, Any] = {"error": type(exc).__name__}
     for key, value in fields.items():
-        detail[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+        if isinstance(value, bool | int | None) or (
+            isinstance(value, float) and math.isfinite(value)
+        ):
+            detail[storable(str(key))] = value
+        else:  # text from the message may hold NUL or a lone surrogate: jsonb refuses both
+            detail[storable(str(key))] = storable(str(value), _DETAIL_LIMIT)
     return detail
 
 

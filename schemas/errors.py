@@ -21,6 +21,7 @@ errors of the contracts everyone shares::
     └── EventError                an event is not acceptable (see schemas.events)
         ├── UnknownEventType      no such type, or no such version of it
         ├── InvalidEvent          fails its catalog model, or carries bad values
+        │   └── TenantConflict    the payload names another tenant than the envelope
         ├── PayloadTooLarge       over the configured size limit
         └── MalformedMessage      a wire message that cannot be decoded
 
@@ -143,6 +144,12 @@ class InvalidEvent(EventError):
     """The event fails its catalog model or carries values accord refuses."""
 
     reason = "invalid_event"
+
+
+class TenantConflict(InvalidEvent):
+    """The payload names another tenant (a top-level ``tenant`` or ``tenantid``) than the event."""
+
+    reason = "tenant_conflict"
 
 
 class PayloadTooLarge(EventError):

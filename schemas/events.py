@@ -12,6 +12,15 @@ version, authority epoch and the payload's *material* content (the catalog entry
 which fields are material; by default all). It never covers event or publish ids,
 timestamps or trace context, so a redelivery or a re-publish has the same digest while
 a changed meaning does not.
+
+Values: ``check_values`` is the one check of everything the wire format, the digest and
+PostgreSQL's jsonb need from a payload, whatever the catalog model says (an application's
+model may be as loose as ``dict[str, Any]``): text that is valid UTF-8 without NUL (keys
+too), integers within the I-JSON range, finite floats, JSON types only, bounded nesting.
+``Catalog.validate`` runs it before the model and before anything is encoded or digested,
+in both directions; what is encoded and digested is then ``event.payload`` itself (the
+checked dict, never the model's dump), so nothing after the check can change a key or a
+value.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,11 +39,26 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from uuid6 import uuid7
 
-from accord.schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
+from accord.schemas.errors import (
+    InvalidEvent,
+    PayloadTooLarge,
+    TenantConflict,
+    UnknownEventType,
+)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 _NAME = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
 _IDENT = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
+_IDENT_RE = re.compile(_IDENT)
+# ASCII digits only (str.isdigit() also accepts "²" or Arabic-Indic digits), no leading
+# zero, at most 999.
+_VERSION_RE = re.compile(r"[1-9][0-9]{0,2}")
+#: I-JSON (RFC 7493): integers a binary64 double holds exactly, |n| <= 2**53 - 1.
+MAX_SAFE_INTEGER = 2**53 - 1
+#: Nesting of objects and arrays a payload may have (the parsers and the digest recurse).
+MAX_DEPTH = 64
+#: Top-level payload keys that name a tenant; when present they must be the event's tenant.
+TENANT_KEYS = ("tenant", "tenantid")
 
 
 class Event(BaseModel):
@@ -70,7 +95,7 @@ def versioned_type(type_: str, version: int) -> str:
 def split_versioned_type(ce_type: str) -> tuple[str, int]:
     """``order.placed.v1`` → (``order.placed``, 1); UnknownEventType if it has no version."""
     base, _, tail = ce_type.rpartition(".v")
-    if not base or not tail.isdigit():
+    if not base or not _VERSION_RE.fullmatch(tail):
         raise UnknownEventType(event_type=ce_type, detail="no .vN version suffix")
     return base, int(tail)
 
@@ -116,9 +141,13 @@ class Catalog:
             ) from None
 
     def validate(self, event: Event, *, producing: bool) -> BaseModel:
-        """Validate the payload against its model: strict when producing, tolerant when reading."""
+        """Validate the payload against its model: strict when producing, tolerant when reading.
+
+        First, whatever the model: ``check_values`` (InvalidEvent) and ``check_tenant``
+        (TenantConflict), so every catalog type is safe to encode, digest and store."""
         entry = self.get(event.type, event.version)
         check_values(event.payload)
+        check_tenant(event.payload, event.tenant)
         try:
             extra: Literal["forbid", "ignore"] = "forbid" if producing else "ignore"
             return entry.model.model_validate(event.payload, extra=extra)
@@ -163,35 +192,89 @@ def semantic_digest(
     }
     try:
         canonical = rfc8785.dumps(document)
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+    except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidEvent(detail=f"payload is not canonical JSON: {exc}") from exc
     return hashlib.sha256(canonical).hexdigest()
 
 
 def check_values(value: Any, path: str = "payload") -> None:
-    """Refuse values PostgreSQL or JSON cannot keep faithfully: NUL characters, NaN, infinities."""
+    """Refuse, with InvalidEvent naming the field, any value the wire format, the digest
+    (RFC 8785) or PostgreSQL (jsonb) cannot keep faithfully: text that is not valid UTF-8
+    (a lone surrogate) or holds NUL, in values and in keys; an integer outside the I-JSON
+    range; NaN or an infinity; a key that is not text (JSON would turn ``1`` into ``"1"``,
+    perhaps beside a real ``"1"``); anything that is not JSON (bytes, sets, datetimes, ...);
+    nesting deeper than MAX_DEPTH. ``None``, booleans, lists, tuples and dicts are fine.
+    Keys are unique: a dict's keys are distinct text, and JSON text keeps them distinct."""
+    _check(value, path, 0)
+
+
+def _check(value: Any, path: str, depth: int) -> None:
     if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidEvent(detail="NUL character", field=path)
+        _check_text(value, path)
+    elif value is None or isinstance(value, bool):
+        return
+    elif isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise InvalidEvent(detail="integer outside the I-JSON range", field=path)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidEvent(detail="non-finite number", field=path)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str) or "\x00" in key:
-                raise InvalidEvent(detail="bad object key", field=path)
-            check_values(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            check_values(item, f"{path}[{index}]")
+    elif isinstance(value, dict | list | tuple):
+        if depth >= MAX_DEPTH:
+            raise InvalidEvent(detail="nested too deep", field=path, limit=MAX_DEPTH)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str) or _text_problem(key) is not None:
+                    raise InvalidEvent(detail="bad object key", field=path)
+                _check(item, f"{path}.{key}", depth + 1)
+        else:
+            for index, item in enumerate(value):
+                _check(item, f"{path}[{index}]", depth + 1)
+    else:
+        raise InvalidEvent(detail="not a JSON value", field=path, type=type(value).__name__)
+
+
+def _check_text(value: str, path: str) -> None:
+    problem = _text_problem(value)
+    if problem is not None:
+        raise InvalidEvent(detail=problem, field=path)
+
+
+def _text_problem(value: str) -> str | None:
+    if "\x00" in value:
+        return "NUL character"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "not valid UTF-8 (lone surrogate)"
+    return None
+
+
+def check_tenant(payload: Mapping[str, Any], tenant: str) -> None:
+    """TenantConflict when the payload names a tenant (a top-level ``tenant`` or
+    ``tenantid``) other than the event's: never silently the envelope's."""
+    for key in TENANT_KEYS:
+        if key in payload and payload[key] != tenant:
+            named = payload[key]
+            shown = (
+                named
+                if isinstance(named, str) and _IDENT_RE.fullmatch(named)
+                else f"<{type(named).__name__}>"
+            )
+            raise TenantConflict(tenant=tenant, key=key, payload_tenant=shown)
 
 
 def encode_payload(event: Event, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
-    """The body bytes (compact JSON); PayloadTooLarge over ``max_bytes``."""
+    """The body bytes (compact JSON); InvalidEvent for values ``check_values`` refuses,
+    PayloadTooLarge over ``max_bytes``."""
     check_values(event.payload)
-    body = json.dumps(
-        event.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    try:
+        body = json.dumps(
+            event.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # not after check_values
+        raise InvalidEvent(detail=f"payload is not JSON: {type(exc).__name__}") from exc
     if len(body) > max_bytes:
         raise PayloadTooLarge(event_type=event.ce_type, size=len(body), limit=max_bytes)
     return body

@@ -7,27 +7,47 @@ routing key; ``ce-time`` = enqueue time; extensions ``tenantid``, ``operationid`
 ``traceparent``/``tracestate``. Reading accepts the ``ce-``, ``cloudEvents_`` and
 ``cloudEvents:`` prefixes, parses JSON strictly (no duplicate keys, no NaN) and raises
 MalformedMessage with a ``problem`` naming what is wrong; it never guesses.
+
+Header values are read by exact format, never by what a lenient library would accept:
+``ce-id`` and ``publish-id`` are canonical UUID text (lowercase, hyphenated: what
+``str(uuid)`` gives); ``authepoch`` is ASCII digits (``str.isdigit`` also takes "²" or
+Arabic-Indic digits), at most 18 of them; ``ce-time`` is RFC 3339 with an explicit offset or ``Z``
+(``datetime.fromisoformat`` takes many other forms); ``opdigest`` is 64 lowercase hex
+digits. A body naming another tenant than ``tenantid`` is a TenantConflict. Every failure
+is a typed accord error (schemas.errors): MalformedMessage, UnknownEventType, InvalidEvent.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import ValidationError
 
 from accord.schemas.errors import MalformedMessage
-from accord.schemas.events import Event, split_versioned_type
+from accord.schemas.events import Event, check_tenant, split_versioned_type
 
 CONTENT_TYPE = "application/json"
 SPECVERSION = "1.0"
 DEFAULT_SOURCE = "/accord"
 PREFIXES = ("ce-", "cloudevents_", "cloudevents:")
 REQUIRED = ("id", "type", "source", "specversion", "tenantid", "operationid", "authepoch")
+# Headers read without a CloudEvents prefix (besides the attributes).
+PLAIN = ("publish-id", "traceparent", "tracestate")
+
+_DECIMAL = re.compile(r"[0-9]{1,18}")  # below 2**63: PostgreSQL's bigint
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+# RFC 3339 date-time (section 5.6): "T"/"Z" may be lower case; an offset is required;
+# fractions of a second up to nanoseconds (kept to microseconds).
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+    r"(?:\.([0-9]{1,9}))?(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +116,8 @@ def attributes(headers: Mapping[str, Any]) -> dict[str, str]:
     """The CloudEvents attributes from headers under any accepted prefix (lower-cased names)."""
     found: dict[str, str] = {}
     for raw_name, value in headers.items():
+        if not isinstance(raw_name, str):
+            raise MalformedMessage(problem="bad_header", header=type(raw_name).__name__)
         name = raw_name.lower()
         for prefix in PREFIXES:
             if name.startswith(prefix):
@@ -105,6 +127,51 @@ def attributes(headers: Mapping[str, Any]) -> dict[str, str]:
                 found[attr] = _text(raw_name, value)
                 break
     return found
+
+
+def _plain(headers: Mapping[str, Any]) -> dict[str, str]:
+    """The unprefixed headers accord reads (PLAIN), by lower-cased name, once each."""
+    found: dict[str, str] = {}
+    for raw_name, value in headers.items():
+        name = raw_name.lower() if isinstance(raw_name, str) else None
+        if name in PLAIN:
+            if name in found:
+                raise MalformedMessage(problem="duplicate_header", header=name)
+            found[name] = _text(name, value)
+    return found
+
+
+def _canonical_uuid(name: str, text: str, problem: str) -> uuid.UUID:
+    """A UUID only in its canonical text (``uuid.UUID`` also takes braces, ``urn:uuid:``,
+    no hyphens, upper case, even non-ASCII digits)."""
+    try:
+        value = uuid.UUID(text)
+    except ValueError:
+        raise MalformedMessage(problem=problem, header=name) from None
+    if str(value) != text:
+        raise MalformedMessage(problem=problem, header=name, detail="not canonical UUID text")
+    return value
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 date-time with an explicit offset (or Z), timezone-aware; ValueError
+    for anything else (no offset, a space, week dates, an impossible date, a leap second)."""
+    found = _RFC3339.fullmatch(text)
+    if found is None:
+        raise ValueError("not an RFC 3339 date-time with an offset")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = found.groups()
+    if zulu:
+        tz = UTC
+    else:
+        hours, minutes = int(off_h), int(off_m)
+        if hours > 23 or minutes > 59:
+            raise ValueError("offset out of range")
+        offset = timedelta(hours=hours, minutes=minutes)
+        tz = timezone(-offset if sign == "-" else offset) if offset else UTC
+    micro = int((fraction or "0").ljust(6, "0")[:6])
+    return datetime(
+        int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
+    )
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -121,14 +188,17 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """Strict JSON object: UTF-8, no duplicate keys, no NaN/Infinity."""
+    """Strict JSON object: UTF-8, no duplicate keys, no NaN/Infinity. The values are then
+    checked by ``Catalog.validate`` (``check_values``): lone surrogates, NUL, huge numbers."""
     try:
         data = json.loads(
             body.decode("utf-8"),
             object_pairs_hook=_reject_duplicates,
             parse_constant=_reject_constant,
         )
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    # ValueError: also an integer of more than 4300 digits (int_max_str_digits);
+    # RecursionError: nesting deeper than the interpreter's stack.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedMessage(problem="malformed_json", detail=type(exc).__name__) from None
     if not isinstance(data, dict):
         raise MalformedMessage(problem="body_not_object")
@@ -138,8 +208,11 @@ def parse_body(body: bytes) -> dict[str, Any]:
 def from_amqp(
     body: bytes, headers: Mapping[str, Any] | None, content_type: str | None = CONTENT_TYPE
 ) -> Inbound:
-    """Decode one delivery; MalformedMessage (with ``problem``) for anything not well formed."""
+    """Decode one delivery. Raises MalformedMessage (with ``problem``) for anything not well
+    formed, UnknownEventType for a type without a ``.vN`` suffix, TenantConflict for a body
+    naming another tenant; nothing else."""
     attrs = attributes(headers or {})
+    plain = _plain(headers or {})
     missing = [name for name in REQUIRED if not attrs.get(name)]
     if missing:
         raise MalformedMessage(problem="missing_header", headers=missing)
@@ -148,11 +221,18 @@ def from_amqp(
     if content_type not in (None, "", CONTENT_TYPE):
         raise MalformedMessage(problem="bad_content_type", content_type=content_type)
     type_, version = split_versioned_type(attrs["type"])
-    if not attrs["authepoch"].isdigit():
+    if not _DECIMAL.fullmatch(attrs["authepoch"]):
         raise MalformedMessage(problem="bad_header", header="authepoch")
+    digest = attrs.get("opdigest")
+    if digest is not None and not _DIGEST.fullmatch(digest):
+        raise MalformedMessage(problem="bad_header", header="opdigest")
+    publish_id = plain.get("publish-id")
+    if publish_id is not None:
+        _canonical_uuid("publish-id", publish_id, "bad_header")
+    event_id = _canonical_uuid("id", attrs["id"], "bad_attribute")
     payload = parse_body(body)
     try:
-        when = {"occurred_at": datetime.fromisoformat(attrs["time"])} if attrs.get("time") else {}
+        when = {"occurred_at": parse_time(attrs["time"])} if "time" in attrs else {}
         event = Event(
             tenant=attrs["tenantid"],
             operation_id=attrs["operationid"],
@@ -160,14 +240,11 @@ def from_amqp(
             version=version,
             authority_epoch=int(attrs["authepoch"]),
             payload=payload,
-            event_id=uuid.UUID(attrs["id"]),
+            event_id=event_id,
             **when,
         )
     except (ValueError, ValidationError) as exc:
         raise MalformedMessage(problem="bad_attribute", detail=type(exc).__name__) from None
-    plain = {k.lower(): v for k, v in (headers or {}).items()}
-    trace: dict[str, str] = {
-        k: _text(k, plain[k]) for k in ("traceparent", "tracestate") if k in plain
-    }
-    publish_id = _text("publish-id", plain["publish-id"]) if "publish-id" in plain else None
-    return Inbound(event=event, digest=attrs.get("opdigest"), publish_id=publish_id, trace=trace)
+    check_tenant(payload, event.tenant)
+    trace: dict[str, str] = {k: plain[k] for k in ("traceparent", "tracestate") if k in plain}
+    return Inbound(event=event, digest=digest, publish_id=publish_id, trace=trace)

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from accord.demo.catalog import demo_catalog
-from accord.schemas.errors import InvalidEvent, PayloadTooLarge, UnknownEventType
-from accord.schemas.events import Event, encode_payload, semantic_digest, split_versioned_type
+from accord.schemas.errors import InvalidEvent, PayloadTooLarge, TenantConflict, UnknownEventType
+from accord.schemas.events import (
+    MAX_DEPTH,
+    Catalog,
+    Event,
+    EventType,
+    encode_payload,
+    semantic_digest,
+    split_versioned_type,
+)
 
 CATALOG = demo_catalog()
 
@@ -174,3 +184,122 @@ def test_envelope_is_frozen_and_strict() -> None:
         accepted(tenant="has space")
     with pytest.raises(ValueError):
         accepted(version=0)
+
+
+# -- one value check for every catalog type, whatever its model ----------------------------
+
+
+class Loose(BaseModel):
+    """An application's own type with unconstrained fields: the model makes nothing safe."""
+
+    note: str = ""
+    data: dict[str, Any] = {}
+
+
+LOOSE = Catalog([EventType("app.noted", 1, Loose)])
+
+
+def noted(payload: dict[str, Any]) -> Event:
+    return Event(
+        tenant="tenant-a", operation_id="op-1", type="app.noted", version=1, payload=payload
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "detail"),
+    [
+        ({"note": "\ud800"}, "payload.note", "not valid UTF-8 (lone surrogate)"),
+        ({"note": "a\udfffb"}, "payload.note", "not valid UTF-8 (lone surrogate)"),
+        ({"data": {"k\ud800": 1}}, "payload.data", "bad object key"),
+        ({"data": {"k": "\x00"}}, "payload.data.k", "NUL character"),
+        ({"data": {"n": 2**53}}, "payload.data.n", "integer outside the I-JSON range"),
+        ({"data": {"n": -(2**53)}}, "payload.data.n", "integer outside the I-JSON range"),
+        ({"data": {"n": 10**400}}, "payload.data.n", "integer outside the I-JSON range"),
+        ({"data": {"x": [0.5, float("-inf")]}}, "payload.data.x[1]", "non-finite number"),
+        ({"data": {"b": b"bytes"}}, "payload.data.b", "not a JSON value"),
+        ({"data": {"s": {1, 2}}}, "payload.data.s", "not a JSON value"),
+        ({"data": {"t": datetime(2026, 1, 1, tzinfo=UTC)}}, "payload.data.t", "not a JSON value"),
+        ({"data": {"d": {1: "one", "1": "uno"}}}, "payload.data.d", "bad object key"),
+    ],
+    ids=[
+        "surrogate",
+        "low-surrogate",
+        "surrogate-key",
+        "nul-nested",
+        "2**53",
+        "-2**53",
+        "huge-int",
+        "inf-in-list",
+        "bytes",
+        "set",
+        "datetime",
+        "int-key",
+    ],
+)
+def test_every_value_check_runs_before_the_model_and_any_encoding(
+    payload: dict[str, Any], field: str, detail: str
+) -> None:
+    event = noted(payload)
+    with pytest.raises(InvalidEvent) as info:
+        LOOSE.validate(event, producing=True)
+    assert (info.value.fields["field"], info.value.fields["detail"]) == (field, detail)
+    with pytest.raises(InvalidEvent):  # the encoder alone refuses it the same way
+        encode_payload(event)
+    with pytest.raises(InvalidEvent):  # and the reading side
+        LOOSE.validate(event, producing=False)
+
+
+def test_json_values_within_range_pass_the_check() -> None:
+    payload: dict[str, Any] = {
+        "note": "ü \U0001f600 \ufb01",
+        "data": {
+            "max": 2**53 - 1,
+            "min": -(2**53 - 1),
+            "f": -0.0,
+            "big": 1e308,
+            "t": True,
+            "none": None,
+            "nested": [[{"a": ()}]],
+        },
+    }
+    event = noted(payload)
+    LOOSE.validate(event, producing=True)
+    assert json.loads(encode_payload(event)) == {
+        **payload,
+        "data": {**payload["data"], "nested": [[{"a": []}]]},
+    }
+    assert len(LOOSE.digest(event)) == 64
+
+
+def test_nesting_is_bounded() -> None:
+    """At most MAX_DEPTH objects and arrays inside one another, the payload itself first."""
+    deep: Any = "leaf"
+    for _ in range(MAX_DEPTH - 2):  # inside the payload and its "data"
+        deep = [deep]
+    LOOSE.validate(noted({"data": {"x": deep}}), producing=True)  # control: at the limit
+    with pytest.raises(InvalidEvent) as info:
+        LOOSE.validate(noted({"data": {"x": [deep]}}), producing=True)
+    assert info.value.fields["detail"] == "nested too deep"
+
+
+def test_a_payload_naming_another_tenant_is_refused_when_producing() -> None:
+    LOOSE.validate(noted({"note": "x"}), producing=True)  # control: no tenant key
+    with pytest.raises(TenantConflict) as info:
+        LOOSE.validate(
+            Event(
+                tenant="tenant-a",
+                operation_id="op-1",
+                type="app.noted",
+                version=1,
+                payload={"note": "x", "tenant": "tenant-b"},
+            ),
+            producing=False,
+        )
+    assert info.value.fields["payload_tenant"] == "tenant-b"
+
+
+@pytest.mark.parametrize("tail", ["\u0661", "\u00b2", "01", "0", "1000", "1 "])
+def test_version_suffix_is_ascii_digits(tail: str) -> None:
+    assert split_versioned_type("x.y.v1") == ("x.y", 1)  # control
+    with pytest.raises(UnknownEventType):
+        split_versioned_type(f"x.y.v{tail}")

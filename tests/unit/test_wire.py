@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -13,11 +13,12 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from accord.demo.catalog import demo_catalog
-from accord.schemas.errors import MalformedMessage, UnknownEventType
+from accord.schemas.errors import InvalidEvent, MalformedMessage, TenantConflict, UnknownEventType
 from accord.schemas.events import Event, encode_payload
 from accord.schemas.wire import from_amqp, to_amqp
 
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+PUBLISH_ID = "0b9c7f8e-3a1d-4c2b-9e5f-6a7b8c9d0e1f"
 
 
 def event() -> Event:
@@ -38,7 +39,7 @@ def wire_headers(e: Event | None = None) -> tuple[bytes, dict[str, str]]:
         e,
         encode_payload(e),
         digest=demo_catalog().digest(e),
-        publish_id="p-1",
+        publish_id=PUBLISH_ID,
         trace={"traceparent": TRACEPARENT},
     )
     return message.body, message.headers
@@ -47,14 +48,18 @@ def wire_headers(e: Event | None = None) -> tuple[bytes, dict[str, str]]:
 def test_round_trip_keeps_event_digest_publish_id_and_trace() -> None:
     e = event()
     message = to_amqp(
-        e, encode_payload(e), digest="d" * 64, publish_id="p-1", trace={"traceparent": TRACEPARENT}
+        e,
+        encode_payload(e),
+        digest="d" * 64,
+        publish_id=PUBLISH_ID,
+        trace={"traceparent": TRACEPARENT},
     )
     assert message.message_id == str(e.event_id) == message.headers["ce-id"]
     assert message.routing_key == "report.accepted.v1" == message.headers["ce-type"]
     assert message.headers["ce-authepoch"] == "3"
     inbound = from_amqp(message.body, message.headers, message.content_type)
     assert inbound.event == e
-    assert inbound.digest == "d" * 64 and inbound.publish_id == "p-1"
+    assert inbound.digest == "d" * 64 and inbound.publish_id == PUBLISH_ID
     assert inbound.trace == {"traceparent": TRACEPARENT}
 
 
@@ -183,3 +188,148 @@ def test_body_bytes_are_the_domain_json() -> None:
     body, _ = wire_headers(e)
     assert json.loads(body) == e.payload
     assert b" " not in body.replace(b"quarterly \xc3\xbc", b"")  # compact, UTF-8 kept
+
+
+# -- strict header values: exact formats, never what a lenient library would accept --------
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"ce-authepoch": "\u0661"}, "bad_header"),  # ARABIC-INDIC DIGIT ONE: isdigit() is True
+        ({"ce-authepoch": "\u00b2"}, "bad_header"),  # SUPERSCRIPT TWO
+        ({"ce-authepoch": "\uff11\uff12"}, "bad_header"),  # FULLWIDTH "12"
+        ({"ce-authepoch": "3 "}, "bad_header"),
+        ({"ce-authepoch": "1" * 19}, "bad_header"),  # beyond PostgreSQL's bigint
+        ({"ce-opdigest": "D" * 64}, "bad_header"),
+        ({"ce-opdigest": "d" * 63}, "bad_header"),
+        ({"publish-id": "p-1"}, "bad_header"),
+        ({"publish-id": PUBLISH_ID.upper()}, "bad_header"),
+        ({"publish-id": PUBLISH_ID, "Publish-Id": PUBLISH_ID}, "duplicate_header"),
+        ({"ce-time": "2026-01-02T03:04:05"}, "bad_attribute"),  # no offset
+        ({"ce-time": "2026-01-02 03:04:05Z"}, "bad_attribute"),  # a space
+        ({"ce-time": "2026-01-02"}, "bad_attribute"),
+        ({"ce-time": "20260102T030405Z"}, "bad_attribute"),  # fromisoformat takes it
+        ({"ce-time": "2026-W01-5T03:04:05Z"}, "bad_attribute"),  # and this
+        ({"ce-time": "2026-01-02T03:04:05+0000"}, "bad_attribute"),  # and this
+        ({"ce-time": "2026-01-02T03:04Z"}, "bad_attribute"),
+        ({"ce-time": "2026-01-02T03:04:60Z"}, "bad_attribute"),
+        ({"ce-time": "\u0662026-01-02T03:04:05Z"}, "bad_attribute"),
+        ({"ce-time": ""}, "bad_attribute"),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else v,
+)
+def test_header_values_are_read_by_exact_format(change: dict[str, Any], problem: str) -> None:
+    from_amqp(GOOD_BODY, broken({}))  # control: the same message with our own values reads
+    with pytest.raises(MalformedMessage) as info:
+        from_amqp(GOOD_BODY, broken(change))
+    assert info.value.fields["problem"] == problem
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        lambda u: str(u).upper(),
+        lambda u: "{" + str(u) + "}",
+        lambda u: "urn:uuid:" + str(u),
+        lambda u: u.hex,
+        lambda u: str(u).replace("a", "\u0661") if "a" in str(u) else "\u0661" + str(u)[1:],
+    ],
+    ids=["upper", "braces", "urn", "no-hyphens", "non-ascii-digit"],
+)
+def test_event_id_is_canonical_uuid_text(text: Any) -> None:
+    e = event()
+    body, headers = wire_headers(e)
+    assert from_amqp(body, headers).event.event_id == e.event_id  # control
+    with pytest.raises(MalformedMessage) as info:
+        from_amqp(body, {**headers, "ce-id": text(e.event_id)})
+    assert info.value.fields["problem"] == "bad_attribute"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-01-02T03:04:05Z", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        ("2026-01-02t03:04:05z", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        ("2026-01-02T03:04:05.5Z", datetime(2026, 1, 2, 3, 4, 5, 500000, tzinfo=UTC)),
+        ("2026-01-02T03:04:05.123456789Z", datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)),
+        (
+            "2026-01-02T03:04:05-05:30",
+            datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(-timedelta(hours=5, minutes=30))),
+        ),
+        ("2026-01-02T03:04:05-00:00", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)),
+    ],
+)
+def test_rfc3339_times_with_an_offset_read_timezone_aware(text: str, expected: datetime) -> None:
+    inbound = from_amqp(GOOD_BODY, broken({"ce-time": text}))
+    assert inbound.event.occurred_at == expected
+    assert inbound.event.occurred_at.utcoffset() == expected.utcoffset()
+
+
+def test_sdk_times_with_an_offset_and_fraction_read() -> None:
+    when = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=-5)))
+    ce = CloudEvent(
+        attributes={
+            "id": str(uuid.uuid4()),
+            "type": "report.accepted.v1",
+            "source": "/elsewhere",
+            "specversion": "1.0",
+            "time": when,
+            "tenantid": "tenant-b",
+            "operationid": "op-9",
+            "authepoch": "0",
+        },
+        data={"report_id": "r9", "subject": "s"},
+    )
+    message = to_binary(ce, JSONFormat())
+    assert from_amqp(message.body, message.headers, message.content_type).event.occurred_at == when
+
+
+@pytest.mark.parametrize("suffix", ["v\u0661", "v\u00b9", "v01", "v1000", "v"])
+def test_type_version_is_ascii_digits(suffix: str) -> None:
+    assert from_amqp(GOOD_BODY, broken({"ce-type": "report.accepted.v1"}))  # control
+    with pytest.raises(UnknownEventType):
+        from_amqp(GOOD_BODY, broken({"ce-type": f"report.accepted.{suffix}"}))
+
+
+@pytest.mark.parametrize("key", ["tenant", "tenantid"])
+def test_a_body_naming_another_tenant_is_a_tenant_conflict(key: str) -> None:
+    same = {"report_id": "r1", "subject": "s", key: "tenant-a"}  # the header's tenant
+    assert from_amqp(json.dumps(same).encode(), broken({})).event.payload == same  # control
+    for other in ("tenant-b", 7, None, {"id": "tenant-a"}):
+        with pytest.raises(TenantConflict) as info:
+            from_amqp(json.dumps({**same, key: other}).encode(), broken({}))
+        assert info.value.reason == "tenant_conflict"
+        assert info.value.fields["tenant"] == "tenant-a" and info.value.fields["key"] == key
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"n": ' + b"9" * 5000 + b"}",  # beyond int_max_str_digits: a ValueError
+        b'{"n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # a RecursionError
+    ],
+    ids=["huge-integer", "deep-nesting"],
+)
+def test_json_the_parser_cannot_hold_is_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedMessage) as info:
+        from_amqp(body, broken({}))
+    assert info.value.fields["problem"] == "malformed_json"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (rb'"a\u0000b"', "payload.subject"),  # jsonb refuses it (22P05)
+        (rb'"\ud800"', "payload.subject"),  # a lone surrogate: not UTF-8
+        (rb"9007199254740992", "payload.subject"),  # beyond I-JSON's 2**53 - 1
+        (rb"1e400", "payload.subject"),  # json reads it as inf
+    ],
+    ids=["nul", "surrogate", "big-integer", "overflowing-float"],
+)
+def test_values_json_accepts_but_accord_refuses_are_invalid_events(raw: bytes, field: str) -> None:
+    body = b'{"report_id":"r1","subject":' + raw + b"}"
+    inbound = from_amqp(body, broken({}))  # well formed JSON ...
+    with pytest.raises(InvalidEvent) as info:  # ... whose values are refused before any model
+        demo_catalog().validate(inbound.event, producing=False)
+    assert info.value.fields["field"] == field

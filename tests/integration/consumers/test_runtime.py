@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -12,10 +13,13 @@ import asyncpg
 import pytest
 
 from accord.consumers import Handlers, PoisonReason, TransientFailure
+from accord.demo.app import submit_report
+from accord.schemas import wire
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
+    CATALOG,
     amqp_message,
     counts,
     declare_topology,
@@ -197,3 +201,180 @@ async def test_a_topology_that_differs_from_the_brokers_is_a_config_error(
     other = Topology(topo.prefix, (replace(topo.workflows[0], delivery_limit=9),))
     with pytest.raises(ConfigError):
         await runtime_for(amqp_url, pg_dsn, other).run()
+
+
+# -- issue #16: permanent failures are poisoned at once, each with its own typed reason ----
+
+NOTES = """
+CREATE TABLE public.notes (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    operation_id text NOT NULL,
+    doc          jsonb NOT NULL CONSTRAINT notes_doc_object CHECK (jsonb_typeof(doc) = 'object')
+)
+"""
+BODY_LIMIT = 4096
+
+
+def noting_handlers(calls: list[str]) -> Handlers:
+    """The demo's report handler (it submits the report job, whose payload PostgreSQL stores
+    as jsonb), after an application step of its own: it keeps a JSON document the event
+    carries as text (``document``) in a jsonb column with a CHECK."""
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def note_then_submit(tx: Any, event: Event) -> None:
+        calls.append(event.operation_id)
+        document = event.payload.get("document")
+        if document is not None:
+            await tx.execute(
+                "INSERT INTO public.notes (operation_id, doc) VALUES ($1, $2::jsonb)",
+                event.operation_id,
+                document,
+            )
+        await submit_report(tx, event)
+
+    return handlers
+
+
+def _raw(event: Event, **headers: str) -> tuple[str, aio_pika.Message]:
+    """``event`` as accord's producer sends it, with ``headers`` changed, and its body's JSON
+    built without accord's checks (as any other producer may)."""
+    body = json.dumps(event.payload).encode()
+    msg = wire.to_amqp(event, body, digest=CATALOG.digest(event), publish_id=str(uuid.uuid4()))
+    return msg.routing_key, aio_pika.Message(
+        body,
+        headers={**msg.headers, **headers},
+        message_id=msg.message_id,
+        content_type=msg.content_type,
+    )
+
+
+def _with(**payload: Any) -> Event:
+    event = report()
+    return event.model_copy(update={"payload": {**event.payload, **payload}})
+
+
+def _epoch(epoch: int) -> Event:
+    return report().model_copy(update={"authority_epoch": epoch})
+
+
+async def test_refused_content_is_poisoned_at_once_and_the_consumer_keeps_going(
+    amqp_url: str, pg_dsn: str, pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """A value jsonb refuses, a row a CHECK refuses, a body naming another tenant, a
+    non-ASCII digit in a numeric header and a body over the consumer's bound: each is
+    poisoned on its first delivery (never retried) with its own typed reason, while its
+    control (the same message without the flaw) is applied in the same batch, and a valid
+    message after them all is processed by the same running consumer."""
+    await pg.execute(NOTES)
+    calls: list[str] = []
+    # name: (expected reason, the bad event, its headers changed, the control event)
+    cases: dict[str, tuple[PoisonReason, Event, dict[str, str], Event]] = {
+        # The payload's own text holds NUL (JSON's \u0000), which jsonb refuses (22P05):
+        # refused by the value check before any handler, so it never reaches jsonb.
+        "nul-in-payload": (
+            PoisonReason.INVALID_EVENT,
+            _with(subject="a\x00b"),
+            {},
+            _with(subject="ab"),
+        ),
+        # Text the handler casts to jsonb: PostgreSQL refuses it (22P05), poisoned at once.
+        "jsonb-refuses": (
+            PoisonReason.DATA_EXCEPTION,
+            _with(document='{"note": "\\u0000"}'),
+            {},
+            _with(document='{"note": "fine"}'),
+        ),
+        "check-refuses": (  # 23514: notes_doc_object
+            PoisonReason.INTEGRITY_VIOLATION,
+            _with(document="[1]"),
+            {},
+            _with(document='{"note": "also fine"}'),
+        ),
+        "tenant-conflict": (
+            PoisonReason.TENANT_CONFLICT,
+            _with(tenant="globex"),
+            {},
+            _with(tenant="acme"),
+        ),
+        "non-ascii-digit": (  # ARABIC-INDIC DIGIT ONE: str.isdigit() says True
+            PoisonReason.BAD_HEADER,
+            _epoch(1),
+            {"ce-authepoch": "\u0661"},
+            _epoch(1),
+        ),
+        "over-the-bound": (
+            PoisonReason.TOO_LARGE,
+            _with(padding="x" * BODY_LIMIT),
+            {},
+            _with(padding="x" * (BODY_LIMIT - 200)),
+        ),
+    }
+    bad = {name: _raw(event, **headers)[1] for name, (_, event, headers, _) in cases.items()}
+    controls = [control for *_, control in cases.values()]
+    assert len(_raw(cases["over-the-bound"][3])[1].body) <= BODY_LIMIT  # the control fits
+    # Bad and good interleaved, all queued before the consumer starts: one lane takes them
+    # in large batches, so a refused statement rolls back only its own savepoint.
+    messages = []
+    for name, (*_, control) in cases.items():
+        messages += [("report.accepted.v1", bad[name]), _raw(control)]
+    await declare_topology(amqp_url, topo)
+    await publish(amqp_url, topo, messages)
+    runtime = runtime_for(
+        amqp_url,
+        pg_dsn,
+        topo,
+        noting_handlers(calls),
+        concurrency=1,
+        max_body_bytes=BODY_LIMIT,
+    )
+    after = report()
+    async with running(runtime):
+        await wait_for(lambda: _poisoned(pg, len(cases)))
+        await wait_for(lambda: _jobs(pg, len(controls)))
+        await publish_events(amqp_url, topo, [after])  # still consuming, same session
+        await wait_for(lambda: _jobs(pg, len(controls) + 1))
+
+    rows = {r["message_id"]: r for r in await pg.fetch("SELECT * FROM consumers.poison")}
+    assert len(rows) == len(cases)
+    detail: dict[str, Any] = {}
+    for name, (reason, *_) in cases.items():
+        row = rows[bad[name].message_id]
+        assert (name, row["reason"]) == (name, reason)
+        assert (name, row["delivery_count"], row["redelivered"]) == (name, 0, False)  # first
+        detail[name] = json.loads(row["detail"])
+    assert detail["nul-in-payload"]["field"] == "payload.subject"
+    assert detail["jsonb-refuses"]["sqlstate"] == "22P05"
+    assert detail["check-refuses"]["sqlstate"] == "23514"
+    assert detail["check-refuses"]["constraint"] == "notes_doc_object"
+    assert detail["tenant-conflict"]["payload_tenant"] == "globex"
+    assert detail["non-ascii-digit"]["header"] == "authepoch"
+    assert detail["over-the-bound"]["bytes"] == len(bad["over-the-bound"].body)
+    assert detail["over-the-bound"]["limit"] == BODY_LIMIT
+    assert runtime.stats.retried == 0 and runtime.stats.poisoned == len(cases)
+    assert runtime.sessions == 1  # never restarted
+
+    # The handler ran for the refused statements (PostgreSQL itself refused them), never
+    # for the NUL payload (refused before any handler or any jsonb).
+    assert cases["jsonb-refuses"][1].operation_id in calls
+    assert cases["check-refuses"][1].operation_id in calls
+    assert cases["nul-in-payload"][1].operation_id not in calls
+    # Only the controls and the last message took effect: jobs, inbox rows, notes.
+    jobs = {r["operation_id"] for r in await pg.fetch("SELECT operation_id FROM jobs.jobs")}
+    assert jobs == {e.operation_id for e in controls} | {after.operation_id}
+    inbox = await pg.fetch("SELECT operation_id FROM consumers.inbox")
+    assert {r["operation_id"] for r in inbox} == jobs
+    notes = await pg.fetch("SELECT operation_id, doc FROM public.notes ORDER BY id")
+    assert {(r["operation_id"], r["doc"]) for r in notes} == {
+        (cases["jsonb-refuses"][3].operation_id, '{"note": "fine"}'),
+        (cases["check-refuses"][3].operation_id, '{"note": "also fine"}'),
+    }
+    dead = await drain_queue(amqp_url, topo.poison_queue("report"))
+    assert sorted(str(m.message_id) for m in dead) == sorted(
+        str(m.message_id) for m in bad.values()
+    )
+    assert await queue_depth(amqp_url, topo.queue("report")) == 0
+
+
+async def _jobs(pg: asyncpg.Connection, n: int) -> bool:
+    return bool(await pg.fetchval("SELECT count(*) FROM jobs.jobs") >= n)

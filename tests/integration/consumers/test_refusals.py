@@ -1,0 +1,143 @@
+"""One batch, one transaction: a statement PostgreSQL refuses poisons only its own message,
+at once, and the valid messages of the same batch are applied and acknowledged (issue #16).
+
+The batch is handed to ``BatchProcessor.process`` directly (deliveries recorded by a stand-in
+for aio_pika's message), so it is certain that the good and the bad messages share one
+transaction: the fast path fails, the savepoint path applies the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from opentelemetry.trace import NoOpTracer
+
+from accord.consumers import Consumer, Handlers, PoisonReason, TransientFailure
+from accord.consumers.batch import BatchProcessor
+from accord.schemas import wire
+from accord.schemas.events import Event
+from tests.integration.consumers.support import CATALOG, report
+
+DOCS = """
+CREATE TABLE public.docs (
+    operation_id text PRIMARY KEY,
+    doc          jsonb NOT NULL CHECK (jsonb_typeof(doc) = 'object')
+)
+"""
+
+
+@dataclass
+class Delivered:
+    """Stands in for aio_pika's incoming message: what the batch reads, and its settling."""
+
+    body: bytes
+    headers: dict[str, Any]
+    message_id: str
+    delivery_tag: int
+    content_type: str = "application/json"
+    routing_key: str = "report.accepted.v1"
+    redelivered: bool = False
+    settled: list[str] = field(default_factory=list)
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.settled.append("ack-multiple" if multiple else "ack")
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.settled.append("requeue" if requeue else "nack")
+
+    async def reject(self, requeue: bool = False) -> None:
+        self.settled.append("requeue" if requeue else "reject")
+
+
+def delivered(event: Event, tag: int) -> Delivered:
+    body = json.dumps(event.payload).encode()
+    msg = wire.to_amqp(event, body, digest=CATALOG.digest(event), publish_id=str(uuid.uuid4()))
+    return Delivered(body, dict(msg.headers), msg.message_id, tag)
+
+
+def with_doc(doc: str) -> Event:
+    event = report()
+    return event.model_copy(update={"payload": {**event.payload, "doc": doc}})
+
+
+def processor(handlers: Handlers) -> BatchProcessor:
+    return BatchProcessor(
+        consumer=Consumer("report", CATALOG, 7 * 24 * 3600.0),
+        handlers=handlers,
+        tenants=frozenset({"acme"}),
+        queue="t.report",
+        delivery_limit=3,
+        tracer=NoOpTracer(),
+    )
+
+
+def doc_handlers(failures: list[BaseException] | None = None) -> Handlers:
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        if failures:
+            raise failures.pop(0)
+        await tx.execute(
+            "INSERT INTO public.docs (operation_id, doc) VALUES ($1, $2::jsonb)",
+            event.operation_id,
+            event.payload["doc"],
+        )
+
+    return handlers
+
+
+async def test_a_refused_statement_poisons_only_its_message_in_a_batch(
+    pg: asyncpg.Connection,
+) -> None:
+    await pg.execute(DOCS)
+    events = [
+        with_doc('{"n": 1}'),
+        with_doc('{"bad": "\\u0000"}'),  # 22P05: jsonb refuses the escape
+        with_doc('{"n": 2}'),
+        with_doc("[1]"),  # 23514: the CHECK refuses an array
+        with_doc('{"n": 3}'),
+        with_doc("{not json"),  # 22P02: not JSON at all
+        with_doc('{"n": 4}'),
+    ]
+    messages = [delivered(e, tag) for tag, e in enumerate(events, start=1)]
+    batch = processor(doc_handlers())
+    await batch.process(pg, messages)  # type: ignore[arg-type]
+
+    settled = [m.settled for m in messages]
+    assert settled == [[], ["reject"], [], ["reject"], [], ["reject"], ["ack-multiple"]]
+    assert (batch.stats.new, batch.stats.poisoned, batch.stats.retried) == (4, 3, 0)
+    assert batch.stats.commits == 1  # the good four in one commit (the savepoint path)
+    stored = await pg.fetch("SELECT operation_id FROM public.docs")
+    assert {r["operation_id"] for r in stored} == {events[i].operation_id for i in (0, 2, 4, 6)}
+    rows = await pg.fetch("SELECT reason, detail, message_id FROM consumers.poison ORDER BY id")
+    assert [(r["message_id"], r["reason"], json.loads(r["detail"])["sqlstate"]) for r in rows] == [
+        (messages[1].message_id, PoisonReason.DATA_EXCEPTION, "22P05"),
+        (messages[3].message_id, PoisonReason.INTEGRITY_VIOLATION, "23514"),
+        (messages[5].message_id, PoisonReason.DATA_EXCEPTION, "22P02"),
+    ]
+    inbox = await pg.fetch("SELECT operation_id FROM consumers.inbox")
+    assert {r["operation_id"] for r in inbox} == {r["operation_id"] for r in stored}
+
+
+async def test_transient_database_failures_are_still_retried(pg: asyncpg.Connection) -> None:
+    """Control: a serialization failure, a deadlock and a non-database error are requeued,
+    not poisoned, while a valid message in the same batch is applied."""
+    await pg.execute(DOCS)
+    failures: list[BaseException] = [
+        asyncpg.exceptions.SerializationError("could not serialize access"),
+        asyncpg.exceptions.DeadlockDetectedError("deadlock detected"),
+        TransientFailure("downstream unavailable"),
+    ]
+    events = [with_doc('{"n": 1}') for _ in range(4)]
+    messages = [delivered(e, tag) for tag, e in enumerate(events, start=1)]
+    # The fast path raises the first failure; the savepoint path the other two, then applies.
+    batch = processor(doc_handlers(failures))
+    await batch.process(pg, messages)  # type: ignore[arg-type]
+    assert [m.settled for m in messages] == [["requeue"], ["requeue"], [], ["ack-multiple"]]
+    assert (batch.stats.new, batch.stats.poisoned, batch.stats.retried) == (2, 0, 2)
+    assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
