@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -29,6 +30,36 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     except ImportError:
         return anyio.run(main, *args)
     return anyio.run(main, *args, backend_options={"use_uvloop": True})
+
+
+class Stoppable(Protocol):
+    """A long-running service: the relay, a consumer runtime, a worker."""
+
+    def stop(self, *, now: bool = False) -> None: ...
+
+
+async def stop_on_signals(service: Stoppable, name: str) -> None:
+    """The one place a long-running process turns signals into a stop: the first SIGTERM or
+    SIGINT asks ``service`` to drain (finish the batch, commit, ack, exit 0), a second one
+    to stop now. Run it beside ``service.run()`` in the command's task group."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        draining = False
+        async for signum in signals:
+            what = signal.Signals(signum).name
+            if draining:
+                print(f"{name}: {what} again, stopping now", file=sys.stderr, flush=True)
+                service.stop(now=True)
+                return
+            print(f"{name}: {what}, draining", file=sys.stderr, flush=True)
+            service.stop()
+            draining = True
+
+
+async def wait_for_signal() -> None:
+    """Return at the first SIGTERM or SIGINT (a process with nothing to drain)."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            return
 
 
 @contextmanager

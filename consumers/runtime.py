@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from opentelemetry import trace
 
 from accord.consumers import inbox
-from accord.consumers.batch import AfterCommit, BatchProcessor, Stats
+from accord.consumers.batch import DEFAULT_MAX_BODY_BYTES, AfterCommit, BatchProcessor, Stats
 from accord.consumers.errors import ConnectionLost
 from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
@@ -63,7 +62,9 @@ _TOPOLOGY_MISMATCH = (
 class RuntimeConfig:
     """How one consumer runs. ``tenants`` must be explicit: the tenants this consumer serves
     (``{"*"}`` to serve every tenant, written out on purpose); any other tenant is poison.
-    ``prefetch`` bounds each worker's channel (``concurrency * prefetch`` in flight)."""
+    ``prefetch`` bounds each worker's channel (``concurrency * prefetch`` in flight).
+    ``max_body_bytes`` bounds a message body: a larger one is poisoned unread (``too_large``);
+    keep it at least the producers' payload limit (``max_payload_bytes``)."""
 
     workflow: str
     tenants: frozenset[str]
@@ -77,6 +78,7 @@ class RuntimeConfig:
     prune_interval_s: float = 60.0
     prune_batch: int = 1000
     declare: bool = True  # declare the topology at start; False: check it passively
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -85,6 +87,15 @@ class RuntimeConfig:
             )
         if min(self.prefetch, self.batch_max, self.concurrency) < 1:
             raise ConfigError("prefetch, batch_max and concurrency must be positive")
+        if (
+            isinstance(self.max_body_bytes, bool)
+            or not isinstance(self.max_body_bytes, int)
+            or self.max_body_bytes < 1
+        ):
+            raise ConfigError(
+                "max_body_bytes must be a positive number of bytes",
+                max_body_bytes=self.max_body_bytes,
+            )
 
 
 @dataclass
@@ -99,6 +110,11 @@ class ConsumerRuntime:
     handlers: Handlers
     after_commit: AfterCommit | None = None
     tracer: trace.Tracer | None = None
+    # The PostgreSQL role the pool's connections take at start (``role`` in their server
+    # settings; the login must be a member): `accord consume` passes ``accord_consumer``,
+    # the least-privileged consumer principal (grants: consumers/schema.sql). None: the
+    # DSN's own user.
+    pg_role: str | None = None
     stats: Stats = field(default_factory=Stats)
     sessions: int = 0
 
@@ -114,28 +130,32 @@ class ConsumerRuntime:
             tracer=self.tracer or telemetry.tracer(),
             after_commit=self.after_commit,
             stats=self.stats,
+            max_body_bytes=self.config.max_body_bytes,
         )
         self._stopping = anyio.Event()
+        self._run_scope: CancelScope | None = None
         self.consuming = anyio.Event()
 
-    def stop(self) -> None:
-        """Ask the runtime to drain and return: stop consuming, finish, ack, close."""
+    def stop(self, *, now: bool = False) -> None:
+        """Ask the runtime to drain and return: stop consuming, finish, ack, close. ``now``:
+        cancel at once (whatever is unacknowledged is redelivered; nothing is lost)."""
         self._stopping.set()
+        if now and self._run_scope is not None:
+            self._run_scope.cancel()
 
-    async def run(self, *, handle_signals: bool = False) -> None:
-        """Consume until stopped; reconnect after a lost connection. SIGTERM/SIGINT drain.
+    async def run(self) -> None:
+        """Consume until stopped; reconnect after a lost connection. The composition root
+        turns signals into :meth:`stop` (accord.runtime.stop_on_signals).
 
         Any other failure ends the run and is raised (unwrapped when it is a single error).
         """
         failure: BaseException | None = None
-        async with anyio.create_task_group() as tg:
-            if handle_signals:
-                tg.start_soon(self._on_signals, tg.cancel_scope)
+        with CancelScope() as self._run_scope:
             try:
                 await self._reconnecting()
-            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+            except Exception as exc:  # noqa: BLE001 - re-raised below, unwrapped
                 failure = exc
-            tg.cancel_scope.cancel()
+        self._run_scope = None
         if failure is not None:
             leaves = _leaves(failure)
             raise leaves[0] if len(leaves) == 1 else failure
@@ -158,22 +178,15 @@ class ConsumerRuntime:
                 with anyio.move_on_after(delay):
                     await self._stopping.wait()
 
-    async def _on_signals(self, scope: CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                if self._stopping.is_set():
-                    log.warning("second signal %s: stopping without draining", signum)
-                    scope.cancel()
-                    return
-                log.info("signal %s: draining", signum)
-                self.stop()
-
     async def _session(self) -> None:
         cfg = self.config
         connection = await broker.connect(self.amqp_url, timeout=cfg.connect_timeout_s)
         try:
             pool = await create_pool(
-                self.pg_dsn, min_size=cfg.concurrency + 1, max_size=cfg.concurrency + 1
+                self.pg_dsn,
+                min_size=cfg.concurrency + 1,
+                max_size=cfg.concurrency + 1,
+                **({"server_settings": {"role": self.pg_role}} if self.pg_role else {}),
             )
             try:
                 await self._consume(connection, pool)

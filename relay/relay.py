@@ -66,6 +66,10 @@ class RelayConfig:
     # PostgreSQL the other publishes (the client CPU is the limit, DESIGN §11).
     loops: int = 2
     source: str = DEFAULT_SOURCE
+    # The PostgreSQL role every relay connection takes at start (``role`` in its server
+    # settings; the login must be a member): `accord relay` passes ``accord_relay``, the
+    # least-privileged relay principal (grants: relay/schema.sql). None: the DSN's own user.
+    pg_role: str | None = None
 
     def __post_init__(self) -> None:
         if self.publish_timeout_s >= self.lease_s:
@@ -109,13 +113,20 @@ class Relay:
         # One event per sleeping loop: ``wake()`` and ``stop()`` reach every loop.
         self._waiters: set[anyio.Event] = set()
         self._stopping = False
+        self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
+        self._pg_args: dict[str, Any] = (
+            {"server_settings": {"role": config.pg_role}} if config.pg_role else {}
+        )
 
-    def stop(self) -> None:
-        """Ask the relay to finish its current batch and return (SIGTERM)."""
+    def stop(self, *, now: bool = False) -> None:
+        """Ask the relay to finish its current batch and return; ``now``: cancel at once (rows
+        in flight stay leased until their lease expires, then are published again)."""
         self._stopping = True
         self.wake()
+        if now and self._run_scope is not None:
+            self._run_scope.cancel()
 
     def wake(self, *_: Any) -> None:
         for waiter in self._waiters:
@@ -124,6 +135,7 @@ class Relay:
     async def run(self) -> None:
         """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself."""
         async with anyio.create_task_group() as tg:
+            self._run_scope = tg.cancel_scope
             tg.start_soon(self._listen_loop)
             await self._publish_loop()
             tg.cancel_scope.cancel()
@@ -161,7 +173,7 @@ class Relay:
         backoff = self._backoff()
         while not self._stopping and not publisher.broken():
             try:
-                conn = await connect(self.config.pg_dsn)
+                conn = await connect(self.config.pg_dsn, **self._pg_args)
             except SERVICE_LOST as exc:
                 await self._sleep(self._lost(exc, backoff))
                 continue
@@ -219,9 +231,8 @@ class Relay:
     ) -> list[Settlement]:
         # Pipelined confirms: the whole batch in flight at once (DESIGN §11), a task per row
         # (aio-pika awaits each confirm inside its publish). The stdlib's TaskGroup rather
-        # than anyio's, for this one hot spot: a task costs ~4 µs there against ~14 µs in
-        # anyio 4.16, and the relay is CPU-bound in Python (bench: 160-165 µs of CPU per
-        # message instead of 175-190, +10% throughput). It is as structured: a task that
+        # than anyio's, for this one hot spot: its tasks are cheaper, and the relay is
+        # CPU-bound in Python (figures: docs/bench-log.md). It is as structured: a task that
         # fails cancels its siblings and the error propagates. aio-pika ties the relay to
         # asyncio anyway.
         outcomes: list[Settlement] = []
@@ -236,7 +247,7 @@ class Relay:
         publish_id = uuid.uuid4()
         event = row.event
         # start_span + use_span, as in enqueue: start_as_current_span without its two extra
-        # generator-based context managers, a few µs per message. Exceptions are neither
+        # generator-based context managers (cheaper per message). Exceptions are neither
         # recorded nor turned into an error status by it; a PublishFailed sets both below.
         span = self._tracer.start_span(
             f"publish {self.config.exchange}",
@@ -307,7 +318,7 @@ class Relay:
         backoff = self._backoff()
         while True:
             try:
-                conn = await connect(self.config.pg_dsn)
+                conn = await connect(self.config.pg_dsn, **self._pg_args)
             except SERVICE_LOST:
                 await anyio.sleep(backoff.next())
                 continue

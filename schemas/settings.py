@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     amqp_url: str = DEFAULT_AMQP_URL
     # Broker topology names (empty: the application's name); tests give each run its own.
     topology_prefix: str = ""
+    # Declare the topology at start (idempotent); false: only check it passively, so the
+    # processes need no configure permission on the broker (deploy/rabbitmq/definitions.json).
+    topology_declare: bool = True
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     relay_batch: int = Field(default=200, gt=0)
     relay_in_flight: int = Field(default=256, gt=0)

@@ -1,6 +1,8 @@
 """`accord consume --workflow NAME`: run the consumer of one of the application's workflow
 classes until SIGTERM. Tenants: ``--tenant``, else ACCORD_CONSUMER_TENANTS, else the tenants
-the class declares; none at all refuses to start."""
+the class declares; none at all refuses to start. Runs as the PostgreSQL role
+ACCORD_CONSUMER_ROLE (``accord_consumer``: the inbox, deliveries, poison and jobs.submit, plus
+what the application grants it for its handlers; empty: the DSN's own user)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
         prefetch=settings.consumer_prefetch,
         batch_max=settings.consumer_batch,
         concurrency=settings.consumer_concurrency,
+        max_body_bytes=settings.consumer_max_body_bytes,
+        declare=settings.topology_declare,
     )
 
 
@@ -61,15 +65,23 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         return int(runtime.run(_main, settings, config, app))
 
 
-async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
-    consumer = ConsumerRuntime(
+def runtime_from(settings: Settings, config: RuntimeConfig, app: App) -> ConsumerRuntime:
+    """The consumer runtime of ``config``'s class, from settings (the only place they meet)."""
+    return ConsumerRuntime(
         config=config,
         amqp_url=settings.amqp_url,
         pg_dsn=settings.pg_dsn,
         topology=app.topology(prefix(app, settings)),
         catalog=app.catalog,
         handlers=app.consumer_class(config.workflow).handlers,
+        # least privilege by default: the consumer principal (consumers/schema.sql) plus what the
+        # application grants it (empty: the DSN's own user)
+        pg_role=settings.consumer_role or None,
     )
+
+
+async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
+    consumer = runtime_from(settings, config, app)
     # refuse a schema older than the code (accord's and the application's)
     await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     async with anyio.create_task_group() as tg:
@@ -83,6 +95,7 @@ async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
             )
 
         tg.start_soon(announce)
-        await consumer.run(handle_signals=True)
+        tg.start_soon(runtime.stop_on_signals, consumer, "consumer")
+        await consumer.run()
         tg.cancel_scope.cancel()
     return 0

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
-
-import anyio
 
 from accord import runtime
 from accord.ops import install_span_metrics, serving
@@ -38,7 +35,5 @@ async def _main(dsn: str, port: int, addr: str) -> int:
         install_span_metrics(server.messaging)
         # The bound port on stdout (flushed) so a supervisor or test can find an ephemeral one.
         print(f"serving /metrics on http://{addr}:{server.port}/metrics", flush=True)
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                break
+        await runtime.wait_for_signal()
     return 0

@@ -1,17 +1,18 @@
 """`accord relay`: run the outbox relay until SIGTERM or SIGINT.
 
 Refuses to start on a schema older than the code, declares the application's topology
-(idempotent), then runs one :class:`accord.relay.Relay`. SIGTERM lets the current batch finish
-and settle, then exits 0; a crashed loop exits non-zero so the supervisor restarts it.
+(idempotent), then runs one :class:`accord.relay.Relay` as the PostgreSQL role
+ACCORD_RELAY_ROLE (``accord_relay``: its outbox columns only; empty: the DSN's own user).
+SIGTERM lets the current batch finish and settle, then exits 0; a crashed loop exits
+non-zero so the supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 
+import aiormq
 import anyio
 
 from accord import runtime
@@ -19,7 +20,7 @@ from accord.app import App
 from accord.commands.common import prefix, require_app
 from accord.relay import Relay, RelayConfig
 from accord.schemas import broker, migrate, topology
-from accord.schemas.errors import ServiceUnavailable
+from accord.schemas.errors import ConfigError, ServiceUnavailable
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.relay")
@@ -53,6 +54,9 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
         prune_every_s=settings.relay_prune_every_s,
         unroutable_attempts=settings.relay_unroutable_attempts,
         max_message_bytes=settings.relay_max_message_bytes,
+        # least privilege by default: the relay principal (relay/schema.sql) (empty: the DSN's
+        # own user)
+        pg_role=settings.relay_role or None,
     )
 
 
@@ -62,9 +66,17 @@ async def _prepare(settings: Settings, app: App) -> None:
         amqp = await broker.connect(settings.amqp_url, timeout=10)
     except OSError as exc:
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
+    names = app.topology(prefix(app, settings))
     try:
         channel = await amqp.channel()
-        await topology.declare(channel, app.topology(prefix(app, settings)))
+        await topology.declare(channel, names, passive=not settings.topology_declare)
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        raise ConfigError(
+            "the broker lacks the application's topology: declare it once"
+            " (ACCORD_TOPOLOGY_DECLARE=true, or deploy/rabbitmq/definitions.json)",
+            exchange=names.exchange,
+            detail=str(exc)[:200],
+        ) from None
     finally:
         await amqp.close()
 
@@ -74,17 +86,9 @@ async def _main(settings: Settings, app: App) -> int:
     await _prepare(settings, app)
     relay = Relay(config)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, relay)
+        tg.start_soon(runtime.stop_on_signals, relay, "relay")
         print(f"relay ready: exchange={config.exchange}", flush=True)
         await relay.run()
         tg.cancel_scope.cancel()
     log.info("relay stopped: published=%d held=%d", relay.stats.published, relay.stats.held)
     return 0
-
-
-async def _stop_on_signal(relay: Relay) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            print(f"relay: {signal.Signals(signum).name}, finishing the batch", file=sys.stderr)
-            relay.stop()
-            return

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -129,7 +127,7 @@ async def serve(
     # refuse a schema older than the code (accord's and the application's)
     await migrate.require_current_at(settings.pg_dsn, app_chains)
     # Execution authority only: the worker role can claim, renew, publish and record
-    # effects through the jobs functions, and cannot repair (0006_authority.sql).
+    # effects through the jobs functions, and cannot repair (grants: jobs/schema.sql).
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
     pool = await create_pool(
         settings.pg_dsn, min_size=1, max_size=2 * options.config.concurrency + 2, **role
@@ -168,7 +166,7 @@ async def _run(
             await worker.run(task_status=task_status)
             tg.cancel_scope.cancel()
 
-        tg.start_soon(_stop_on_signal, worker)
+        tg.start_soon(runtime.stop_on_signals, worker, "worker")
         await tg.start(run_then_stop)
         print(
             f"worker ready: workflow={options.workflow} owner={options.config.owner}"
@@ -184,17 +182,3 @@ async def _run(
         stats.renewals,
         len(stats.unresolved),
     )
-
-
-async def _stop_on_signal(worker: Worker) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        first = True
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if first:
-                print(f"worker: {name}, stopping claims, finishing in-flight jobs", file=sys.stderr)
-                worker.stop()
-                first = False
-            else:
-                print(f"worker: {name} again, cancelling in-flight jobs", file=sys.stderr)
-                worker.stop(now=True)

@@ -17,6 +17,7 @@ import sys
 
 import anyio
 
+from accord.runtime import stop_on_signals
 from tests.integration.consumers.support import runtime_for, topology_for
 
 
@@ -55,7 +56,8 @@ def main() -> int:
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_announce, runtime.consuming)
-            await runtime.run(handle_signals=True)
+            tg.start_soon(stop_on_signals, runtime, "consumer")
+            await runtime.run()
             tg.cancel_scope.cancel()
 
     anyio.run(run)

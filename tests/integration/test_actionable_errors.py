@@ -173,3 +173,17 @@ def _wait_for_line(process: subprocess.Popen[str], text: str, *, within: float) 
         if text in line:
             return
     raise AssertionError(f"no {text!r} within {within}s: {''.join(seen)[-2000:]}")
+
+
+def test_passive_topology_checks_and_says_what_is_missing(pg_dsn: str, amqp_url: str) -> None:
+    """ACCORD_TOPOLOGY_DECLARE=false: the processes only check the topology (no configure
+    permission needed); a missing one is one line, not a traceback, for relay and consumer."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url, "ACCORD_TOPOLOGY_PREFIX": prefix,
+           "ACCORD_TOPOLOGY_DECLARE": "false"}  # fmt: skip
+    one_line(accord("relay", **env), "ConfigError", f"{prefix}.events")
+    one_line(
+        accord("consume", "--workflow", "report", "--tenant", "*", **env),
+        "ConfigError",
+        "topology differs",
+    )

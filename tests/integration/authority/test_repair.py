@@ -107,4 +107,8 @@ async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> No
         env={**env, "ACCORD_REPAIR_ROLE": "no_such_role_x"},
         check=False,
     )
-    assert bad.returncode == 2 and b"ConfigError" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and b"DatabaseLoginRefused" in bad.stderr
+        and b"no_such_role_x" in bad.stderr
+    )
