@@ -7,7 +7,7 @@ STAMP   = $(VENV)/.installed-stamp
 export ACCORD_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/accord
 export ACCORD_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 
-.PHONY: venv services test lint demo bench clean
+.PHONY: venv services test lint demo bench schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: venv services
 	$(BIN)/python -m bench.relay_bench
 	$(BIN)/python -m bench.consumer_bench
 	$(BIN)/python -m bench.jobs_bench
+
+# After adding a migration: rewrite each module's current SQL (jobs/schema.sql, ...) from a
+# scratch database migrated by the code; tests/integration/test_schema_files.py checks them.
+schema: venv services
+	$(BIN)/python -m accord.schemas.schema_files
 
 clean:
 	rm -rf $(VENV) var

@@ -4,12 +4,11 @@ Invariant: a write-back commits only if, at that moment and on the locked row, t
 still ``running`` under this exact lease (tenant, operation, generation, owner, attempt id,
 the tenant's current authority epoch, authority not frozen, lease unexpired by the database
 clock). The check and the lock are one SQL function (``jobs.fence``), so a plain SELECT
-followed by an UPDATE (a lost update under READ COMMITTED) cannot creep in.
+followed by an UPDATE (a lost update under READ COMMITTED) cannot creep in. The publish
+transitions, which fence again in their own statement, are jobs.publish.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from accord.jobs import sql
 from accord.jobs.errors import FENCE_REASONS, FenceLost
@@ -38,28 +37,6 @@ async def locked(tx: Tx, lease: Lease) -> None:
     reason = await tx.fetchval(sql.FENCE, *lease.fence_args())
     if reason is not None:
         raise fence_lost(lease, reason)
-
-
-async def succeed(tx: Tx, lease: Lease) -> str | None:
-    """Runs in the caller's transaction; never commits. Fences again and marks the job
-    succeeded; returns None, or the refusal (a fence reason or ``unresolved_effect``).
-    """
-    require_transaction(tx)
-    return await succeed_once(tx, lease)
-
-
-async def succeed_batch(conn: Any, leases: list[Lease]) -> set[int]:
-    """``jobs.succeed_many`` on ``conn`` (one statement, its own transaction): the job ids
-    published, each lease fenced on its own row."""
-    columns = list(zip(*(lease.fence_args() for lease in leases), strict=True))
-    return {row["job_id"] for row in await conn.fetch(sql.SUCCEED_MANY, *columns)}
-
-
-async def succeed_once(conn: Any, lease: Lease) -> str | None:
-    """``jobs.succeed`` on ``conn`` (in a transaction or as its own): None, or the refusal
-    (a fence reason or ``unresolved_effect``)."""
-    status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
-    return status
 
 
 async def record_result(tx: Tx, lease: Lease, object_key: str, content_digest: str) -> None:

@@ -1,9 +1,9 @@
 """Repairs: the only operations the repair principal (role ``accord_repair``) can run.
 
 Invariant it owns: repair authority is narrower than execution authority. Each repair is one
-checked SQL function (migration 0006) that locks its row, refuses running (leased) jobs,
-needs a named principal and evidence, and writes a ``jobs.repair_audit`` row in the same
-transaction; the worker role cannot call them, and the repair role cannot claim, renew,
+checked SQL function (jobs.repair_*, jobs/schema.sql) that locks its row, refuses running
+(leased) jobs, needs a named principal and evidence, and writes a ``jobs.repair_audit`` row
+in the same transaction; the worker role cannot call them, and the repair role cannot claim, renew,
 publish or begin an effect. The repair role has no DML on the jobs tables at all.
 
 Every function takes the caller's transaction (on a connection whose role is
@@ -23,7 +23,8 @@ from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
 from accord.jobs.models import EffectState, JobState
 from accord.schemas.db import Tx, require_transaction
 
-#: The principals of migration 0006 (NOLOGIN group roles; grant them to LOGIN users).
+#: The execution and repair principals (NOLOGIN group roles, schemas/roles.sql; grant them
+#: to LOGIN users).
 WORKER_ROLE = "accord_worker"
 REPAIR_ROLE = "accord_repair"
 

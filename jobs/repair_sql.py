@@ -1,7 +1,7 @@
 """SQL of authority, restore detection, repair and reconciliation. Values only as $n parameters.
 
-The checked operations are the functions of migration 0006; the roles that may call each are
-granted there (accord_worker, accord_repair).
+The checked operations are the jobs.repair_* functions (current definitions: jobs/schema.sql);
+the roles that may call each are granted there (accord_worker, accord_repair).
 """
 
 # Lock tenant $1's authority row (created if missing) until the transaction ends.

@@ -1,6 +1,6 @@
 """SQL owned by the jobs module. Values only as $n parameters.
 
-The fenced paths call the PL/pgSQL functions of migration 0004 so that the isolationtester
+The fenced paths call the jobs PL/pgSQL functions (jobs/schema.sql) so that the isolationtester
 specs in tests/isolation run the very statements the store runs. Fence parameters are always
 the eight lease fields in ``Lease.fence_args()`` order ($1..$8).
 """
@@ -20,7 +20,8 @@ FENCE = "SELECT jobs.fence($1, $2, $3, $4, $5, $6, $7, $8)"
 # Renew the caller's unexpired lease by $9 seconds from the database clock.
 RENEW = "SELECT status, lease_expires_at FROM jobs.renew($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 
-# The publish's (second) fence and the transition to succeeded, one fenced UPDATE (0009, 0010).
+# The publish's (second) fence and the transition to succeeded, one fenced UPDATE
+# (jobs.succeed in jobs/schema.sql).
 SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
 
 # Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.

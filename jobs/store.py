@@ -13,22 +13,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from accord.jobs import fence, registry, sql
+from accord.jobs import fence, publish, registry, sql
 from accord.jobs.errors import (
     EffectAlreadyBegun,
     EffectConflict,
     EffectNotPending,
     EffectsDisabled,
-    EffectsUnresolved,
     InvalidLeaseLength,
     JobConflict,
     JobNotFound,
-    JobsError,
 )
 from accord.jobs.models import (
     Cancellation,
@@ -44,6 +41,7 @@ from accord.jobs.models import (
     RescueReport,
     Submitted,
 )
+from accord.jobs.publish import BatchPublished
 from accord.schemas.db import Tx, require_transaction
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
@@ -84,27 +82,6 @@ async def submit(
             submitted_digest=digest,
         )
     return Submitted(job_id=row["job_id"], created=row["created"], state=JobState(row["state"]))
-
-
-@dataclass(frozen=True, slots=True)
-class BatchPublished:
-    """The outcome of ``publish_many``: the leases published and the refused with why."""
-
-    published: tuple[Lease, ...]
-    refused: tuple[tuple[Lease, JobsError], ...]
-
-
-def _refusal(lease: Lease, status: str) -> JobsError:
-    """The publish refusal named by ``status``."""
-    if status == "unresolved_effect":
-        return EffectsUnresolved(job_id=lease.job_id, operation_id=lease.operation_id)
-    return fence.fence_lost(lease, status)
-
-
-def _published(lease: Lease, status: str | None) -> None:
-    """Raise the publish refusal named by ``status`` (None: published)."""
-    if status is not None:
-        raise _refusal(lease, status)
 
 
 class _Held:
@@ -198,34 +175,19 @@ class Store:
         """
         async with self._connection() as conn:
             if callback is None:
-                _published(lease, await fence.succeed_once(conn, lease))
+                await publish.one(conn, lease)
                 return
             async with conn.transaction():
                 await fence.locked(conn, lease)
                 await callback(conn)
-                # Raised inside the transaction, so the callback's writes roll back.
-                _published(lease, await fence.succeed(conn, lease))
+                await publish.one(conn, lease)  # a refusal rolls the callback's writes back
 
     async def publish_many(self, leases: list[Lease]) -> BatchPublished:
         """One statement (its own transaction) publishes a batch of leases without callbacks:
         each lease passes the whole fence on its own row or is refused alone. The refused come
         back with their error (FenceLost naming the field, or EffectsUnresolved)."""
-        if not leases:
-            return BatchPublished((), ())
-        refused: list[tuple[Lease, JobsError]] = []
         async with self._connection() as conn:
-            done = await fence.succeed_batch(conn, leases)
-            for lease in leases:
-                if lease.job_id not in done:
-                    # The single publish names the refusal exactly as a publish of this lease
-                    # alone would (and publishes it, if it passes the whole fence by now).
-                    status = await fence.succeed_once(conn, lease)
-                    if status is None:
-                        done.add(lease.job_id)
-                    else:
-                        refused.append((lease, _refusal(lease, status)))
-        published = tuple(lease for lease in leases if lease.job_id in done)
-        return BatchPublished(published, tuple(refused))
+            return await publish.batch(conn, leases)
 
     async def fail(self, lease: Lease, reason: str, *, retry: bool) -> JobState:
         """Fenced: gives the job up. Returns its new state: queued (retry, with backoff),

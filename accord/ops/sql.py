@@ -37,7 +37,7 @@ ORDER BY reason, state, tenant, workflow
 """
 
 # Effects whose outcome is not known (states in $1), by tenant, workflow, effect and job state,
-# with how many of them were escalated (jobs.effect_escalations, migration 0006).
+# with how many of them were escalated (jobs.effect_escalations, jobs/schema.sql).
 UNRESOLVED_EFFECTS = """
 SELECT e.tenant, j.workflow, e.state AS effect_state, j.state AS job_state,
        count(*)::bigint AS effects, count(x.job_id)::bigint AS escalated,
@@ -52,7 +52,7 @@ ORDER BY e.tenant, j.workflow, e.state, j.state
 """
 
 # Jobs whose count of unresolved effects (jobs.jobs.unresolved_effects, kept by a trigger since
-# migration 0010) disagrees with their effect records in states $1: only something that bypassed
+# jobs/schema.sql) disagrees with their effect records in states $1: only something that bypassed
 # the trigger (disabled triggers, a data-only restore) leaves one. The records decide.
 MISCOUNTED_EFFECTS = """
 SELECT j.job_id, j.tenant, j.state, j.unresolved_effects AS counted,
@@ -64,7 +64,7 @@ WHERE j.unresolved_effects <> coalesce(e.recorded, 0)
 ORDER BY j.job_id
 """
 
-# Jobs and operation keys (jobs.operations, the idempotency key since migration 0011) that do
+# Jobs and operation keys (jobs.operations, the idempotency key: jobs/schema.sql) that do
 # not name each other: a job without its key row, or a key row without its job. Foreign keys
 # both ways make either impossible unless something bypassed them (disabled triggers, a
 # data-only restore of a dump taken before 0011). A job without its key could be submitted
@@ -82,7 +82,7 @@ ORDER BY 1, 5
 """
 
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
-# database is behind; jobs.authority_restores, migration 0006). Held counts come from JOB_GROUPS.
+# database is behind; jobs.authority_restores, jobs/schema.sql). Held counts come from JOB_GROUPS.
 TENANTS = """
 SELECT t.tenant, t.epoch, t.frozen, r.ledger_epoch AS restore_ledger_epoch
 FROM jobs.tenants t

@@ -244,5 +244,7 @@ async def test_the_worker_publishes_a_batch(principals: Principals) -> None:
     await p.expire(ids[2])
     done = await p.store.publish_many(leases)  # as accord_worker
     assert [le.job_id for le in done.published] == ids[:2]
-    assert [(le.job_id, err.failed_check) for le, err in done.refused] == [(ids[2], "lease_expired")]
+    assert [(le.job_id, err.failed_check) for le, err in done.refused] == [
+        (ids[2], "lease_expired")
+    ]
     assert [await p.state(j) for j in ids] == ["succeeded", "succeeded", "running"]

@@ -497,7 +497,7 @@ class Machine(RuleBasedStateMachine):
         if expected is not None:
             with pytest.raises(RepairRefused) as info:
                 self.run(go())
-            assert info.value.failed_check == expected
+            assert info.value.reason == expected
             return
         self.run(go())
         job.state, job.generation, job.resumable = "queued", job.generation + 1, True

@@ -22,7 +22,7 @@ from accord.jobs import (
     Store,
     sql,
 )
-from accord.jobs.store import BatchPublished
+from accord.jobs.publish import BatchPublished
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 from tests.support import wait_for
 
@@ -320,7 +320,7 @@ async def test_publish_many_fences_each_lease_alone(jobs: Jobs) -> None:
     assert isinstance(why[ids[3]], FenceLost) and why[ids[3]].failed_check == "lease_expired"
     assert [await jobs.state(j) for j in ids] == ["succeeded", "running", "canceled", "running"]
     again = await jobs.store.publish_many([leases[0]])
-    assert again.published == () and again.refused[0][1].reason == "state"
+    assert again.published == () and again.refused[0][1].failed_check == "state"
 
 
 async def test_probe_never_claims_work(jobs: Jobs) -> None:
@@ -409,7 +409,7 @@ async def test_the_batch_publish_refuses_exactly_what_the_fence_refuses(jobs: Jo
     done = await jobs.store.publish_many([lease for lease, _ in real])
     assert done.published == (ok,)
     named = [
-        "unresolved_effect" if isinstance(err, EffectsUnresolved) else err.fields["reason"]
+        "unresolved_effect" if isinstance(err, EffectsUnresolved) else err.fields["failed_check"]
         for _, err in done.refused
     ]
     assert named == [why for _, why in real[1:]]

@@ -1,0 +1,215 @@
+-- The current definition of the `consumers` schema: generated from a migrated database by
+-- pg_dump (`make schema`); never edited by hand. The history (and the reasons, in comments)
+-- is in schemas/migrations/; tests/integration/test_schema_files.py keeps the two equal.
+
+--
+--
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: consumers; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA consumers;
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: deliveries; Type: TABLE; Schema: consumers; Owner: -
+--
+
+CREATE TABLE consumers.deliveries (
+    id bigint NOT NULL,
+    tenant text NOT NULL,
+    consumer text NOT NULL,
+    operation_id text NOT NULL,
+    event_id uuid NOT NULL,
+    publish_id text,
+    redelivered boolean NOT NULL,
+    delivery_count integer NOT NULL,
+    outcome text NOT NULL,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT deliveries_delivery_count_check CHECK ((delivery_count >= 0)),
+    CONSTRAINT deliveries_outcome_check CHECK ((outcome = ANY (ARRAY['new'::text, 'duplicate'::text, 'conflict'::text])))
+);
+
+--
+-- Name: deliveries_id_seq; Type: SEQUENCE; Schema: consumers; Owner: -
+--
+
+ALTER TABLE consumers.deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME consumers.deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: inbox; Type: TABLE; Schema: consumers; Owner: -
+--
+
+CREATE TABLE consumers.inbox (
+    tenant text NOT NULL,
+    consumer text NOT NULL,
+    operation_id text NOT NULL,
+    event_id uuid NOT NULL,
+    digest text NOT NULL,
+    event_type text NOT NULL,
+    version integer NOT NULL,
+    occurred_at timestamp with time zone NOT NULL,
+    first_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT inbox_digest_check CHECK ((digest ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT inbox_version_check CHECK ((version >= 1))
+);
+
+--
+-- Name: poison; Type: TABLE; Schema: consumers; Owner: -
+--
+
+CREATE TABLE consumers.poison (
+    id bigint NOT NULL,
+    consumer text NOT NULL,
+    queue text NOT NULL,
+    reason text NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    tenant text,
+    operation_id text,
+    event_id text,
+    event_type text,
+    message_id text,
+    publish_id text,
+    redelivered boolean NOT NULL,
+    delivery_count integer NOT NULL,
+    headers jsonb NOT NULL,
+    body_size integer NOT NULL,
+    body_sha256 text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT poison_body_sha256_check CHECK ((body_sha256 ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT poison_body_size_check CHECK ((body_size >= 0)),
+    CONSTRAINT poison_delivery_count_check CHECK ((delivery_count >= 0)),
+    CONSTRAINT poison_reason_check CHECK ((reason = ANY (ARRAY['malformed'::text, 'malformed_json'::text, 'duplicate_key'::text, 'non_finite_number'::text, 'body_not_object'::text, 'missing_header'::text, 'bad_header'::text, 'duplicate_header'::text, 'bad_specversion'::text, 'bad_content_type'::text, 'bad_attribute'::text, 'unknown_type'::text, 'unknown_version'::text, 'invalid_event'::text, 'no_handler'::text, 'digest_mismatch'::text, 'tenant_mismatch'::text, 'conflict'::text, 'too_old'::text, 'rejected'::text, 'retries_exhausted'::text, 'tenant_conflict'::text, 'too_large'::text, 'data_exception'::text, 'integrity_violation'::text, 'statement_refused'::text])))
+);
+
+--
+-- Name: poison_id_seq; Type: SEQUENCE; Schema: consumers; Owner: -
+--
+
+ALTER TABLE consumers.poison ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME consumers.poison_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: deliveries deliveries_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.deliveries
+    ADD CONSTRAINT deliveries_pkey PRIMARY KEY (id);
+
+--
+-- Name: inbox inbox_event_key; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.inbox
+    ADD CONSTRAINT inbox_event_key UNIQUE (tenant, consumer, event_id);
+
+--
+-- Name: inbox inbox_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.inbox
+    ADD CONSTRAINT inbox_pkey PRIMARY KEY (tenant, consumer, operation_id);
+
+--
+-- Name: poison poison_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.poison
+    ADD CONSTRAINT poison_pkey PRIMARY KEY (id);
+
+--
+-- Name: deliveries_operation_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX deliveries_operation_idx ON consumers.deliveries USING btree (tenant, consumer, operation_id);
+
+--
+-- Name: deliveries_received_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX deliveries_received_idx ON consumers.deliveries USING btree (received_at);
+
+--
+-- Name: inbox_retention_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX inbox_retention_idx ON consumers.inbox USING btree (GREATEST(first_seen_at, occurred_at));
+
+--
+-- Name: poison_created_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX poison_created_idx ON consumers.poison USING btree (created_at);
+
+--
+-- Name: SCHEMA consumers; Type: ACL; Schema: -; Owner: -
+--
+
+GRANT USAGE ON SCHEMA consumers TO accord_consumer;
+
+--
+-- Name: TABLE deliveries; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE ON TABLE consumers.deliveries TO accord_consumer;
+
+--
+-- Name: COLUMN deliveries.received_at; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT UPDATE(received_at) ON TABLE consumers.deliveries TO accord_consumer;
+
+--
+-- Name: TABLE inbox; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE ON TABLE consumers.inbox TO accord_consumer;
+
+--
+-- Name: COLUMN inbox.first_seen_at; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT UPDATE(first_seen_at) ON TABLE consumers.inbox TO accord_consumer;
+
+--
+-- Name: TABLE poison; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT INSERT ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.id; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(id) ON TABLE consumers.poison TO accord_consumer;
+
+--
+--
