@@ -225,3 +225,8 @@ async def prune(tx: Any, *, window_s: float, limit: int = 1000) -> tuple[int, in
     inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit)
     deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit)
     return rows_affected(inbox), rows_affected(deliveries)
+
+
+async def delivery_counts(conn: Any) -> list[Any]:
+    """Read-only: inbox decisions by consumer, tenant and outcome (accord status, /metrics)."""
+    return list(await conn.fetch(sql.DELIVERY_COUNTS))

@@ -207,3 +207,8 @@ async def record_poison(tx: Any, record: PoisonRecord) -> int:
         record.body_sha256,
     )
     return poison_id
+
+
+async def poison_counts(conn: Any) -> list[Any]:
+    """Read-only: poison records by consumer and typed reason, with the oldest one's age."""
+    return list(await conn.fetch(sql.POISON_COUNTS))

@@ -106,3 +106,20 @@ INSERT INTO consumers.poison
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $14, $15)
 RETURNING id
 """
+
+# Inbox decisions by consumer, tenant and outcome (new, duplicate = a healthy retry, conflict).
+DELIVERY_COUNTS = """
+SELECT consumer, tenant, outcome, count(*)::bigint AS deliveries
+FROM consumers.deliveries
+GROUP BY consumer, tenant, outcome
+ORDER BY consumer, tenant, outcome
+"""
+
+# Poison records by consumer and typed reason.
+POISON_COUNTS = """
+SELECT consumer, reason, count(*)::bigint AS messages,
+       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
+FROM consumers.poison
+GROUP BY consumer, reason
+ORDER BY consumer, reason
+"""

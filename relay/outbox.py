@@ -205,3 +205,13 @@ async def stats(conn: asyncpg.Connection) -> OutboxStats:
         held=record["held"],
         oldest_pending_s=record["oldest_pending_s"],
     )
+
+
+async def figures(conn: asyncpg.Connection) -> asyncpg.Record:
+    """Read-only: pending and held rows, the relay lag and pending attempts (accord status)."""
+    return await conn.fetchrow(sql.FIGURES)
+
+
+async def held_by_reason(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Read-only: held rows by typed reason, with the oldest one's age."""
+    return list(await conn.fetch(sql.HELD_BY_REASON))

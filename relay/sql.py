@@ -82,3 +82,25 @@ SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
            ::float8 AS oldest_pending_s
 FROM relay.outbox
 """
+
+# Status figures (accord status, /metrics): unpublished and held rows, the relay lag (oldest
+# unpublished age) and attempts; reads only pending and held rows (published ones may be many).
+FIGURES = """
+SELECT count(*) FILTER (WHERE state = 'pending')::bigint AS pending,
+       count(*) FILTER (WHERE state = 'held')::bigint AS held,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')),
+                0)::float8 AS lag_s,
+       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts
+FROM relay.outbox
+WHERE state IN ('pending', 'held')
+"""
+
+# Held outbox rows by typed reason.
+HELD_BY_REASON = """
+SELECT COALESCE(last_reason, 'unspecified') AS reason, count(*)::bigint AS rows,
+       EXTRACT(EPOCH FROM now() - min(enqueued_at))::float8 AS oldest_age_s
+FROM relay.outbox
+WHERE state = 'held'
+GROUP BY 1
+ORDER BY 1
+"""

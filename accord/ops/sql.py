@@ -101,43 +101,10 @@ GROUP BY w.workflow, w.owner, w.effects_enabled
 ORDER BY w.workflow
 """
 
-# The outbox: unpublished and held rows, the relay lag (oldest unpublished age) and attempts.
-RELAY = """
-SELECT count(*) FILTER (WHERE state = 'pending')::bigint AS pending,
-       count(*) FILTER (WHERE state = 'held')::bigint AS held,
-       COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')),
-                0)::float8 AS lag_s,
-       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts
-FROM relay.outbox
-WHERE state IN ('pending', 'held')
-"""
-
-# Held outbox rows by typed reason.
-RELAY_HELD = """
-SELECT COALESCE(last_reason, 'unspecified') AS reason, count(*)::bigint AS rows,
-       EXTRACT(EPOCH FROM now() - min(enqueued_at))::float8 AS oldest_age_s
-FROM relay.outbox
-WHERE state = 'held'
-GROUP BY 1
-ORDER BY 1
-"""
-
-# Inbox decisions by consumer, tenant and outcome (new, duplicate = a healthy retry, conflict).
-DELIVERIES = """
-SELECT consumer, tenant, outcome, count(*)::bigint AS deliveries
-FROM consumers.deliveries
-GROUP BY consumer, tenant, outcome
-ORDER BY consumer, tenant, outcome
-"""
-
-# Poison records by consumer and typed reason.
-POISON = """
-SELECT consumer, reason, count(*)::bigint AS messages,
-       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
-FROM consumers.poison
-GROUP BY consumer, reason
-ORDER BY consumer, reason
-"""
+# The relay's figures (relay.sql.FIGURES, HELD_BY_REASON) and the consumers' (consumers.sql
+# DELIVERY_COUNTS, POISON_COUNTS) are their modules' own; status reads them through
+# accord.relay.outbox.figures / held_by_reason and accord.consumers.inbox.delivery_counts /
+# accord.consumers.poison.poison_counts.
 
 # Replay refusals by workflow and typed reason (the ledger only grows: a counter).
 REPLAY_REFUSALS = """

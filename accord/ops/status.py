@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
+from accord.consumers import inbox, poison
 from accord.ops import models, sql
 from accord.ops.models import (
     DeliveryGroup,
@@ -30,6 +31,7 @@ from accord.ops.models import (
     WaitingGroup,
     WorkflowClass,
 )
+from accord.relay import outbox
 
 T = TypeVar("T")
 
@@ -65,10 +67,10 @@ async def _collect(conn: Any) -> StatusReport:
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
         workflows=await _rows(conn, WorkflowClass.from_record, sql.WORKFLOWS),
-        relay=RelayFigures.from_record(await conn.fetchrow(sql.RELAY)),
-        relay_held=await _rows(conn, HeldRows.from_record, sql.RELAY_HELD),
-        deliveries=await _rows(conn, DeliveryGroup.from_record, sql.DELIVERIES),
-        poison=await _rows(conn, PoisonGroup.from_record, sql.POISON),
+        relay=RelayFigures.from_record(await outbox.figures(conn)),
+        relay_held=tuple(HeldRows.from_record(r) for r in await outbox.held_by_reason(conn)),
+        deliveries=tuple(DeliveryGroup.from_record(r) for r in await inbox.delivery_counts(conn)),
+        poison=tuple(PoisonGroup.from_record(r) for r in await poison.poison_counts(conn)),
         replay_refusals=await _rows(conn, RefusalGroup.from_record, sql.REPLAY_REFUSALS),
     )
 
