@@ -15,12 +15,13 @@
         │       ├── IntegrityViolation    class 23: a CHECK, NOT NULL, foreign or unique key
         │       └── StatementRefused      class 42: a syntax error or an access rule
         ├── TransientFailure          try again later (requeue, bounded by the delivery limit)
-        ├── ConnectionLost            PostgreSQL or RabbitMQ went away; the session reconnects
         └── PrivilegeMissing          42501: the consumer's role lacks a grant; stop, ack nothing
 
-Wire-level problems are schemas' own errors (MalformedMessage, UnknownEventType,
-InvalidEvent) and are also permanent; consumers.poison maps every permanent error to
-one typed poison reason. Every error's docstring is its default message.
+A lost connection is schemas' ConnectionLost (a ServiceUnavailable: the session reconnects),
+the same type the relay and the worker see. Wire-level problems are schemas' own errors
+(MalformedMessage, UnknownEventType, InvalidEvent) and are also permanent; consumers.poison
+maps every permanent error to one typed poison reason. Every error's docstring is its
+default message.
 
 Database errors are classified once, at the seam where a message's transaction failed
 (``consumers.batch.database_refusal``): SQLSTATE classes 22, 23 and 42 say the content or
@@ -35,6 +36,7 @@ the messages stay unacknowledged in the queue until the grant exists.
 from __future__ import annotations
 
 from accord.schemas.errors import AccordError
+from accord.schemas.errors import ConnectionLost as ConnectionLost  # one type for it, re-exported
 
 
 class ConsumerError(AccordError):
@@ -89,12 +91,6 @@ class TransientFailure(ConsumerError):
     """The message could not be applied now; it is requeued (bounded by the delivery limit)."""
 
     reason = "transient"
-
-
-class ConnectionLost(ConsumerError):
-    """A connection to PostgreSQL or RabbitMQ was lost; the consumer reconnects."""
-
-    reason = "connection_lost"
 
 
 class MessageTooLarge(PermanentFailure):

@@ -19,6 +19,7 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
 
 from __future__ import annotations
 
+from accord.schemas import errors as schemas_errors
 from accord.schemas.errors import AccordError
 
 
@@ -53,8 +54,9 @@ class PublishTimeout(PublishFailed):
     reason = "timeout"
 
 
-class ConnectionLost(PublishFailed):
-    """The broker channel or connection was lost before the confirm."""
+class ConnectionLost(PublishFailed, schemas_errors.ConnectionLost):
+    """The broker channel or connection was lost before the confirm (a publish outcome, and
+    the same lost connection every module sees)."""
 
     reason = "connection_lost"
 

@@ -36,9 +36,6 @@ from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
 log = logging.getLogger("accord.relay")
 
-# Errors that mean "a service connection is gone": reconnect, never crash.
-SERVICE_LOST = DB_CONNECTION_LOST
-
 PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
 
 
@@ -155,7 +152,7 @@ class Relay:
                     async with anyio.create_task_group() as tg:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, backoff))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
@@ -174,13 +171,13 @@ class Relay:
         while not self._stopping and not publisher.broken():
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, backoff))
                 continue
             try:
                 backoff.reset()
                 await self._drain(conn, publisher, prunes=index == 0)
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, backoff))
             finally:
                 await _close(conn)
@@ -319,13 +316,13 @@ class Relay:
         while True:
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
-            except SERVICE_LOST:
+            except DB_CONNECTION_LOST:
                 await anyio.sleep(backoff.next())
                 continue
             backoff.reset()
             try:
                 await self._listen(conn)
-            except SERVICE_LOST:
+            except DB_CONNECTION_LOST:
                 pass  # the poll keeps the relay correct until LISTEN is back
             finally:
                 await _close(conn)
@@ -343,5 +340,5 @@ async def _close(conn: asyncpg.Connection) -> None:
     with anyio.CancelScope(shield=True), anyio.move_on_after(5):
         try:
             await conn.close()
-        except SERVICE_LOST:
+        except DB_CONNECTION_LOST:
             conn.terminate()

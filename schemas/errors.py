@@ -14,6 +14,8 @@ errors of the contracts everyone shares::
     │       ├── BrokerLoginRefused    RabbitMQ refused the login or the vhost's permissions
     │       └── BrokerVhostRefused    the vhost does not exist, or the user may not use it
     ├── ServiceUnavailable        PostgreSQL or RabbitMQ did not answer (transient: retried)
+    │   └── ConnectionLost        a connection went away while in use (relay.ConnectionLost,
+    │                             the publish outcome, is one too)
     ├── MigrationError            the schema ledger and the code disagree
     │   ├── MigrationTampered     an applied file changed after it was applied
     │   ├── SchemaBehind          the database lacks migrations the code needs
@@ -102,6 +104,12 @@ class ServiceUnavailable(AccordError):
     """A required service (PostgreSQL or RabbitMQ) did not answer."""
 
     reason = "service_unavailable"
+
+
+class ConnectionLost(ServiceUnavailable):
+    """A connection to PostgreSQL or RabbitMQ went away while in use; reconnect and retry."""
+
+    reason = "connection_lost"
 
 
 class MigrationError(AccordError):

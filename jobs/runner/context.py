@@ -42,9 +42,6 @@ log = logging.getLogger("accord.worker")
 #: An effect's dispatch: returns Success(receipt) or FailedBeforeDispatch (or raises it).
 EffectCall = Callable[[], Awaitable[object]]
 
-#: Errors that mean "the database connection is gone" (the write-back may not have happened).
-SERVICE_LOST = DB_CONNECTION_LOST
-
 
 class JournalWriter(Protocol):
     """Appends one record durably (fsynced) before returning."""
@@ -239,7 +236,7 @@ class JobContext:
                 outcome.state,
                 exc.fields.get("failed_check"),
             )
-        except SERVICE_LOST as exc:
+        except DB_CONNECTION_LOST as exc:
             log.warning(
                 "effect outcome not recorded (database unreachable), pending row remains:"
                 " job=%s key=%s seq=%s outcome=%s error=%s",

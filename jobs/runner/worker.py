@@ -32,11 +32,12 @@ from accord.jobs.errors import EffectsUnresolved, FenceLost
 from accord.jobs.framing import Journal
 from accord.jobs.models import EffectState, JobState, Lease
 from accord.jobs.runner import recovery
-from accord.jobs.runner.context import SERVICE_LOST, JobContext
+from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store
 from accord.schemas.backoff import Backoff
+from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
 log = logging.getLogger("accord.worker")
@@ -229,7 +230,7 @@ class Worker:
                     lease_s=self.config.lease_s,
                     limit=wanted,
                 )
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 wait = max(self.config.poll_s, backoff.next())
                 log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, wait)
             else:
@@ -247,7 +248,7 @@ class Worker:
         while not self._stopping:
             try:
                 report = await self._store.rescue(self.config.rescue_limit)
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 log.warning("rescue failed (%s)", type(exc).__name__)
             else:
                 for rescued in report.rescued:
@@ -349,7 +350,7 @@ class Worker:
                 )
                 scope.cancel()
                 return
-            except SERVICE_LOST as exc:
+            except DB_CONNECTION_LOST as exc:
                 # Not renewed: the handler's deadline stays at the old local lease expiry.
                 log.warning("renew failed: job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
                 continue
@@ -383,7 +384,7 @@ class Worker:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
             return await self._give_up(ctx, Ending.FAILED, _reason(exc))
-        except SERVICE_LOST as exc:
+        except DB_CONNECTION_LOST as exc:
             log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         if ctx.published:
             return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
@@ -398,7 +399,7 @@ class Worker:
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
-        except SERVICE_LOST as exc:
+        except DB_CONNECTION_LOST as exc:
             log.warning("could not give up job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         return self._finished(ctx, Ending.UNRECORDED, None, reason)
 
