@@ -34,7 +34,7 @@ from accord.consumers.errors import ConnectionLost
 from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
-from accord.schemas.backoff import Backoff, BackoffPolicy
+from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, create_pool
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog
@@ -163,7 +163,8 @@ class ConsumerRuntime:
     async def _reconnecting(self) -> None:
         """Sessions until stopped: a lost service is retried with the shared backoff (capped
         at ``reconnect_delay_s``); anything else, a ServiceRefused included, ends the run."""
-        backoff = Backoff(BackoffPolicy(cap_s=self.config.reconnect_delay_s))
+        policy = BackoffPolicy(cap_s=self.config.reconnect_delay_s)
+        reconnect = Reconnect(f"consumer {self.config.workflow}", log, policy)
         while not self._stopping.is_set():
             sessions = self.sessions
             try:
@@ -172,9 +173,8 @@ class ConsumerRuntime:
                 if not _reconnectable(exc):
                     raise
                 if self.sessions > sessions:
-                    backoff.reset()  # that session was up: start the backoff afresh
-                delay = backoff.next()
-                log.warning("session ended, reconnecting in %.2fs: %s", delay, _describe(exc))
+                    reconnect.up()  # that session was up: start the backoff afresh
+                delay = reconnect.lost(_describe(exc))
                 with anyio.move_on_after(delay):
                     await self._stopping.wait()
 

@@ -29,7 +29,7 @@ from accord.relay.errors import MessageTooLarge, PublishFailed, Unroutable
 from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
-from accord.schemas.backoff import Backoff, BackoffPolicy
+from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, connect
 from accord.schemas.errors import ConfigError
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
@@ -137,48 +137,45 @@ class Relay:
             await self._publish_loop()
             tg.cancel_scope.cancel()
 
-    def _backoff(self) -> Backoff:
-        return Backoff(BackoffPolicy(cap_s=self.config.reconnect_max_s))
+    def _reconnect(self, what: str) -> Reconnect:
+        return Reconnect(what, log, BackoffPolicy(cap_s=self.config.reconnect_max_s))
 
     async def _publish_loop(self) -> None:
         """One broker session at a time; inside it, ``loops`` workers each with a PG link.
         A lost service is retried with the shared backoff; a refusal (ServiceRefused: a bad
         login, a missing vhost) is not a lost service and ends the relay."""
-        backoff = self._backoff()
+        reconnect = self._reconnect("relay (broker)")
         while not self._stopping:
             try:
                 async with self._publisher() as publisher:
-                    backoff.reset()
+                    reconnect.up()
                     async with anyio.create_task_group() as tg:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
             except DB_CONNECTION_LOST as exc:
-                await self._sleep(self._lost(exc, backoff))
+                await self._sleep(self._lost(exc, reconnect))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
-                    await self._sleep(self._lost(None, backoff))
+                    await self._sleep(self._lost("broker channel closed", reconnect))
 
-    def _lost(self, exc: BaseException | None, backoff: Backoff) -> float:
+    def _lost(self, cause: BaseException | str, reconnect: Reconnect) -> float:
         self.stats.reconnects += 1
-        delay = backoff.next()
-        what = type(exc).__name__ if exc else "broker channel closed"
-        log.warning("relay lost a service; reconnecting in %.2fs: %s", delay, what)
-        return delay
+        return reconnect.lost(cause)
 
     async def _worker(self, publisher: Publisher, index: int) -> None:
         """Own PostgreSQL link; returns when stopping or when the broker channel broke."""
-        backoff = self._backoff()
+        reconnect = self._reconnect(f"relay loop {index} (database)")
         while not self._stopping and not publisher.broken():
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
             except DB_CONNECTION_LOST as exc:
-                await self._sleep(self._lost(exc, backoff))
+                await self._sleep(self._lost(exc, reconnect))
                 continue
             try:
-                backoff.reset()
+                reconnect.up()
                 await self._drain(conn, publisher, prunes=index == 0)
             except DB_CONNECTION_LOST as exc:
-                await self._sleep(self._lost(exc, backoff))
+                await self._sleep(self._lost(exc, reconnect))
             finally:
                 await _close(conn)
 
@@ -312,14 +309,14 @@ class Relay:
 
     async def _listen_loop(self) -> None:
         """Keep a LISTEN connection; any notification wakes the publish loop."""
-        backoff = self._backoff()
+        reconnect = self._reconnect("relay LISTEN")
         while True:
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
-            except DB_CONNECTION_LOST:
-                await anyio.sleep(backoff.next())
+            except DB_CONNECTION_LOST as exc:
+                await anyio.sleep(reconnect.lost(exc))
                 continue
-            backoff.reset()
+            reconnect.up()
             try:
                 await self._listen(conn)
             except DB_CONNECTION_LOST:

@@ -1,8 +1,9 @@
 """The one retry policy for lost services: capped exponential backoff with jitter.
 
-Every loop that reconnects (the relay's publish and LISTEN loops, the consumer's session,
-the worker's claim and rescue loops) waits ``Backoff.next()`` after a transient failure and
-calls ``reset()`` once the service answers again. The delay doubles from ``base_s`` up to
+Every loop that reconnects (the relay's publish, worker and LISTEN loops, the consumer's
+session, the worker's claim loop) holds one :class:`Reconnect`: after a transient failure it
+waits ``lost(exc)`` (which also logs the loss, one line), and calls ``up()`` once the service
+answers again. The delay doubles from ``base_s`` up to
 ``cap_s``; each wait is drawn uniformly from its upper half ("equal jitter"), so a fleet of
 processes that lost the same server does not come back in step, and no wait is ever zero.
 Permanent refusals (ServiceRefused) are never retried: they stop the process.
@@ -10,6 +11,7 @@ Permanent refusals (ServiceRefused) are never retried: they stop the process.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
@@ -41,3 +43,29 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+@dataclass(slots=True)
+class Reconnect:
+    """One loop's way back to a lost service: the shared backoff, and one log line per loss."""
+
+    what: str
+    log: logging.Logger
+    policy: BackoffPolicy = DEFAULT_POLICY
+    losses: int = 0
+    _backoff: Backoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._backoff = Backoff(self.policy)
+
+    def up(self) -> None:
+        """The service answered: the next loss starts the backoff afresh."""
+        self._backoff.reset()
+
+    def lost(self, cause: BaseException | str) -> float:
+        """Count and log a loss; returns how long to wait before trying again."""
+        self.losses += 1
+        delay = self._backoff.next()
+        why = cause if isinstance(cause, str) else type(cause).__name__
+        self.log.warning("%s lost a service; retrying in %.2fs: %s", self.what, delay, why)
+        return delay

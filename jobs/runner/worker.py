@@ -36,7 +36,7 @@ from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store
-from accord.schemas.backoff import Backoff
+from accord.schemas.backoff import Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
@@ -211,7 +211,7 @@ class Worker:
             jobs.cancel_scope.cancel()
 
     async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
-        backoff = Backoff()  # the shared policy (accord.schemas.backoff)
+        reconnect = Reconnect(f"worker claim {registered.workflow}", log)
         wait = self.config.poll_s
         while not self._stopping:
             free = self.config.concurrency - self._running
@@ -231,10 +231,9 @@ class Worker:
                     limit=wanted,
                 )
             except DB_CONNECTION_LOST as exc:
-                wait = max(self.config.poll_s, backoff.next())
-                log.warning("claim failed (%s); retrying in %.1fs", type(exc).__name__, wait)
+                wait = max(self.config.poll_s, reconnect.lost(exc))
             else:
-                backoff.reset()
+                reconnect.up()
                 wait = self.config.poll_s
             finally:
                 self._release(wanted - len(leases))
