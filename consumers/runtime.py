@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import aio_pika
@@ -100,9 +100,11 @@ class RuntimeConfig:
 
 @dataclass
 class ConsumerRuntime:
-    """Consumes one workflow class; ``await run()`` until ``stop()`` (or SIGTERM)."""
+    """Consumes one workflow class; ``await run()`` until ``stop()``. Like the relay and the
+    worker: its config first, every dependency by keyword."""
 
     config: RuntimeConfig
+    _: KW_ONLY
     amqp_url: str
     pg_dsn: str
     topology: topology.Topology

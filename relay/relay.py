@@ -104,6 +104,8 @@ class Relay:
     """One relay process's loop. Several may run against one outbox."""
 
     def __init__(self, config: RelayConfig, *, publisher: PublisherFactory | None = None) -> None:
+        """Like the consumer runtime and the worker: its config first, dependencies by
+        keyword; ``run()`` until ``stop()``."""
         self.config = config
         self.stats = RelayStats()
         self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))

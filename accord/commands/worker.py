@@ -142,8 +142,8 @@ async def serve(
             log.warning("tenant %s is frozen after a detected restore", restore.tenant)
         with open_journal(options.journal, options.runner_id) as journal:
             worker = Worker(
-                store,
-                config=options.config,
+                options.config,
+                store=store,
                 journal=journal,
                 objects=LocalDirStore(settings.object_dir),
                 pool=pool,

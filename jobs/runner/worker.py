@@ -121,9 +121,9 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
-        *,
         config: WorkerConfig,
+        *,
+        store: Store,
         journal: Journal,
         objects: ObjectStore,
         pool: Any = None,

@@ -106,8 +106,8 @@ class Rig:
         options: dict[str, Any] = {"lease_s": 3.0, "poll_s": 0.05, "rescue_every_s": None}
         options.update(config)
         worker = Worker(
-            self.store,
-            config=WorkerConfig(owner=owner, **options),
+            WorkerConfig(owner=owner, **options),
+            store=self.store,
             journal=open_journal(self.journal_path(journal), journal),
             objects=self.objects,
             pool=self.pool,
