@@ -5,6 +5,8 @@ Nothing else in accord reads ``os.environ``; modules receive the values they nee
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -70,6 +72,9 @@ class Settings(BaseSettings):
     reconcile_settle_s: float = Field(default=60.0, ge=0)
     object_dir: str = "var/objects"
     metrics_port: int = Field(default=0, ge=0)
+    # Log lines: "text" (default) or "json" (one object per line, trace ids inside spans).
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
 def load_settings() -> Settings:
