@@ -94,10 +94,10 @@ ALTER TABLE ONLY relay.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
 --
--- Name: outbox_pending_idx; Type: INDEX; Schema: relay; Owner: -
+-- Name: outbox_eligible_idx; Type: INDEX; Schema: relay; Owner: -
 --
 
-CREATE INDEX outbox_pending_idx ON relay.outbox USING btree (id) WHERE (state = 'pending'::text);
+CREATE INDEX outbox_eligible_idx ON relay.outbox USING btree (COALESCE(lease_expires_at, enqueued_at), id) WHERE (state = 'pending'::text);
 
 --
 -- Name: outbox_published_idx; Type: INDEX; Schema: relay; Owner: -

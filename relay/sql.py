@@ -15,15 +15,18 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING id, pg_notify('relay_outbox', '')
 """
 
-# Claim up to $1 eligible rows by state (never an id cursor), stamping lease $2 for $3 s.
+# Claim up to $1 eligible rows by state (never an id cursor), stamping lease $2 for $3 s, in
+# the order they became eligible (backoff or lease end, else enqueue time): the range on
+# outbox_eligible_idx stops at now(), so rows still in backoff are never read.
 # SKIP LOCKED lets several relays claim side by side without waiting on each other:
 # https://www.postgresql.org/docs/15/sql-select.html#SQL-FOR-UPDATE-SHARE
 CLAIM = """
 WITH eligible AS (
     SELECT id FROM relay.outbox
     WHERE state = 'pending'
+      AND COALESCE(lease_expires_at, enqueued_at) <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
-    ORDER BY id
+    ORDER BY COALESCE(lease_expires_at, enqueued_at), id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
@@ -103,4 +106,30 @@ FROM relay.outbox
 WHERE state = 'held'
 GROUP BY 1
 ORDER BY 1
+"""
+
+# Release held rows of tenant $1 with event ids $2 as principal $3 with evidence $4 (all or
+# nothing, relay.release_held in relay/schema.sql): each released row with its audit id, or
+# else each refused id with its status (missing, not_held; principal_required).
+RELEASE_HELD_AUDITED = (
+    "SELECT event_id, outbox_id, status, audit_id FROM relay.release_held($1, $2::uuid[], $3, $4)"
+)
+
+# Held rows, oldest first, optionally of tenant $1, at most $2: identifiers, type, the reason
+# they are held and their attempts (never the body).
+HELD_ROWS = """
+SELECT id, tenant, event_id, operation_id, type, version, last_reason, attempts, enqueued_at
+FROM relay.outbox
+WHERE state = 'held' AND ($1::text IS NULL OR tenant = $1)
+ORDER BY id
+LIMIT $2
+"""
+
+# The release audit of tenant $1 (optionally of event $2), oldest first.
+RELEASE_AUDIT = """
+SELECT audit_id, at, tenant, event_id, outbox_id, held_reason, attempts, who, db_user, db_role,
+       evidence
+FROM relay.release_audit
+WHERE tenant = $1 AND ($2::uuid IS NULL OR event_id = $2)
+ORDER BY audit_id
 """

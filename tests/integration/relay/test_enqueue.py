@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
 
 import asyncpg
 import pytest
@@ -192,10 +193,60 @@ async def test_every_statement_prepares(pg: asyncpg.Connection) -> None:
     assert f"pg_notify('{sql.NOTIFY_CHANNEL}'" in sql.ENQUEUE
 
 
-async def test_claim_uses_the_pending_index(pg: asyncpg.Connection) -> None:
+async def test_claim_uses_the_eligibility_index(pg: asyncpg.Connection) -> None:
     await pg.execute("SET enable_seqscan = off")
     await pg.execute("SET plan_cache_mode = force_generic_plan")
     await pg.execute(f"PREPARE claim(int, uuid, float8) AS {sql.CLAIM}")
     rows = await pg.fetch(f"EXPLAIN EXECUTE claim(10, '{uuid.uuid4()}', 30)")
     plan = "\n".join(r[0] for r in rows)
-    assert "outbox_pending_idx" in plan
+    assert "outbox_eligible_idx" in plan and "Index Cond" in plan
+
+
+# The claim as it was before 0019: pending rows in id order, rows in backoff skipped.
+_CLAIM_BY_ID = sql.CLAIM.replace(
+    "AND COALESCE(lease_expires_at, enqueued_at) <= now()\n", ""
+).replace("ORDER BY COALESCE(lease_expires_at, enqueued_at), id", "ORDER BY id")
+
+
+async def test_a_backlog_in_backoff_is_never_read_by_the_claim(pg: asyncpg.Connection) -> None:
+    """20,000 pending rows waiting out a backoff ahead of 5 due ones: the claim takes the 5
+    and reads none of the others (the index range stops at now()). Control: the claim in id
+    order, as before 0019, takes the same 5 after reading every waiting row."""
+    await pg.execute(
+        "INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version, digest, body,"
+        " occurred_at, lease_expires_at, attempts)"
+        " SELECT gen_random_uuid(), 'acme', 'op-' || i, 'report.accepted', 1, 'd', '{}'::bytea,"
+        " now(), now() + interval '1 hour', 1 FROM generate_series(1, 20000) i"
+    )  # ahead of the due rows in id order
+    async with pg.transaction():
+        for i in range(5):
+            await enqueue(pg, make_event(100_000 + i))
+    await pg.execute("ANALYZE relay.outbox")
+
+    async def claim(statement: str) -> tuple[int, int]:
+        tx = pg.transaction()
+        await tx.start()
+        try:  # measured, then rolled back: nothing is claimed for real
+            plan = await pg.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", 50, uuid.uuid4(), 30.0
+            )
+        finally:
+            await tx.rollback()
+        nodes = _nodes(json.loads(plan)[0]["Plan"])
+        scan = next(
+            n
+            for n in nodes
+            if n.get("Relation Name") == "outbox"
+            and "Scan" in n["Node Type"]
+            and "Actual Rows" in n
+            and n["Node Type"] != "ModifyTable"
+        )
+        return scan["Actual Rows"], scan.get("Rows Removed by Filter", 0)
+
+    assert await claim(sql.CLAIM) == (5, 0)
+    taken, skipped = await claim(_CLAIM_BY_ID)  # control
+    assert taken == 5 and skipped >= 20_000
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
