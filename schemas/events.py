@@ -39,6 +39,7 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from uuid6 import uuid7
 
+from accord.schemas import canonical as canonical_json
 from accord.schemas.errors import (
     InvalidEvent,
     PayloadTooLarge,
@@ -191,7 +192,7 @@ def semantic_digest(
         "material": dict(material),
     }
     try:
-        canonical = rfc8785.dumps(document)
+        canonical = canonical_json.dumps(document)
     except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidEvent(detail=f"payload is not canonical JSON: {exc}") from exc
     return hashlib.sha256(canonical).hexdigest()

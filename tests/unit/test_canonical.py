@@ -1,0 +1,46 @@
+"""The canonical-JSON fast path writes exactly what rfc8785 writes (byte for byte)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accord.schemas import canonical
+from tests.support import SOAK
+
+_SAFE_INT = st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)))  # no lone surrogates (refused)
+_SCALARS = st.none() | st.booleans() | _SAFE_INT | _TEXT
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def _documents(scalars: st.SearchStrategy[Any], keys: st.SearchStrategy[str]) -> Any:
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(keys, inner, max_size=5),
+        max_leaves=30,
+    )
+
+
+@settings(max_examples=3000 if SOAK else 300, deadline=None)
+@given(_documents(_SCALARS | _FLOATS, _TEXT))
+def test_the_fast_path_and_rfc8785_agree_on_everything(document: Any) -> None:
+    assert canonical.dumps(document) == rfc8785.dumps(document)
+
+
+@settings(max_examples=2000 if SOAK else 200, deadline=None)
+@given(_documents(_SCALARS, st.text(st.characters(max_codepoint=127))))
+def test_plain_documents_take_the_fast_path(document: Any) -> None:
+    assert canonical._plain(document)
+    assert canonical.dumps(document) == rfc8785.dumps(document)
+
+
+def test_where_the_two_orders_or_formats_differ_it_falls_back() -> None:
+    # UTF-16 key order (RFC 8785) differs from code-point order past the BMP
+    keys = {"\U0001f600": 1, "\ufb01": 2}
+    assert not canonical._plain(keys) and canonical.dumps(keys) == rfc8785.dumps(keys)
+    assert canonical.dumps({"n": 1.0, "e": 1e21}) == b'{"e":1e+21,"n":1}'
+    assert canonical.dumps({"s": '\u2028\x1f"\\'}) == rfc8785.dumps({"s": '\u2028\x1f"\\'})
