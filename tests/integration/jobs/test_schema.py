@@ -277,3 +277,40 @@ async def test_a_finished_effect_outcome_never_changes(pg: asyncpg.Connection) -
     assert await pg.fetchval("SELECT state FROM jobs.effects WHERE job_id = $1", job_id) == (
         "succeeded"
     )
+
+
+async def test_the_claim_never_reads_jobs_waiting_for_their_run_after(
+    pg: asyncpg.Connection,
+) -> None:
+    """20,000 queued jobs whose run_after is an hour away, and 5 due: the claim's scan of
+    jobs_claimable_idx returns the 5 and reads none of the others (its range stops at
+    now()). Control: the same eligibility walked in job_id order reads every waiting job."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o")
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("acme", "w", f"later{i}", "d", "{}", 5) for i in range(20000)]
+        )
+    await pg.execute("UPDATE jobs.jobs SET run_after = now() + interval '1 hour'")
+    async with pg.transaction():
+        await pg.executemany(sql.SUBMIT, [("acme", "w", f"due{i}", "d", "{}", 5) for i in range(5)])
+    await pg.execute("ANALYZE jobs.jobs")
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        leases = await store.claim("w", "o", lease_s=60, limit=50)
+        async with pg.transaction():
+            await pg.execute(
+                "SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off;"
+                " SET LOCAL enable_bitmapscan = off"
+            )
+            control = await pg.fetchval(
+                "SELECT count(*) FROM (SELECT job_id FROM jobs.jobs WHERE workflow = 'w'"
+                " AND state = 'queued' AND run_after <= now() ORDER BY job_id LIMIT 50) x"
+            )
+    assert len(leases) == 5 and control == 0  # the 5 are claimed; none left due
+    claim_plan = next(p for p in plans if "jobs_claimable_idx" in p)
+    assert re.search(r"Index Scan using jobs_claimable_idx .*actual time=\S+ rows=5 ", claim_plan)
+    assert "Rows Removed by Filter: 20000" not in claim_plan
+    walked = next(p for p in plans if "ORDER BY job_id LIMIT 50" in p)
+    assert re.search(r"Rows Removed by Filter: 2000\d", walked), walked
