@@ -48,7 +48,7 @@ from accord.ops.projections import Projection
 from accord.relay import enqueue
 from accord.schemas import migrate
 from accord.schemas.db import Tx
-from accord.schemas.errors import UnknownEventType
+from accord.schemas.errors import AccordError, UnknownEventType
 from accord.schemas.events import Catalog, Event, split_versioned_type
 from accord.schemas.topology import DEFAULT_DELIVERY_LIMIT, Topology, WorkflowQueue
 
@@ -357,7 +357,9 @@ def load_app(spec: str) -> App:
         raise AppNotFound("--app takes module:attribute, e.g. myservice.accord_app:app", app=spec)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except AccordError:
+        raise  # the application's own declarations refused (AppInvalid, ...): one line
+    except Exception as exc:
         raise AppNotFound(
             "the --app module does not import", app=spec, error=f"{type(exc).__name__}: {exc}"
         ) from exc

@@ -22,6 +22,7 @@ BAD = "tests.integration.badapps"
 COMMANDS = (["relay"], ["consume", "--workflow", "orders"], ["worker", "--workflow", "orders"])
 CASES = [
     ("no_such_module_here:app", "AppNotFound", "the --app module does not import"),
+    ("tests.integration.badapp_broken:app", "AppNotFound", "RuntimeError"),
     (f"{BAD}:nothing_here", "AppNotFound", "the --app attribute is not an accord.App"),
     (f"{BAD}:not_an_app", "AppNotFound", "found='int'"),
     (BAD, "AppNotFound", "--app takes module:attribute"),
