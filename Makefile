@@ -40,6 +40,7 @@ bench: venv services
 	$(BIN)/python -m bench.relay_bench
 	$(BIN)/python -m bench.consumer_bench
 	$(BIN)/python -m bench.jobs_bench
+	$(BIN)/python -m bench.pipeline_bench --n 200 --dbos
 
 # After adding a migration: rewrite each module's current SQL (jobs/schema.sql, ...) from a
 # scratch database migrated by the code; tests/integration/test_schema_files.py checks them.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from accord import logs
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
 from accord.schemas.errors import AccordError
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = _settings()
+        logs.configure(settings.log_format, settings.log_level)
         code: int = args.handler(args, settings)
     except BaseException as exc:
         error = _accord_error(exc)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from accord import observe, telemetry
 from accord.schemas.settings import Settings
+
+if TYPE_CHECKING:
+    from accord.ops.health import Check
+    from accord.ops.metrics import MetricsServer
+
+log = logging.getLogger("accord.runtime")
 
 
 def _stop_before_ready(signum: int, frame: object) -> None:
@@ -25,11 +32,12 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     nothing has been claimed, consumed or published yet, so there is nothing to drain.
     """
     signal.signal(signal.SIGTERM, _stop_before_ready)
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return anyio.run(main, *args)
-    return anyio.run(main, *args, backend_options={"use_uvloop": True})
+    with telemetry.tracing():  # OTEL_* configure this process's traces; flushed on return
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            return anyio.run(main, *args)
+        return anyio.run(main, *args, backend_options={"use_uvloop": True})
 
 
 class Stoppable(Protocol):
@@ -47,10 +55,10 @@ async def stop_on_signals(service: Stoppable, name: str) -> None:
         async for signum in signals:
             what = signal.Signals(signum).name
             if draining:
-                print(f"{name}: {what} again, stopping now", file=sys.stderr, flush=True)
+                log.warning("%s: %s again, stopping now", name, what)
                 service.stop(now=True)
                 return
-            print(f"{name}: {what}, draining", file=sys.stderr, flush=True)
+            log.info("%s: %s, draining", name, what)
             service.stop()
             draining = True
 
@@ -63,17 +71,32 @@ async def wait_for_signal() -> None:
 
 
 @contextmanager
-def metrics(settings: Settings) -> Iterator[None]:
-    """`/metrics` inside a long-running process when ``metrics_port`` is set (else nothing).
+def metrics(
+    settings: Settings, *, checks: Sequence[Check] | None = None
+) -> Iterator[MetricsServer | None]:
+    """`/metrics`, `/healthz` and `/readyz` inside a long-running process when ``metrics_port``
+    is set (else nothing; yields the server or None).
 
     The status figures come from the database on each scrape; the process's own publish and
-    process spans feed the OpenTelemetry messaging metrics on the same endpoint.
+    process spans feed the OpenTelemetry messaging metrics on the same endpoint, its loops
+    the flow counters and `/healthz` (accord.observe). `/readyz` runs ``checks`` (default:
+    PostgreSQL reachable with a current schema, RabbitMQ reachable) every two seconds.
     """
     if settings.metrics_port <= 0:
-        yield
+        yield None
         return
+    from accord.ops import checks as ready_checks
     from accord.ops import install_span_metrics, serving
+    from accord.ops.health import Readiness
 
-    with serving(settings.metrics_port, dsn=settings.pg_dsn) as server:
+    if checks is None:
+        checks = [
+            ready_checks.postgresql(settings.pg_dsn),
+            ready_checks.rabbitmq(settings.amqp_url),
+        ]
+    # ACCORD_HEALTH_GRACE_S where the settings define it: how overdue a loop may be.
+    observe.LIVENESS.grace_s = settings.health_grace_s
+    readiness = Readiness(checks)
+    with serving(settings.metrics_port, dsn=settings.pg_dsn, readiness=readiness) as server:
         install_span_metrics(server.messaging)
-        yield
+        yield server

@@ -25,6 +25,7 @@ everything else is transient (requeued, bounded by the delivery limit).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,8 @@ AfterCommit = Callable[[], None]
 _ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
+# The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
+SET_TRACE = "SELECT set_config('accord.trace', $1, true)"
 # SQLSTATE classes that say PostgreSQL will refuse this content every time.
 _REFUSALS: dict[str, type[DatabaseRefused]] = {
     "22": DataException,  # data exception: 22P05 (jsonb: \u0000), 22021, 22001, 22P02, ...
@@ -234,8 +237,7 @@ class BatchProcessor:
         decided = await inbox.reserve_many(conn, self.consumer, batch)
         for item, fresh in zip(ready, decided, strict=True):
             if fresh:
-                assert item.handler is not None and item.event is not None
-                await item.handler(conn, item.event)
+                await self._handle(conn, item)
             item.outcome = InboxOutcome.NEW if fresh else InboxOutcome.DUPLICATE
 
     async def _reserve_and_handle(self, conn: Any, item: Item) -> InboxOutcome:
@@ -245,8 +247,19 @@ class BatchProcessor:
         )
         if not fresh:
             return InboxOutcome.DUPLICATE
-        await item.handler(conn, item.event)
+        await self._handle(conn, item)
         return InboxOutcome.NEW
+
+    async def _handle(self, conn: Any, item: Item) -> None:
+        """The handler, in the transaction, under the delivery's ``process`` span: spans it
+        starts are children, and a job it submits keeps the span's context (jobs.submit reads
+        ``accord.trace``, set transaction-locally, only while tracing)."""
+        assert item.handler is not None and item.event is not None
+        carrier = telemetry.span_headers(item.span)
+        if carrier:
+            await conn.execute(SET_TRACE, json.dumps(carrier))
+        with trace.use_span(item.span, end_on_exit=False):
+            await item.handler(conn, item.event)
 
     async def _settle(self, conn: Any, items: list[Item]) -> None:
         """After the commit: requeue or poison the failed messages one by one, then ack the
@@ -295,7 +308,7 @@ class BatchProcessor:
         for item, record in zip(doomed, records, strict=True):
             await item.message.reject(requeue=False)
             self.stats.poisoned += 1
-            item.span.set_attribute("accord.poison.reason", str(record.reason))
+            item.span.set_attribute(telemetry.ATTR_POISON_REASON, str(record.reason))
             item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
             log.warning("poison reason=%s %s", record.reason, _ids(item, None))
 

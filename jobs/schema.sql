@@ -854,10 +854,10 @@ BEGIN
     IF v_job_id IS NOT NULL THEN
         RETURN QUERY
             INSERT INTO jobs.jobs AS j
-                (job_id, tenant, workflow, operation_id, digest, payload, max_attempts)
+                (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace)
             OVERRIDING SYSTEM VALUE
             VALUES (v_job_id, p_tenant, p_workflow, p_operation_id, p_digest, p_payload,
-                    p_max_attempts)
+                    p_max_attempts, nullif(current_setting('accord.trace', true), '')::jsonb)
             RETURNING j.job_id, true, j.state, j.digest;
         RETURN;
     END IF;
@@ -1045,6 +1045,7 @@ CREATE TABLE jobs.jobs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     unresolved_effects integer DEFAULT 0 NOT NULL,
+    trace jsonb,
     CONSTRAINT jobs_lease_check CHECK ((((state = 'running'::text) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::text) OR ((owner IS NOT NULL) AND (attempt_id IS NOT NULL) AND (epoch IS NOT NULL))))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text, 'unknown'::text, 'held'::text])))

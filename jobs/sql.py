@@ -122,3 +122,49 @@ REVOKE_LEASES = (
 
 # Health: the database clock and the number of registered workflow classes (read-only).
 PROBE = "SELECT now() AS database_now, (SELECT count(*) FROM jobs.workflows) AS workflows"
+
+# -- operators' views (jobs.views): identifiers, states, counts and reasons, never payloads ----
+
+# Jobs newest first, optionally of state $1, tenant $2 and workflow class $3, at most $4.
+JOB_LIST = """
+SELECT job_id, tenant, workflow, operation_id, state, attempts, max_attempts, generation,
+       updated_at, last_error
+FROM jobs.jobs
+WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR tenant = $2)
+  AND ($3::text IS NULL OR workflow = $3)
+ORDER BY job_id DESC
+LIMIT $4
+"""
+
+# One job's every field but its payload and digest, with its class's registration.
+JOB_DETAIL = """
+SELECT j.job_id, j.tenant, j.workflow, j.operation_id, j.state, j.generation, j.attempts,
+       j.max_attempts, j.last_error, j.owner, j.attempt_id, j.epoch, j.lease_expires_at,
+       j.run_after, j.created_at, j.updated_at, j.resumed_generation, j.unresolved_effects,
+       w.owner AS class_owner, w.effects_enabled
+FROM jobs.jobs j
+LEFT JOIN jobs.workflows w ON w.workflow = j.workflow
+WHERE j.job_id = $1
+"""
+
+# Why job $1 waits (jobs.waiting; NULL: it does not wait), and whether a claim would take it.
+JOB_WAITING = "SELECT reason, claimable FROM jobs.waiting WHERE job_id = $1"
+
+# Every effect record of job $1 in begin order, with its escalation and the repair that
+# resolved it (jobs.repair_audit: who, evidence), if any.
+JOB_EFFECTS = """
+SELECT e.effect_key, e.seq, e.state, e.receipt, e.intent_digest, e.attempt_id, e.generation,
+       e.begun_at, e.finished_at, x.escalated_at,
+       EXTRACT(EPOCH FROM now() - e.begun_at)::float8 AS age_s,
+       a.audit_id AS resolved_audit, a.who AS resolved_by, a.evidence AS resolved_evidence
+FROM jobs.effects e
+LEFT JOIN jobs.effect_escalations x
+    ON x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq
+LEFT JOIN LATERAL (
+    SELECT r.audit_id, r.who, r.evidence FROM jobs.repair_audit r
+    WHERE r.job_id = e.job_id AND r.effect_key = e.effect_key AND r.seq = e.seq
+    ORDER BY r.audit_id DESC LIMIT 1
+) a ON true
+WHERE e.job_id = $1
+ORDER BY e.begun_at, e.effect_key, e.seq
+"""

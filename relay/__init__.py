@@ -8,6 +8,7 @@ from accord.relay.errors import (
     PublishFailed,
     PublishTimeout,
     RelayError,
+    ReleaseRefused,
     Unroutable,
 )
 from accord.relay.outbox import (
@@ -37,6 +38,7 @@ __all__ = [
     "RelayConfig",
     "RelayError",
     "RelayStats",
+    "ReleaseRefused",
     "Settlement",
     "Unroutable",
     "amqp_publisher",

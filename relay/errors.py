@@ -9,6 +9,8 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
     AccordError (schemas.errors)
     └── RelayError                   the relay failed
         ├── DuplicateEvent           the (tenant, event id) is already in the outbox
+        ├── ReleaseRefused           a held-row release named a row that is not held (or no
+        │                            principal): nothing was changed
         └── PublishFailed            the broker did not confirm the publish: not published
             ├── Nacked               the broker answered basic.nack (transient)
             ├── PublishTimeout       no confirm within the timeout (transient)
@@ -72,3 +74,10 @@ class MessageTooLarge(PublishFailed):
 
     reason = "oversize"
     permanent = True
+
+
+class ReleaseRefused(RelayError):
+    """Not released: every named row must be held, and the release needs --who and
+    --evidence; nothing was changed."""
+
+    reason = "release_refused"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -20,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from accord.relay import sql
-from accord.relay.errors import DuplicateEvent
+from accord.relay.errors import DuplicateEvent, ReleaseRefused
 from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction, rows_affected
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
@@ -189,11 +190,30 @@ async def prune(tx: Tx, retention_s: float, limit: int) -> int:
     return rows_affected(status)
 
 
-async def release_held(tx: Tx, tenant: str, event_ids: Sequence[uuid.UUID]) -> int:
-    """Runs in the caller's transaction. Makes held rows pending again; rows released."""
+async def release_held(
+    tx: Tx, tenant: str, event_ids: Sequence[uuid.UUID], *, who: str, evidence: str
+) -> list[Released]:
+    """Runs in the caller's transaction; never commits. Makes the held rows of ``tenant``
+    with ``event_ids`` pending (publishable) again and writes one ``relay.release_audit`` row
+    per row released, in the same transaction (the SQL function relay.release_held does
+    both; the repair principal may run it). All or nothing: raises ReleaseRefused (naming
+    each id that is missing or not held, ``refused``, or ``principal_required`` without a
+    ``who`` and an ``evidence``) and changes nothing. Attempts stay as they were (history)."""
     require_transaction(tx)
-    status: str = await tx.execute(sql.RELEASE_HELD, tenant, list(event_ids))
-    return rows_affected(status)
+    ids = list(dict.fromkeys(event_ids))
+    if not ids:
+        raise ReleaseRefused("name at least one held event id", tenant=tenant)
+    records = await tx.fetch(sql.RELEASE_HELD_AUDITED, tenant, ids, who, evidence)
+    refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
+    if any(status == "principal_required" for status in refused.values()):
+        raise ReleaseRefused("a release needs --who and --evidence", missing="principal")
+    if refused:
+        raise ReleaseRefused(
+            "not released: every named row must be held (nothing changed)",
+            tenant=tenant,
+            refused=refused,
+        )
+    return [Released(r["outbox_id"], r["event_id"], r["audit_id"]) for r in records]
 
 
 async def stats(conn: asyncpg.Connection) -> OutboxStats:
@@ -215,3 +235,71 @@ async def figures(conn: asyncpg.Connection) -> asyncpg.Record:
 async def held_by_reason(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     """Read-only: held rows by typed reason, with the oldest one's age."""
     return list(await conn.fetch(sql.HELD_BY_REASON))
+
+
+# -- held rows and their releases, for operators (read-only) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """A held row made publishable again, and its audit row."""
+
+    outbox_id: int
+    event_id: uuid.UUID
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """A held outbox row: identifiers, type, why it is held and its attempts (no body)."""
+
+    outbox_id: int
+    tenant: str
+    event_id: uuid.UUID
+    operation_id: str
+    type: str
+    version: int
+    reason: str | None
+    attempts: int
+    enqueued_at: datetime
+
+    @classmethod
+    def from_record(cls, r: Mapping[str, Any]) -> HeldRow:
+        return cls(
+            r["id"], r["tenant"], r["event_id"], r["operation_id"], r["type"], r["version"],
+            r["last_reason"], r["attempts"], r["enqueued_at"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAudit:
+    """One ``relay.release_audit`` row."""
+
+    audit_id: int
+    at: datetime
+    tenant: str
+    event_id: uuid.UUID
+    outbox_id: int
+    held_reason: str | None
+    attempts: int
+    who: str
+    db_user: str
+    db_role: str
+    evidence: str
+
+    @classmethod
+    def from_record(cls, r: Mapping[str, Any]) -> ReleaseAudit:
+        return cls(**{f.name: r[f.name] for f in fields(cls)})
+
+
+async def held_rows(conn: Any, *, tenant: str | None = None, limit: int = 100) -> list[HeldRow]:
+    """Read-only: held rows, oldest first (of ``tenant`` when given), at most ``limit``."""
+    return [HeldRow.from_record(r) for r in await conn.fetch(sql.HELD_ROWS, tenant, limit)]
+
+
+async def release_audit(
+    conn: Any, tenant: str, event_id: uuid.UUID | None = None
+) -> list[ReleaseAudit]:
+    """Read-only: the release audit of ``tenant`` (of one event when given), oldest first."""
+    rows = await conn.fetch(sql.RELEASE_AUDIT, tenant, event_id)
+    return [ReleaseAudit.from_record(r) for r in rows]

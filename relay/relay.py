@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,13 @@ from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 log = logging.getLogger("accord.relay")
 
 PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
+
+# Why the previous attempt of each claimed row $1 failed (publish spans only; the claim leaves
+# last_reason as the last settle wrote it).
+PREVIOUS_REASONS = (
+    "SELECT id, last_reason FROM relay.outbox WHERE id = ANY($1::bigint[])"
+    " AND last_reason IS NOT NULL"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,14 +223,29 @@ class Relay:
             rows = await outbox.claim(conn, token, self.config.claim_size, self.config.lease_s)
         if not rows:
             return 0
-        outcomes = await self._publish_batch(publisher, rows)
+        previous = await self._previous_reasons(conn, rows)
+        outcomes = await self._publish_batch(publisher, rows, previous)
         async with conn.transaction():
             await outbox.settle(conn, token, outcomes)
         self.stats.cycles += 1
         return len(rows)
 
+    async def _previous_reasons(
+        self, conn: asyncpg.Connection, rows: Sequence[OutboxRow]
+    ) -> dict[int, str]:
+        """Why each retried row's previous attempt failed (its ``last_reason``), for the
+        publish spans only: one read per batch that holds a retry, and none unless tracing."""
+        retried = [row.id for row in rows if row.attempts > 1]
+        if not retried or not telemetry.tracing_on():
+            return {}
+        records = await conn.fetch(PREVIOUS_REASONS, retried)
+        return {r["id"]: r["last_reason"] for r in records}
+
     async def _publish_batch(
-        self, publisher: Publisher, rows: Sequence[OutboxRow]
+        self,
+        publisher: Publisher,
+        rows: Sequence[OutboxRow],
+        previous: Mapping[int, str] | None = None,
     ) -> list[Settlement]:
         # Pipelined confirms: the whole batch in flight at once (DESIGN §11), a task per row
         # (aio-pika awaits each confirm inside its publish). The stdlib's TaskGroup rather
@@ -234,17 +256,23 @@ class Relay:
         outcomes: list[Settlement] = []
         async with asyncio.TaskGroup() as tg:
             for row in rows:
-                tg.create_task(self._publish_one(publisher, row, outcomes))
+                reason = previous.get(row.id) if previous else None
+                tg.create_task(self._publish_one(publisher, row, outcomes, reason))
         return outcomes
 
     async def _publish_one(
-        self, publisher: Publisher, row: OutboxRow, outcomes: list[Settlement]
+        self,
+        publisher: Publisher,
+        row: OutboxRow,
+        outcomes: list[Settlement],
+        previous_reason: str | None = None,
     ) -> None:
         publish_id = uuid.uuid4()
         event = row.event
         # start_span + use_span, as in enqueue: start_as_current_span without its two extra
         # generator-based context managers (cheaper per message). Exceptions are neither
-        # recorded nor turned into an error status by it; a PublishFailed sets both below.
+        # recorded nor turned into an error status by it; a PublishFailed is noted below, and
+        # is an error only when it is the row's last word (held), not when a retry follows.
         span = self._tracer.start_span(
             f"publish {self.config.exchange}",
             kind=SpanKind.PRODUCER,
@@ -257,10 +285,12 @@ class Relay:
                 telemetry.ATTR_MESSAGE_ID: str(event.event_id),
                 telemetry.ATTR_ROUTING_KEY: event.ce_type,
                 telemetry.ATTR_TENANT: event.tenant,
-                "accord.publish_id": str(publish_id),
-                "accord.attempt": row.attempts,
+                telemetry.ATTR_PUBLISH_ID: str(publish_id),
+                telemetry.ATTR_PUBLISH_ATTEMPT: row.attempts,
             },
         )
+        if previous_reason is not None:
+            span.set_attribute(telemetry.ATTR_PREVIOUS_REASON, previous_reason)
         with trace.use_span(
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
@@ -277,10 +307,16 @@ class Relay:
                 )
                 await publisher.publish(message, confirm_timeout_s=self.config.publish_timeout_s)
             except PublishFailed as exc:
-                span.set_status(Status(StatusCode.ERROR, exc.reason))
-                span.set_attribute("accord.relay.reason", exc.reason)
-                outcomes.append(self._failed(row, exc))
+                settlement = self._failed(row, exc)
+                span.set_attribute(telemetry.ATTR_RELAY_REASON, exc.reason)
+                if settlement.state is OutboxState.HELD:
+                    span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "held")
+                    span.set_status(Status(StatusCode.ERROR, exc.reason))
+                else:
+                    span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "retry")
+                outcomes.append(settlement)
                 return
+            span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "published")
         self.stats.published += 1
         outcomes.append(Settlement(row.id, OutboxState.PUBLISHED, publish_id=publish_id))
 

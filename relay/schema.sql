@@ -22,6 +22,69 @@ SET row_security = off;
 
 CREATE SCHEMA relay;
 
+--
+-- Name: append_only(); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+
+--
+-- Name: release_held(text, uuid[], text, text); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF coalesce(p_who, '') = '' OR coalesce(p_evidence, '') = '' THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::bigint, 'principal_required'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM relay.outbox o
+    WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids)
+    ORDER BY o.id
+    FOR UPDATE;
+    -- A new statement, hence a snapshot taken after the locks.
+    RETURN QUERY
+    SELECT g.id, o.id,
+           CASE WHEN o.id IS NULL THEN 'missing' ELSE 'not_held' END, NULL::bigint
+    FROM (SELECT DISTINCT unnest(p_event_ids) AS id) g
+    LEFT JOIN relay.outbox o ON o.tenant = p_tenant AND o.event_id = g.id
+    WHERE o.id IS NULL OR o.state <> 'held'
+    ORDER BY g.id;
+    IF FOUND THEN
+        RETURN;  -- refused: nothing changed
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE relay.outbox o
+        SET state = 'pending', lease_token = NULL, lease_expires_at = NULL
+        WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids) AND o.state = 'held'
+        RETURNING o.id, o.event_id, o.last_reason, o.attempts
+    ), audited AS (
+        INSERT INTO relay.release_audit AS a (tenant, event_id, outbox_id, held_reason,
+                                              attempts, who, db_user, db_role, evidence)
+        SELECT p_tenant, r.event_id, r.id, r.last_reason, r.attempts, p_who, session_user,
+               current_setting('role'), p_evidence
+        FROM released r
+        RETURNING a.event_id, a.outbox_id, a.audit_id
+    )
+    SELECT x.event_id, x.outbox_id, NULL::text, x.audit_id FROM audited x ORDER BY x.outbox_id;
+END $$;
+
+--
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each';
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -74,6 +137,45 @@ CREATE SEQUENCE relay.outbox_id_seq
 ALTER SEQUENCE relay.outbox_id_seq OWNED BY relay.outbox.id;
 
 --
+-- Name: release_audit; Type: TABLE; Schema: relay; Owner: -
+--
+
+CREATE TABLE relay.release_audit (
+    audit_id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant text NOT NULL,
+    event_id uuid NOT NULL,
+    outbox_id bigint NOT NULL,
+    held_reason text,
+    attempts integer NOT NULL,
+    who text NOT NULL,
+    db_user text NOT NULL,
+    db_role text NOT NULL,
+    evidence text NOT NULL,
+    CONSTRAINT release_audit_evidence_check CHECK ((evidence <> ''::text)),
+    CONSTRAINT release_audit_who_check CHECK ((who <> ''::text))
+);
+
+--
+-- Name: TABLE release_audit; Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON TABLE relay.release_audit IS 'Append-only: one row per held outbox row an operator released (relay.release_held)';
+
+--
+-- Name: release_audit_audit_id_seq; Type: SEQUENCE; Schema: relay; Owner: -
+--
+
+ALTER TABLE relay.release_audit ALTER COLUMN audit_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME relay.release_audit_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: outbox id; Type: DEFAULT; Schema: relay; Owner: -
 --
 
@@ -94,6 +196,13 @@ ALTER TABLE ONLY relay.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
 --
+-- Name: release_audit release_audit_pkey; Type: CONSTRAINT; Schema: relay; Owner: -
+--
+
+ALTER TABLE ONLY relay.release_audit
+    ADD CONSTRAINT release_audit_pkey PRIMARY KEY (audit_id);
+
+--
 -- Name: outbox_eligible_idx; Type: INDEX; Schema: relay; Owner: -
 --
 
@@ -106,11 +215,37 @@ CREATE INDEX outbox_eligible_idx ON relay.outbox USING btree (COALESCE(lease_exp
 CREATE INDEX outbox_published_idx ON relay.outbox USING btree (published_at) WHERE (state = 'published'::text);
 
 --
+-- Name: release_audit_event_idx; Type: INDEX; Schema: relay; Owner: -
+--
+
+CREATE INDEX release_audit_event_idx ON relay.release_audit USING btree (tenant, event_id);
+
+--
+-- Name: release_audit release_audit_append_only; Type: TRIGGER; Schema: relay; Owner: -
+--
+
+CREATE TRIGGER release_audit_append_only BEFORE DELETE OR UPDATE ON relay.release_audit FOR EACH ROW EXECUTE FUNCTION relay.append_only();
+
+--
+-- Name: release_audit release_audit_no_truncate; Type: TRIGGER; Schema: relay; Owner: -
+--
+
+CREATE TRIGGER release_audit_no_truncate BEFORE TRUNCATE ON relay.release_audit FOR EACH STATEMENT EXECUTE FUNCTION relay.append_only();
+
+--
 -- Name: SCHEMA relay; Type: ACL; Schema: -; Owner: -
 --
 
 GRANT USAGE ON SCHEMA relay TO accord_worker;
 GRANT USAGE ON SCHEMA relay TO accord_relay;
+GRANT USAGE ON SCHEMA relay TO accord_repair;
+
+--
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: ACL; Schema: relay; Owner: -
+--
+
+REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) FROM PUBLIC;
+GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) TO accord_repair;
 
 --
 -- Name: TABLE outbox; Type: ACL; Schema: relay; Owner: -
@@ -178,6 +313,12 @@ GRANT UPDATE(publish_id) ON TABLE relay.outbox TO accord_relay;
 --
 
 GRANT USAGE ON SEQUENCE relay.outbox_id_seq TO accord_worker;
+
+--
+-- Name: TABLE release_audit; Type: ACL; Schema: relay; Owner: -
+--
+
+GRANT SELECT ON TABLE relay.release_audit TO accord_repair;
 
 --
 --

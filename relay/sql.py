@@ -69,13 +69,6 @@ WHERE id IN (
 )
 """
 
-# Put held rows of tenant $1 with event ids $2 back to pending (an operator's decision).
-RELEASE_HELD = """
-UPDATE relay.outbox
-SET state = 'pending', lease_token = NULL, lease_expires_at = NULL
-WHERE tenant = $1 AND event_id = ANY($2::uuid[]) AND state = 'held'
-"""
-
 # Counts by state and the age in seconds of the oldest pending row (the relay lag).
 STATS = """
 SELECT count(*) FILTER (WHERE state = 'pending') AS pending,

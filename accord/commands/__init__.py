@@ -10,6 +10,7 @@ COMMANDS = (
     "consume",
     "worker",
     "status",
+    "jobs",
     "demo",
     "repair",
     "reconcile",

@@ -11,13 +11,17 @@ import logging
 
 import anyio
 
-from accord import runtime
+from accord import logs, runtime
 from accord.app import App
 from accord.commands.common import prefix, require_app
 from accord.consumers import ConsumerRuntime, RuntimeConfig
+from accord.ops import checks
+from accord.ops.health import Check
 from accord.schemas import migrate
 from accord.schemas.errors import ConfigError
 from accord.schemas.settings import Settings
+
+log = logging.getLogger("accord.consumer")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,11 +62,19 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = require_app(args, settings)
     config = config_from(args, settings, app)
-    with runtime.metrics(settings):
+    with runtime.metrics(settings, checks=readiness_checks(settings, config, app)):
         return int(runtime.run(_main, settings, config, app))
+
+
+def readiness_checks(settings: Settings, config: RuntimeConfig, app: App) -> list[Check]:
+    """`/readyz` of a consumer: its database (schema current) and its class's queue."""
+    queue = app.topology(prefix(app, settings)).queue(config.workflow)
+    return [
+        checks.postgresql(settings.pg_dsn, app.migration_chains()),
+        checks.rabbitmq(settings.amqp_url, queue=queue),
+    ]
 
 
 def runtime_from(settings: Settings, config: RuntimeConfig, app: App) -> ConsumerRuntime:
@@ -88,10 +100,11 @@ async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
 
         async def announce() -> None:
             await consumer.consuming.wait()
-            print(
-                f"consumer ready: workflow={config.workflow}"
-                f" queue={consumer.topology.queue(config.workflow)}",
-                flush=True,
+            log.info(
+                "consumer ready: workflow=%s queue=%s",
+                config.workflow,
+                consumer.topology.queue(config.workflow),
+                extra=logs.READY,
             )
 
         tg.start_soon(announce)

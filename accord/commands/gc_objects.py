@@ -33,7 +33,9 @@ def _retention(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("gc-objects", help="remove unreferenced result objects")
+    parser = sub.add_parser(
+        "gc-objects", help="remove unreferenced result objects", description=__doc__
+    )
     parser.add_argument(
         "--retention-s",
         type=_retention,

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
-from accord import runtime
-from accord.ops import install_span_metrics, serving
+from accord import logs, runtime
+from accord.ops import checks, install_span_metrics, serving
+from accord.ops.health import Readiness
 from accord.schemas import migrate
 from accord.schemas.settings import Settings
 
 DEFAULT_PORT = 9464
 
+log = logging.getLogger("accord.metrics")
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("metrics-serve", help="serve /metrics in Prometheus format")
+    parser = sub.add_parser(
+        "metrics-serve", help="serve /metrics in Prometheus format", description=__doc__
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -31,9 +37,11 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _main(dsn: str, port: int, addr: str) -> int:
     await migrate.require_current_at(dsn)
-    with serving(port, dsn=dsn, addr=addr) as server:
+    readiness = Readiness([checks.postgresql(dsn)])
+    with serving(port, dsn=dsn, addr=addr, readiness=readiness) as server:
         install_span_metrics(server.messaging)
-        # The bound port on stdout (flushed) so a supervisor or test can find an ephemeral one.
-        print(f"serving /metrics on http://{addr}:{server.port}/metrics", flush=True)
+        # The ready line names the bound port; it also reaches stdout (accord.logs), so a
+        # supervisor or test can find an ephemeral one there.
+        log.info("serving /metrics on http://%s:%d/metrics", addr, server.port, extra=logs.READY)
         await runtime.wait_for_signal()
     return 0

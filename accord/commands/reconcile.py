@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import logging
 import uuid
+from typing import Any
+
+from opentelemetry.trace import Status, StatusCode
 
 from accord import runtime
 from accord.app import App, ReceiptLookup
@@ -29,9 +32,13 @@ from accord.jobs import reconcile
 from accord.jobs.errors import LookupUnavailable
 from accord.jobs.models import Lease
 from accord.jobs.runner.effects import idempotency_key
+from accord.schemas import telemetry
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.reconcile")
+
+# The stored trace context of each job $1 (the span that submitted it), for the spans only.
+JOB_TRACES = "SELECT job_id, trace FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
 
 
 def effect_idempotency_key(effect: reconcile.UnresolvedEffect) -> str:
@@ -82,6 +89,59 @@ def lookups(app: App) -> reconcile.LookupFor:
     return lookup_for
 
 
+def noting_keys(
+    lookup_for: reconcile.LookupFor, asked: dict[tuple[int, str, int], str]
+) -> reconcile.LookupFor:
+    """``lookup_for``, noting the idempotency key of each effect it gives a lookup (for the
+    resolution spans)."""
+
+    def noted(effect: reconcile.UnresolvedEffect) -> reconcile.Lookup | None:
+        lookup = lookup_for(effect)
+        if lookup is not None:
+            asked[(effect.job_id, effect.effect_key, effect.seq)] = effect_idempotency_key(effect)
+        return lookup
+
+    return noted
+
+
+async def trace_resolutions(
+    conn: Any, report: reconcile.ReconcileReport, asked: dict[tuple[int, str, int], str]
+) -> None:
+    """One ``reconcile`` span per resolution, in the operation's trace: a child of the span
+    that submitted the job (its stored context, as every attempt is), linked to it, naming
+    the effect it resolved (job, key, seq, idempotency key) and the outcome. A resolution that
+    leaves the job unknown (or failed) is the operation's terminal word: an error."""
+    if not report.resolved or not telemetry.tracing_on():
+        return
+    rows = await conn.fetch(JOB_TRACES, sorted({done.job_id for done in report.resolved}))
+    stored = {row["job_id"]: telemetry.carrier_from_json(row["trace"]) for row in rows}
+    tracer = telemetry.tracer()
+    for done in report.resolved:
+        carrier = stored.get(done.job_id)
+        attributes: dict[str, Any] = {
+            telemetry.ATTR_JOB_ID: done.job_id,
+            telemetry.ATTR_EFFECT_KEY: done.effect_key,
+            telemetry.ATTR_EFFECT_SEQ: done.seq,
+            telemetry.ATTR_EFFECT_OUTCOME: str(done.outcome),
+            telemetry.ATTR_RECONCILE_JOB_STATE: str(done.job_state),
+        }
+        key = asked.get((done.job_id, done.effect_key, done.seq))
+        if key is not None:
+            attributes[telemetry.ATTR_IDEMPOTENCY_KEY] = key
+        span = tracer.start_span(
+            f"reconcile {done.effect_key}",
+            context=telemetry.parent_from(carrier),
+            links=telemetry.links_from(carrier, "resolves"),
+            attributes=attributes,
+        )
+        if (
+            str(done.job_state) in telemetry.TERMINAL_JOB_STATES
+            and str(done.outcome) != "succeeded"
+        ):
+            span.set_status(Status(StatusCode.ERROR, str(done.outcome)))
+        span.end()
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reconcile", help="resolve unknown effects with provider evidence", description=__doc__
@@ -114,16 +174,18 @@ async def _main(args: argparse.Namespace, settings: Settings, app: App) -> int:
         settings.effect_escalate_after_s if args.escalate_after_s is None else args.escalate_after_s
     )
     settle_s = settings.reconcile_settle_s if args.settle_s is None else args.settle_s
+    asked: dict[tuple[int, str, int], str] = {}
     conn = await repair_connection(settings)
     try:
         report = await reconcile.reconcile(
             conn,
-            lookups(app),
+            noting_keys(lookups(app), asked),
             who=args.who,
             escalate_after_s=escalate_after_s,
             settle_s=settle_s,
             limit=args.limit,
         )
+        await trace_resolutions(conn, report, asked)
     finally:
         await conn.close()
     for done in report.resolved:

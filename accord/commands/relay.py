@@ -1,25 +1,39 @@
-"""`accord relay`: run the outbox relay until SIGTERM or SIGINT.
+"""`accord relay`: run the outbox relay until SIGTERM or SIGINT; list and release held rows.
 
-Refuses to start on a schema older than the code, declares the application's topology
-(idempotent), then runs one :class:`accord.relay.Relay` as the PostgreSQL role
+    accord relay                       run the relay
+    accord relay held [--tenant T] [--limit N] [--json]
+    accord relay release-held --tenant T --event-id ID [--event-id ID ...] --who W --evidence E
+
+`accord relay` refuses to start on a schema older than the code, declares the application's
+topology (idempotent), then runs one :class:`accord.relay.Relay` as the PostgreSQL role
 ACCORD_RELAY_ROLE (``accord_relay``: its outbox columns only; empty: the DSN's own user).
 SIGTERM lets the current batch finish and settle, then exits 0; a crashed loop exits
 non-zero so the supervisor restarts it.
+
+`held` lists the rows the relay gave up on (outbox id, tenant, event id, type, the reason it
+holds them, attempts, enqueued at; never the body). `release-held` makes named held rows
+publishable again once their cause is gone (a queue now binds the type), as the repair role
+(ACCORD_REPAIR_ROLE), all or nothing, with one relay.release_audit row per row released in the
+same transaction; a row that is not held refuses the whole release.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import uuid
 
 import aiormq
 import anyio
 
 from accord import runtime
 from accord.app import App
-from accord.commands.common import prefix, require_app
-from accord.relay import Relay, RelayConfig
+from accord.commands.common import optional_app, prefix, require_app
+from accord.commands.repair import repair_connection
+from accord.relay import Relay, RelayConfig, outbox
 from accord.schemas import broker, migrate, topology
+from accord.schemas.db import connect
 from accord.schemas.errors import ConfigError, ServiceUnavailable
 from accord.schemas.settings import Settings
 
@@ -27,15 +41,107 @@ log = logging.getLogger("accord.relay")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("relay", help="run the outbox relay", description=__doc__)
+    parser = sub.add_parser(
+        "relay",
+        help="run the outbox relay; list or release held rows",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Optional: plain `accord relay` runs the relay (supervisors and tests start it so).
+    ops = parser.add_subparsers(dest="relay_op", required=False, metavar="[OPERATION]")
+    held = ops.add_parser(
+        "held",
+        help="list held outbox rows and why they are held (never the body)",
+        description="Held outbox rows, oldest first: outbox id, tenant, event id, type, the"
+        " reason the relay holds them, attempts and when they were enqueued (never the body).",
+    )
+    held.add_argument("--tenant", help="only this tenant's rows")
+    held.add_argument("--limit", type=int, default=100, help="at most this many (%(default)s)")
+    held.add_argument("--json", action="store_true", help="print JSON for scripts")
+    held.set_defaults(handler=handle_held)
+    release = ops.add_parser(
+        "release-held",
+        help="make held rows publishable again (repair role, audited)",
+        description="Make the named held rows of one tenant publishable again, as the repair"
+        " role, all or nothing, with one relay.release_audit row each in the same transaction."
+        " Refused (nothing changes) when a named row is missing or not held.",
+    )
+    release.add_argument("--tenant", required=True, help="the tenant whose rows these are")
+    release.add_argument(
+        "--event-id",
+        dest="event_ids",
+        action="append",
+        required=True,
+        type=uuid.UUID,
+        metavar="ID",
+        help="the event id of a held row (`accord relay held`); repeat for more",
+    )
+    release.add_argument("--who", required=True, help="the person or tool releasing")
+    release.add_argument(
+        "--evidence", required=True, help="a reference to why it is safe (the new binding)"
+    )
+    release.set_defaults(handler=handle_release)
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = require_app(args, settings)
     with runtime.metrics(settings):
         return int(runtime.run(_main, settings, app))
+
+
+def handle_held(args: argparse.Namespace, settings: Settings) -> int:
+    app = optional_app(args, settings)
+    chains = app.migration_chains() if app is not None else ()
+    return int(runtime.run(_held, args, settings.pg_dsn, chains))
+
+
+def handle_release(args: argparse.Namespace, settings: Settings) -> int:
+    return int(runtime.run(_release, args, settings))
+
+
+async def _held(args: argparse.Namespace, dsn: str, chains: tuple[migrate.Chain, ...]) -> int:
+    conn = await connect(dsn)
+    try:
+        await migrate.require_current(conn, chains)
+        rows = await outbox.held_rows(conn, tenant=args.tenant, limit=args.limit)
+    finally:
+        await conn.close()
+    if args.json:
+        data = [
+            {"outbox_id": r.outbox_id, "tenant": r.tenant, "event_id": str(r.event_id),
+             "operation_id": r.operation_id, "type": f"{r.type}.v{r.version}",
+             "reason": r.reason, "attempts": r.attempts,
+             "enqueued_at": r.enqueued_at.isoformat()}
+            for r in rows
+        ]  # fmt: skip
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    for r in rows:
+        print(
+            f"outbox={r.outbox_id} tenant={r.tenant} event_id={r.event_id}"
+            f" type={r.type}.v{r.version} reason={r.reason or 'unspecified'}"
+            f" attempts={r.attempts} enqueued_at={r.enqueued_at.isoformat()}"
+        )
+    print(f"held: {len(rows)} rows" + (" (--limit reached)" if len(rows) == args.limit else ""))
+    return 0
+
+
+async def _release(args: argparse.Namespace, settings: Settings) -> int:
+    conn = await repair_connection(settings)
+    try:
+        async with conn.transaction():
+            done = await outbox.release_held(
+                conn, args.tenant, args.event_ids, who=args.who, evidence=args.evidence
+            )
+    finally:
+        await conn.close()
+    for r in done:
+        print(
+            f"released outbox={r.outbox_id} tenant={args.tenant} event_id={r.event_id}"
+            f" audit={r.audit_id}"
+        )
+    return 0
 
 
 def relay_config(settings: Settings, app: App) -> RelayConfig:
@@ -87,7 +193,7 @@ async def _main(settings: Settings, app: App) -> int:
     relay = Relay(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(runtime.stop_on_signals, relay, "relay")
-        print(f"relay ready: exchange={config.exchange}", flush=True)
+        log.info("relay ready: exchange=%s", config.exchange)
         await relay.run()
         tg.cancel_scope.cancel()
     log.info("relay stopped: published=%d held=%d", relay.stats.published, relay.stats.held)

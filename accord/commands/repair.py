@@ -60,15 +60,26 @@ def _principal(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("repair", help="repair operations (repair role only)")
+    parser = sub.add_parser(
+        "repair",
+        help="repair operations (repair role only)",
+        description="Audited repairs, as the repair principal (ACCORD_REPAIR_ROLE): each"
+        " writes a jobs.repair_audit row naming --who and --evidence.",
+    )
     ops = parser.add_subparsers(dest="repair_op", required=True, metavar="OPERATION")
-    resolve = ops.add_parser("resolve-effect", help="resolve an unknown effect with evidence")
-    resolve.add_argument("--job", type=int, required=True)
+    resolve = ops.add_parser(
+        "resolve-effect",
+        help="resolve an unknown effect with evidence",
+        description="Record an unknown effect's outcome from evidence (a provider receipt,"
+        " or proof that nothing was sent); never by time.",
+    )
+    resolve.add_argument("--job", type=int, required=True, help="the job id (accord jobs list)")
     resolve.add_argument("--key", required=True, help="the effect key")
     resolve.add_argument(
         "--outcome",
         required=True,
         choices=[EffectState.SUCCEEDED.value, EffectState.FAILED_BEFORE_DISPATCH.value],
+        help="succeeded (the provider accepted it) or failed_before_dispatch (never sent)",
     )
     resolve.add_argument("--receipt", default=None, help="the provider's receipt, if any")
     _principal(resolve)
@@ -81,17 +92,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             " succeeded effect's recorded receipt instead of calling again",
         ),
     ):
-        op = ops.add_parser(name, help=text)
-        op.add_argument("--job", type=int, required=True)
+        op = ops.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        op.add_argument("--job", type=int, required=True, help="the job id (accord jobs list)")
         _principal(op)
-    advance = ops.add_parser("advance-epoch", help="advance a tenant's epoch past the ledger")
-    advance.add_argument("--tenant", required=True)
+    advance = ops.add_parser(
+        "advance-epoch",
+        help="advance a tenant's epoch past the ledger",
+        description="After a detected restore: advance the tenant's authority epoch past the"
+        " ledger's, so new work may run; old-epoch work stays held.",
+    )
+    advance.add_argument("--tenant", required=True, help="the tenant whose epoch advances")
     _principal(advance)
-    ops.add_parser("restore-check", help="compare the database with the ledger now")
-    audit = ops.add_parser("audit", help="show the repair audit of a job or a tenant")
+    ops.add_parser(
+        "restore-check",
+        help="compare the database with the ledger now",
+        description="Compare the database's epochs with the authority ledger; exit 1 while a"
+        " restore is detected.",
+    )
+    audit = ops.add_parser(
+        "audit",
+        help="show the repair audit of a job or a tenant",
+        description="The repair audit rows of a job or a tenant, oldest first.",
+    )
     target = audit.add_mutually_exclusive_group(required=True)
-    target.add_argument("--job", type=int)
-    target.add_argument("--tenant")
+    target.add_argument("--job", type=int, help="the job id")
+    target.add_argument("--tenant", help="the tenant")
     parser.set_defaults(handler=handle)
 
 

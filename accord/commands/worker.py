@@ -24,13 +24,14 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from accord import runtime
+from accord import logs, runtime
 from accord.app import App
 from accord.commands.common import require_app
 from accord.commands.repair import ledger_from_settings
 from accord.jobs import Store
 from accord.jobs.authority import authority_watch, require_authority
 from accord.jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
+from accord.ops import checks
 from accord.schemas import migrate
 from accord.schemas.db import create_pool
 from accord.schemas.errors import ConfigError
@@ -100,13 +101,16 @@ def options_from(args: argparse.Namespace, settings: Settings, app: App) -> Work
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = require_app(args, settings)
     options = options_from(args, settings, app)
     registered = app.registered(options.workflow)
     if args.timeout_s is not None:
         registered = Registered(registered.workflow, registered.handler, args.timeout_s)
-    with runtime.metrics(settings):
+    ready = [
+        checks.postgresql(settings.pg_dsn, app.migration_chains()),
+        checks.registered(settings.pg_dsn, options.workflow, options.config.owner),
+    ]
+    with runtime.metrics(settings, checks=ready):
         return int(runtime.run(serve, settings, options, [registered], app.migration_chains()))
 
 
@@ -139,7 +143,11 @@ async def serve(
         # their old-epoch work held until a repair principal advances the epoch (DESIGN §8).
         ledger = ledger_from_settings(settings)
         for restore in await require_authority(pool, ledger):
-            log.warning("tenant %s is frozen after a detected restore", restore.tenant)
+            log.warning(
+                "tenant %s is frozen after a detected restore",
+                restore.tenant,
+                extra={"tenant": restore.tenant, "reason": "restore_detected"},
+            )
         with open_journal(options.journal, options.runner_id) as journal:
             worker = Worker(
                 options.config,
@@ -168,11 +176,16 @@ async def _run(
 
         tg.start_soon(runtime.stop_on_signals, worker, "worker")
         await tg.start(run_then_stop)
-        print(
-            f"worker ready: workflow={options.workflow} owner={options.config.owner}"
-            f" runner={options.runner_id} concurrency={options.config.concurrency}"
-            f" lease_s={options.config.lease_s:g} unrecorded_effects={len(worker.unrecorded)}",
-            flush=True,
+        log.info(
+            "worker ready: workflow=%s owner=%s runner=%s concurrency=%d lease_s=%g"
+            " unrecorded_effects=%d",
+            options.workflow,
+            options.config.owner,
+            options.runner_id,
+            options.config.concurrency,
+            options.config.lease_s,
+            len(worker.unrecorded),
+            extra=logs.READY,
         )
     stats = worker.stats
     log.info(

@@ -12,6 +12,7 @@ adds up: every accepted submission has a report or a stated reason.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -38,6 +39,10 @@ from accord.schemas.db import connect, create_pool, ensure_database
 from accord.schemas.settings import Settings
 
 TENANTS = ("acme", "globex")
+
+# The demo's narrative (progress, faults, the summary) is its output, on stdout; what the
+# supervisor does to its children is logged (stderr), like any process's.
+log = logging.getLogger("accord.demo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,8 @@ class Child:
             )
         finally:
             log.close()
+        assert self.process is not None
+        _log_child("started", self, pid=self.process.pid)
 
     async def kill(self) -> None:
         """SIGKILL: no drain, no goodbye (what a crash or OOM looks like)."""
@@ -73,6 +80,7 @@ class Child:
             self.process.send_signal(signal.SIGKILL)
             await self.process.wait()
             self.kills += 1
+            _log_child("killed", self, signal="SIGKILL")
 
     async def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after the grace period."""
@@ -84,7 +92,12 @@ class Child:
                 await self.process.wait()
             if self.process.returncode is None:
                 await self.kill()
+        _log_child("stopped", self, exit_code=self.process.returncode)
         return self.process.returncode
+
+
+def _log_child(what: str, child: Child, **fields: object) -> None:
+    log.info("child %s: %s", what, child.name, extra={"child": child.name, "event": what, **fields})
 
 
 def _child_env(settings: Settings, provider_url: str, opts: DemoOptions) -> dict[str, str]:

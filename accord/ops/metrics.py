@@ -1,4 +1,5 @@
-"""`/metrics` in Prometheus format: the status figures on every scrape, plus messaging metrics.
+"""`/metrics` in Prometheus format: the status figures on every scrape, plus messaging metrics,
+the process's flow counters (accord.observe) and `/healthz` / `/readyz` (accord.ops.health).
 
 ``StatusCollector`` takes one ``collect_status`` snapshot per scrape and yields it as gauges
 (and the replay-refusal ledger, which only grows, as a counter), so `/metrics` and `accord
@@ -16,14 +17,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from threading import Thread
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio
 import asyncpg
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from accord import observe
+from accord.ops.health import Readiness, routes
 from accord.ops.messaging import MessagingMetrics
 from accord.ops.models import REPORTED_STATES, StatusReport
 from accord.ops.status import collect_status
@@ -162,6 +166,40 @@ class StatusCollector(Collector):
         )  # fmt: skip
 
 
+class ProcessCollector(Collector):
+    """The process's own figures: the flow counters and histograms the loops feed
+    (accord.observe), how overdue each loop's beat is, and the last readiness round."""
+
+    def __init__(self, readiness: Readiness | None) -> None:
+        self._readiness = readiness
+
+    def collect(self) -> Iterator[Metric]:
+        yield from observe.REGISTRY.collect()
+        stuck = GaugeMetricFamily(
+            "accord_loops_stuck", "Loops overdue past their beat and the grace", labels=["loop"]
+        )
+        for s in observe.LIVENESS.stuck():
+            stuck.add_metric([s.loop], 1.0)
+        yield stuck
+        yield GaugeMetricFamily(
+            "accord_loops_alive", "Loops beating in this process",
+            value=len(observe.LIVENESS.loops()),
+        )  # fmt: skip
+        if self._readiness is not None:
+            ready = GaugeMetricFamily(
+                "accord_ready", "1 when every readiness check passed", labels=["check"]
+            )
+            failing = self._readiness.failing()
+            for name, _ in self._readiness.checks:
+                ready.add_metric([name], float(name not in failing))
+            yield ready
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on stderr (a probe every second would drown the process's logs)."""
+
+
 @dataclass
 class MetricsServer:
     """A running `/metrics` endpoint (a daemon thread); ``close()`` stops it."""
@@ -171,34 +209,53 @@ class MetricsServer:
     port: int
     _server: WSGIServer
     _thread: Thread
+    readiness: Readiness | None = None
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
         self.messaging.shutdown()
+        if self.readiness is not None:
+            self.readiness.close()
 
 
 def serve_metrics(
-    port: int, *, dsn: str | None, addr: str = "127.0.0.1", timeout_s: float = 10.0
+    port: int,
+    *,
+    dsn: str | None,
+    addr: str = "127.0.0.1",
+    timeout_s: float = 10.0,
+    readiness: Readiness | None = None,
 ) -> MetricsServer:
-    """Start `/metrics` on ``addr:port`` (0: an ephemeral port; see ``MetricsServer.port``).
+    """Start `/metrics`, `/healthz` and `/readyz` on ``addr:port`` (0: an ephemeral port; see
+    ``MetricsServer.port``).
 
     With a ``dsn`` every scrape includes the status figures; the OpenTelemetry messaging
-    metrics are always there (feed them with ``install_span_metrics(server.messaging)``).
+    metrics are always there (feed them with ``install_span_metrics(server.messaging)``), and
+    so are the process's flow counters. ``readiness`` (started here) answers `/readyz`;
+    without it `/readyz` is 200 whenever the server answers.
     """
     registry = CollectorRegistry()
     messaging = MessagingMetrics(registry)
     if dsn is not None:
         registry.register(StatusCollector.from_dsn(dsn, timeout_s=timeout_s))
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsServer(registry, messaging, server.server_address[1], server, thread)
+    registry.register(ProcessCollector(readiness))
+    if readiness is not None:
+        readiness.start()
+    app = routes(make_wsgi_app(registry), readiness)
+    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = Thread(target=server.serve_forever, name="accord-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(registry, messaging, server.server_address[1], server, thread, readiness)
 
 
 @contextmanager
-def serving(port: int, *, dsn: str | None, addr: str = "127.0.0.1") -> Iterator[MetricsServer]:
+def serving(
+    port: int, *, dsn: str | None, addr: str = "127.0.0.1", readiness: Readiness | None = None
+) -> Iterator[MetricsServer]:
     """``serve_metrics`` for the length of a block (long-running processes use this)."""
-    server = serve_metrics(port, dsn=dsn, addr=addr)
+    server = serve_metrics(port, dsn=dsn, addr=addr, readiness=readiness)
     try:
         yield server
     finally:

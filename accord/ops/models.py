@@ -16,6 +16,13 @@ from typing import Any
 
 #: The job states the report counts (succeeded and failed are history, not work).
 REPORTED_STATES = ("queued", "running", "poison", "unknown", "canceled", "held")
+#: The terminal states the report counts over a time window (``accord status --since``),
+#: by when the job reached them (its last update).
+TERMINAL_STATES = ("succeeded", "failed", "poison", "canceled")
+#: The terminal states whose jobs a person may have to look at (example ids are listed).
+ACTIONABLE_TERMINAL_STATES = ("failed", "poison", "canceled")
+#: Example job ids listed per group where a person must act.
+EXAMPLE_IDS = 3
 #: Effect states whose outcome is not known (escalation is a mark on such an effect, kept in
 #: jobs.effect_escalations, not a state of its own).
 UNRESOLVED_EFFECT_STATES = ("pending", "unknown")
@@ -51,6 +58,12 @@ class WaitReason(StrEnum):
     @property
     def category(self) -> WaitCategory:
         return _CATEGORY[self]
+
+    @property
+    def needs_person(self) -> bool:
+        """A person must act (start a worker, register a class, resolve an effect, repair):
+        everything but a scheduled retry and what rescue returns by itself."""
+        return self.category not in (WaitCategory.SCHEDULED_RETRY, WaitCategory.AWAITING_RESCUE)
 
 
 _CATEGORY = {
@@ -101,6 +114,8 @@ class WaitingGroup:
     workflow: str
     jobs: int
     oldest_age_s: float
+    #: The oldest few job ids of the group where a person must act (``needs_person``).
+    example_ids: tuple[int, ...] = ()
 
     @property
     def category(self) -> WaitCategory:
@@ -110,7 +125,27 @@ class WaitingGroup:
     def from_record(cls, r: Record) -> WaitingGroup:
         return cls(
             WaitReason(r["reason"]), r["state"], r["tenant"], r["workflow"], r["jobs"],
-            r["oldest_age_s"],
+            r["oldest_age_s"], tuple(r["example_ids"] or ()),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedGroup:
+    """Jobs of one (terminal state, tenant, workflow class) that reached it within the
+    window; the newest few ids of the states a person may look at (failed, poison, canceled)."""
+
+    state: str
+    tenant: str
+    workflow: str
+    jobs: int
+    last_age_s: float
+    example_ids: tuple[int, ...]
+
+    @classmethod
+    def from_record(cls, r: Record) -> FinishedGroup:
+        return cls(
+            r["state"], r["tenant"], r["workflow"], r["jobs"], r["last_age_s"],
+            tuple(r["example_ids"] or ()),
         )  # fmt: skip
 
 
@@ -272,7 +307,10 @@ class StatusReport:
     """One snapshot of everything above, taken at ``taken_at`` (the database clock)."""
 
     taken_at: datetime
+    #: The start of the window ``finished`` covers (the database clock).
+    since: datetime
     jobs: tuple[JobGroup, ...]
+    finished: tuple[FinishedGroup, ...]
     waiting: tuple[WaitingGroup, ...]
     effects: tuple[EffectGroup, ...]
     miscounted: tuple[MiscountedJob, ...]
@@ -300,3 +338,7 @@ class StatusReport:
     def count(self, state: str) -> int:
         """Jobs in ``state`` across tenants and workflow classes."""
         return sum(g.jobs for g in self.jobs if g.state == state)
+
+    def finished_count(self, state: str) -> int:
+        """Jobs that reached terminal ``state`` within the window, across tenants and classes."""
+        return sum(g.jobs for g in self.finished if g.state == state)

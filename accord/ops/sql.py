@@ -25,11 +25,28 @@ GROUP BY j.state, j.tenant, j.workflow
 ORDER BY j.state, j.tenant, j.workflow
 """
 
+# Jobs that reached a terminal state in $1 at or after $2, by (state, tenant, workflow): count,
+# the age of the newest, and the newest $4 job ids of the states in $3 (a job's last update is
+# the moment it finished: nothing updates a finished job but a repair that reopens it).
+FINISHED = """
+SELECT j.state, j.tenant, j.workflow, count(*)::bigint AS jobs,
+       EXTRACT(EPOCH FROM now() - max(j.updated_at))::float8 AS last_age_s,
+       (array_agg(j.job_id ORDER BY j.job_id DESC)
+            FILTER (WHERE j.state = ANY ($3::text[])))[1:$4] AS example_ids
+FROM jobs.jobs j
+WHERE j.state = ANY ($1::text[]) AND j.updated_at >= $2
+GROUP BY j.state, j.tenant, j.workflow
+ORDER BY j.state, j.tenant, j.workflow
+"""
+
 # Why waiting work waits, by (reason, state, tenant, workflow): the jobs module's own view
-# (jobs.waiting, next to jobs.claim) says why each job waits; this only groups it.
+# (jobs.waiting, next to jobs.claim) says why each job waits; this only groups it. The oldest
+# $2 job ids of each group whose reason is in $1 (a person must act) come along.
 WAITING = """
 SELECT reason, state, tenant, workflow, count(*)::bigint AS jobs,
-       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s
+       EXTRACT(EPOCH FROM now() - min(created_at))::float8 AS oldest_age_s,
+       (array_agg(job_id ORDER BY job_id) FILTER (WHERE reason = ANY ($1::text[])))[1:$2]
+           AS example_ids
 FROM jobs.waiting
 WHERE reason IS NOT NULL
 GROUP BY reason, state, tenant, workflow

@@ -4,6 +4,9 @@ Invariant: every figure of one ``StatusReport`` comes from one database snapshot
 REPEATABLE READ read-only transaction), so the figures agree with each other: a job counted
 as queued is the same job classified as waiting. The report holds identifiers, states,
 typed reasons, counts, ages and epochs only; no statement reads a payload or body column.
+Finished work (succeeded, failed, poison, canceled) is counted over a window that ends at
+the snapshot (default the last 24 hours), and where a person must act the report names a
+few job ids (``e.g. jobs 26, 27``) so `accord jobs show ID` can take it from there.
 https://www.postgresql.org/docs/15/transaction-iso.html#XACT-REPEATABLE-READ
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -19,6 +23,7 @@ from accord.ops import models, sql
 from accord.ops.models import (
     DeliveryGroup,
     EffectGroup,
+    FinishedGroup,
     HeldRows,
     JobGroup,
     KeyMismatch,
@@ -35,22 +40,34 @@ from accord.relay import outbox
 
 T = TypeVar("T")
 
+#: The default window of finished work: the last 24 hours.
+DEFAULT_SINCE_S = 86_400.0
 
-async def collect_status(conn: Any) -> StatusReport:
+
+async def collect_status(conn: Any, since: datetime | float = DEFAULT_SINCE_S) -> StatusReport:
     """Read-only; opens its own REPEATABLE READ read-only transaction (or, when ``conn`` is
-    already in a transaction, reads in the caller's snapshot). Never writes."""
+    already in a transaction, reads in the caller's snapshot). Never writes. ``since``: the
+    start of the finished-work window, a timestamp or seconds before the snapshot."""
     if conn.is_in_transaction():
-        return await _collect(conn)
+        return await _collect(conn, since)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return await _collect(conn)
+        return await _collect(conn, since)
 
 
 async def _rows(conn: Any, build: Callable[[Any], T], statement: str, *args: Any) -> tuple[T, ...]:
     return tuple(build(r) for r in await conn.fetch(statement, *args))
 
 
-async def _collect(conn: Any) -> StatusReport:
+async def _collect(conn: Any, since: datetime | float) -> StatusReport:
     unresolved = list(models.UNRESOLVED_EFFECT_STATES)
+    start: datetime = (
+        since if isinstance(since, datetime) else await conn.fetchval(sql.AGO, float(since))
+    )
+    acting = [str(r) for r in models.WaitReason if r.needs_person]
+    finished = (
+        list(models.TERMINAL_STATES), start, list(models.ACTIONABLE_TERMINAL_STATES),
+        models.EXAMPLE_IDS,
+    )  # fmt: skip
     jobs = await _rows(conn, JobGroup.from_record, sql.JOB_GROUPS, list(models.REPORTED_STATES))
     held: dict[str, int] = {}
     for group in jobs:
@@ -58,8 +75,12 @@ async def _collect(conn: Any) -> StatusReport:
             held[group.tenant] = held.get(group.tenant, 0) + group.jobs
     return StatusReport(
         taken_at=await conn.fetchval(sql.NOW),
+        since=start,
         jobs=jobs,
-        waiting=await _rows(conn, WaitingGroup.from_record, sql.WAITING),
+        finished=await _rows(conn, FinishedGroup.from_record, sql.FINISHED, *finished),
+        waiting=await _rows(
+            conn, WaitingGroup.from_record, sql.WAITING, acting, models.EXAMPLE_IDS
+        ),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
         miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
         key_mismatches=await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES),
@@ -79,6 +100,8 @@ async def _collect(conn: Any) -> StatusReport:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)  # example ids: what JSON reads back
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, float):
@@ -104,8 +127,11 @@ def to_json(report: StatusReport) -> dict[str, Any]:
     }
     return {
         "taken_at": _plain(report.taken_at),
+        # The window's length (its start is taken_at minus this): a clock reading, like ages.
+        "window_s": _plain((report.taken_at - report.since).total_seconds()),
         "totals": {
             **{state: report.count(state) for state in models.REPORTED_STATES},
+            "finished": {s: report.finished_count(s) for s in models.TERMINAL_STATES},
             "relay_lag_s": _plain(report.relay.lag_s),
             "relay_pending": report.relay.pending,
             "relay_held": report.relay.held,
@@ -134,8 +160,10 @@ def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) ->
 
 def _cell(value: Any) -> str:
     value = _plain(value)
-    if value is None:
+    if value is None or value == []:
         return "-"
+    if isinstance(value, list):
+        return "e.g. jobs " + ", ".join(map(str, value))
     if isinstance(value, float):
         return f"{value:.1f}"
     return str(value)
@@ -152,10 +180,16 @@ def render_table(report: StatusReport) -> str:
          for g in r.jobs],
     )  # fmt: skip
     lines += _table(
+        f"finished since {_plain(r.since)}",
+        ["state", "tenant", "workflow", "jobs", "last_s", "jobs to look at"],
+        [(g.state, g.tenant, g.workflow, g.jobs, g.last_age_s, g.example_ids)
+         for g in r.finished],
+    )  # fmt: skip
+    lines += _table(
         "why waiting work waits",
-        ["category", "reason", "state", "tenant", "workflow", "jobs", "oldest_s"],
-        [(w.category, w.reason, w.state, w.tenant, w.workflow, w.jobs, w.oldest_age_s)
-         for w in r.waiting],
+        ["category", "reason", "state", "tenant", "workflow", "jobs", "oldest_s", "act on"],
+        [(w.category, w.reason, w.state, w.tenant, w.workflow, w.jobs, w.oldest_age_s,
+          w.example_ids) for w in r.waiting],
     )  # fmt: skip
     lines += _table(
         "effects with unknown outcome",

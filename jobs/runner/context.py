@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord.jobs.errors import FenceLost
 from accord.jobs.models import EffectState, Lease
@@ -35,9 +37,11 @@ from accord.jobs.runner.effects import (
 from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Callback, Store
+from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
 
 log = logging.getLogger("accord.worker")
+_TRACER = telemetry.tracer()
 
 #: An effect's dispatch: returns Success(receipt) or FailedBeforeDispatch (or raises it).
 EffectCall = Callable[[], Awaitable[object]]
@@ -121,12 +125,47 @@ class JobContext:
         EffectUnknown (recorded unknown, or left pending: never redo it); or the cancellation
         that interrupted the call (recorded unknown first).
         """
+        span = _TRACER.start_span(
+            f"effect {key}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                telemetry.ATTR_JOB_ID: self._lease.job_id,
+                telemetry.ATTR_EFFECT_KEY: key,
+                telemetry.ATTR_IDEMPOTENCY_KEY: idempotency_key or self.idempotency_key(key),
+            },
+        )
+        # The span is current while the effect runs (a traced client call is its child);
+        # its status is an error only for an unknown outcome: FailedBeforeDispatch is retried.
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                return await self._effect(key, intent, call, idempotency_key, span)
+            except FenceLost as exc:
+                span.add_event(
+                    telemetry.EVENT_FENCE_REFUSED,
+                    {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
+                )
+                raise
+
+    async def _effect(
+        self,
+        key: str,
+        intent: Mapping[str, Any],
+        call: EffectCall,
+        idempotency_key: str | None,
+        span: trace.Span,
+    ) -> Success:
         lease = self._lease
         digest = intent_digest(lease, key, intent)
         start = await self._store.start_effect(lease, key, digest)
         ref = EffectRef(lease.job_id, key, start.seq)
+        span.set_attribute(telemetry.ATTR_EFFECT_SEQ, start.seq)
         if start.reused:
+            span.set_attribute(telemetry.ATTR_EFFECT_REUSED, True)
+            span.set_attribute(telemetry.ATTR_EFFECT_OUTCOME, str(EffectState.SUCCEEDED))
             return await self._reuse(ref, start.receipt)
+        span.add_event(telemetry.EVENT_EFFECT_BEGUN)
         seq = start.seq
         self.trail.begun.append(ref)
         self.trail.unresolved[ref] = EffectState.PENDING
@@ -199,6 +238,7 @@ class JobContext:
         """Record the outcome (fenced) and journal it, shielded: cancellation is usually why
         we are here. A refused or failed record leaves the pending row as the evidence; the
         journal keeps what the call returned (a receipt included) either way."""
+        _note_outcome(trace.get_current_span(), outcome)
         lease = self._lease
         with anyio.move_on_after(self._record_timeout_s, shield=True) as scope:
             await self._finish_effect(lease, ref, outcome)
@@ -278,9 +318,35 @@ class JobContext:
 
         Raises FenceLost (nothing the callback wrote survives) or EffectsUnresolved.
         """
-        await self._store.publish(self._lease, callback)
+        span = _TRACER.start_span(
+            f"publish {self._lease.workflow}",
+            attributes={
+                telemetry.ATTR_JOB_ID: self._lease.job_id,
+                telemetry.ATTR_GENERATION: self._lease.generation,
+            },
+        )
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                await self._store.publish(self._lease, callback)
+            except FenceLost as exc:
+                span.add_event(
+                    telemetry.EVENT_FENCE_REFUSED,
+                    {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
+                )
+                raise
         self.published = True
         await self._journal(Publish(**_claim_fields(self._lease), object_key=object_key))
+
+
+def _note_outcome(span: trace.Span, outcome: Outcome) -> None:
+    """The effect's outcome on its span (the current one while it is recorded)."""
+    if not span.is_recording():
+        return
+    span.set_attribute(telemetry.ATTR_EFFECT_OUTCOME, str(outcome.state))
+    if outcome.state is EffectState.UNKNOWN:
+        span.set_status(Status(StatusCode.ERROR, outcome.detail or "unknown"))
 
 
 def _claim_fields(lease: Lease) -> dict[str, Any]:

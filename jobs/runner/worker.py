@@ -27,6 +27,8 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from accord.jobs.errors import EffectsUnresolved, FenceLost
 from accord.jobs.framing import Journal
@@ -36,11 +38,22 @@ from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store
+from accord.schemas import telemetry
 from accord.schemas.backoff import Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
 log = logging.getLogger("accord.worker")
+_TRACER = telemetry.tracer()
+
+# Each claimed job's stored trace context, its attempts (this claim included) and how the
+# previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
+# it), for the attempt spans only.
+ATTEMPT_CONTEXT = (
+    "SELECT job_id, trace, attempts, last_error FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
+)
+# The reasons jobs.rescue gives a job it takes back from an expired or rotated lease.
+RESCUE_REASONS = frozenset({"lease_expired", "epoch_rotated"})
 
 #: A job handler: does the work of one claimed job through its context.
 Handler = Callable[[JobContext], Awaitable[None]]
@@ -237,9 +250,10 @@ class Worker:
                 wait = self.config.poll_s
             finally:
                 self._release(wanted - len(leases))
+            seen = await self._attempts_seen(leases)
             for lease in leases:
                 self.stats.claimed += 1
-                jobs.start_soon(self._run_job, registered, lease, started)
+                jobs.start_soon(self._run_job, registered, lease, started, seen.get(lease.job_id))
             if len(leases) < wanted:
                 await self._nap(wait)
 
@@ -283,27 +297,81 @@ class Worker:
     async def _append(self, record: Any) -> None:
         await anyio.to_thread.run_sync(self._journal.append, record)
 
-    async def _run_job(self, registered: Registered, lease: Lease, claimed_at: float) -> None:
+    async def _attempts_seen(self, leases: list[Lease]) -> dict[int, Any]:
+        """For the attempt spans only (none unless tracing): each claimed job's stored trace
+        context, its attempts and how the previous attempt ended, in one read."""
+        if not leases or self._pool is None or not telemetry.tracing_on():
+            return {}
         try:
-            await self._append(
-                Claim(
-                    tenant=lease.tenant,
-                    job_id=lease.job_id,
-                    attempt_id=lease.attempt_id,
-                    generation=lease.generation,
-                )
-            )
-            ctx = JobContext(
-                lease,
-                store=self._store,
-                objects=self._objects,
-                journal=self._append,
-                record_timeout_s=self.config.record_timeout_s,
-            )
-            finished = await self._execute(registered, ctx, claimed_at)
-            self._note(finished)
+            rows = await self._pool.fetch(ATTEMPT_CONTEXT, [lease.job_id for lease in leases])
+        except DB_CONNECTION_LOST as exc:
+            log.warning("attempt context not read (%s)", type(exc).__name__)
+            return {}
+        return {row["job_id"]: row for row in rows}
+
+    def _attempt_span(self, lease: Lease, seen: Any) -> trace.Span:
+        """The ``attempt`` span of this claim: a child of the ``process`` span that submitted
+        the job (every attempt in the operation's one trace), linked to it, with the attempt
+        number and how the attempt before it ended."""
+        stored = telemetry.carrier_from_json(seen["trace"]) if seen is not None else {}
+        attributes: dict[str, Any] = {
+            telemetry.ATTR_JOB_ID: lease.job_id,
+            telemetry.ATTR_WORKFLOW: lease.workflow,
+            telemetry.ATTR_TENANT: lease.tenant,
+            telemetry.ATTR_OPERATION_ID: lease.operation_id,
+            telemetry.ATTR_ATTEMPT_ID: str(lease.attempt_id),
+            telemetry.ATTR_GENERATION: lease.generation,
+        }
+        previous = None
+        if seen is not None:
+            attributes[telemetry.ATTR_JOB_ATTEMPT] = seen["attempts"]
+            previous = seen["last_error"] if seen["attempts"] > 1 else None
+            if previous is not None:
+                attributes[telemetry.ATTR_JOB_PREVIOUS_REASON] = previous
+        span = _TRACER.start_span(
+            f"attempt {lease.workflow}",
+            context=telemetry.parent_from(stored),
+            kind=trace.SpanKind.CONSUMER,
+            links=telemetry.links_from(stored, "job"),
+            attributes=attributes,
+        )
+        if previous in RESCUE_REASONS:
+            span.add_event(telemetry.EVENT_RESCUED, {telemetry.ATTR_JOB_REASON: previous})
+        return span
+
+    async def _run_job(
+        self, registered: Registered, lease: Lease, claimed_at: float, seen: Any = None
+    ) -> None:
+        span = self._attempt_span(lease, seen)
+        try:
+            with trace.use_span(
+                span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+            ):
+                await self._attempt(registered, lease, claimed_at, span)
         finally:
             self._release(1)
+
+    async def _attempt(
+        self, registered: Registered, lease: Lease, claimed_at: float, span: trace.Span
+    ) -> None:
+        await self._append(
+            Claim(
+                tenant=lease.tenant,
+                job_id=lease.job_id,
+                attempt_id=lease.attempt_id,
+                generation=lease.generation,
+            )
+        )
+        ctx = JobContext(
+            lease,
+            store=self._store,
+            objects=self._objects,
+            journal=self._append,
+            record_timeout_s=self.config.record_timeout_s,
+        )
+        finished = await self._execute(registered, ctx, claimed_at)
+        self._note(finished)
+        _end_attempt(span, finished)
 
     async def _execute(
         self, registered: Registered, ctx: JobContext, claimed_at: float
@@ -445,3 +513,20 @@ def _reason(error: BaseException) -> str:
     if isinstance(reason, str):
         return reason
     return f"handler:{type(error).__name__}"
+
+
+def _end_attempt(span: trace.Span, finished: Finished) -> None:
+    """How the attempt ended, on its span; an error only when the job's state is terminal."""
+    if not span.is_recording():
+        return
+    span.set_attribute(telemetry.ATTR_JOB_ENDING, str(finished.ending))
+    if finished.state is not None:
+        span.set_attribute(telemetry.ATTR_JOB_STATE, str(finished.state))
+    if finished.reason is not None:
+        span.set_attribute(telemetry.ATTR_JOB_REASON, finished.reason)
+    if finished.ending is Ending.FENCE_LOST:
+        span.add_event(
+            telemetry.EVENT_FENCE_REFUSED, {telemetry.ATTR_JOB_REASON: str(finished.reason)}
+        )
+    if finished.state is not None and str(finished.state) in telemetry.TERMINAL_JOB_STATES:
+        span.set_status(Status(StatusCode.ERROR, finished.reason or str(finished.state)))

@@ -45,6 +45,7 @@ EXPECTED: dict[str, set[str]] = {
         "Relay",
         "RelayConfig",
         "RelayError",
+        "ReleaseRefused",
         "RelayStats",
         "Settlement",
         "Unroutable",

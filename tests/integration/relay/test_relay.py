@@ -148,7 +148,10 @@ async def test_unroutable_event_is_held_and_never_blocks_the_rows_behind(
     assert set(counts) == {str(e.event_id) for e in behind}  # control: the rest went through
     # An operator can release it once a binding exists; it is then eligible again.
     async with conn.transaction():
-        assert await outbox.release_held(conn, "a", [unbound.event_id]) == 1
+        released = await outbox.release_held(
+            conn, "a", [unbound.event_id], who="test", evidence="binding added"
+        )
+        assert len(released) == 1
     assert (
         await conn.fetchval("SELECT state FROM relay.outbox WHERE event_id = $1", unbound.event_id)
         == "pending"

@@ -1,0 +1,134 @@
+"""`/healthz` and `/readyz` for a long-running process, beside `/metrics` on its port.
+
+``/healthz``: the process's loops are alive. Each service loop beats (accord.observe); the
+answer is 200 while every loop beat within its promise plus the grace, else 503 naming
+the stuck loops. A loop waiting for outside work (an idle consumer lane) is not stuck.
+A process whose loops are slow because a dependency is down stays live (restarting it
+would not help); that is what ``/readyz`` says.
+
+``/readyz``: the dependencies answer. A background thread runs the process's checks
+(PostgreSQL reachable and its schema current, RabbitMQ reachable, the workflow class
+registered, ...) every ``every_s`` with a deadline each, and caches the result, so a probe
+never waits on a dependency. 200 while the last round passed, else 503 with the failing
+checks and their typed reasons (exception type names, never messages).
+
+Both bodies are one line of JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from accord.observe import LIVENESS, Liveness
+from accord.schemas.errors import AccordError
+
+#: One named readiness check: returns when the dependency is fine, raises otherwise.
+Check = tuple[str, Callable[[], Awaitable[None]]]
+Response = tuple[str, list[tuple[str, str]], bytes]
+
+
+def reason_of(exc: BaseException) -> str:
+    """A typed reason for a failed check: accord's ``reason``, else the exception's type."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return reason_of(exc.exceptions[0])
+    if isinstance(exc, AccordError):
+        return f"{exc.reason}:{type(exc).__name__}"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return type(exc).__name__
+
+
+@dataclass
+class Readiness:
+    """The process's readiness checks, run every ``every_s`` on a thread of their own."""
+
+    checks: Sequence[Check]
+    every_s: float = 2.0
+    timeout_s: float = 3.0
+    _failing: dict[str, str] = field(default_factory=lambda: {"startup": "not_checked_yet"})
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def failing(self) -> dict[str, str]:
+        """The checks that failed in the last round (empty: ready)."""
+        with self._lock:
+            return dict(self._failing)
+
+    def check_once(self) -> dict[str, str]:
+        """Run every check now (on this thread's own event loop); cache and return failures."""
+        failing = anyio.run(self._round)
+        with self._lock:
+            self._failing = failing
+        return failing
+
+    async def _round(self) -> dict[str, str]:
+        failing: dict[str, str] = {}
+        for name, check in self.checks:
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    await check()
+            except Exception as exc:  # noqa: BLE001 - every failure is a typed "not ready"
+                failing[name] = reason_of(exc)
+        return failing
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="accord-readiness", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.check_once()
+            self._stop.wait(self.every_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s * (len(self.checks) + 1))
+
+
+def _json(status: str, body: dict[str, Any]) -> Response:
+    text = json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n"
+    return status, [("Content-Type", "application/json")], text.encode()
+
+
+def healthz(liveness: Liveness = LIVENESS) -> Response:
+    stuck = liveness.stuck()
+    if stuck:
+        loops = {s.loop: round(s.overdue_s, 1) for s in stuck}
+        return _json("503 Service Unavailable", {"status": "stuck", "overdue_s": loops})
+    return _json("200 OK", {"status": "ok", "loops": liveness.loops()})
+
+
+def readyz(readiness: Readiness | None) -> Response:
+    failing = readiness.failing() if readiness is not None else {}
+    if failing:
+        return _json("503 Service Unavailable", {"status": "not_ready", "failing": failing})
+    return _json("200 OK", {"status": "ready"})
+
+
+def routes(
+    metrics_app: Callable[..., Iterable[bytes]],
+    readiness: Readiness | None,
+    liveness: Liveness = LIVENESS,
+) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: /healthz and /readyz here, everything else to the metrics app."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            status, headers, body = healthz(liveness)
+        elif path == "/readyz":
+            status, headers, body = readyz(readiness)
+        else:
+            return metrics_app(environ, start_response)
+        start_response(status, headers)
+        return [body]
+
+    return app

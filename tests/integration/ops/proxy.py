@@ -1,0 +1,82 @@
+"""A TCP proxy of the test's own in front of a shared service, which the test can cut
+(connections closed, new ones refused at once) and restore; the service itself is never
+touched."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class Proxy:
+    """127.0.0.1:<ephemeral> → 127.0.0.1:``target``, one thread per direction."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._up = True
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open += [client, upstream]
+            self._spawn(self._pipe, client, upstream)
+            self._spawn(self._pipe, upstream, client)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            sockets, self._open = self._open, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def cut(self) -> None:
+        """The service is gone: open connections reset, new ones closed on arrival."""
+        self._up = False
+        self._drop_all()
+
+    def restore(self) -> None:
+        self._up = True
+
+    def close(self) -> None:
+        self._closed = True
+        self._up = False
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._drop_all()
+        for thread in self._threads:
+            thread.join(timeout=5)

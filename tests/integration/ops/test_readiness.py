@@ -1,0 +1,114 @@
+"""`/readyz` of a real `accord worker` means what it says: its PostgreSQL is reached through
+a proxy of this test's own; cut, /readyz turns 503 naming postgresql within seconds;
+restored, it is 200 again. /healthz and /metrics answer on the same port throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from accord.demo.job import DEFAULT_OWNER
+from tests.integration.ops.proxy import Proxy
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.timeout(120)
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+def until(port: int, path: str, code: int, within: float) -> tuple[float, dict[str, object]]:
+    started = time.monotonic()
+    last: tuple[int, dict[str, object]] = (0, {})
+    while time.monotonic() - started < within:
+        try:
+            last = get(port, path)
+        except OSError:
+            last = (0, {})
+        if last[0] == code:
+            return time.monotonic() - started, last[1]
+        time.sleep(0.2)
+    raise AssertionError(f"{path} not {code} within {within}s: {last}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def proxy(pg_dsn: str) -> Iterator[Proxy]:
+    p = Proxy(urlsplit(pg_dsn).port or 5432)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def through(dsn: str, port: int) -> str:
+    parts = urlsplit(dsn)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+
+def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    metrics_port = free_port()
+    env = {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
+           "ACCORD_PG_DSN": through(pg_dsn, proxy.port),
+           "ACCORD_METRICS_PORT": str(metrics_port), "ACCORD_LOG_FORMAT": "json",
+           "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
+           "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
+           "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger")}  # fmt: skip
+    register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
+                "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
+    done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    worker = [sys.executable, "-m", "accord", "worker", "--workflow", "report",
+              "--poll-s", "0.2", "--rescue-every-s", "1"]  # fmt: skip
+    log = (tmp_path / "worker.log").open("wb")
+    with log, subprocess.Popen(worker, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
+        try:
+            _, body = until(metrics_port, "/readyz", 200, within=30)  # control: ready
+            assert body == {"status": "ready"}
+            assert get(metrics_port, "/healthz")[0] == 200
+            proxy.cut()
+            took, body = until(metrics_port, "/readyz", 503, within=10)
+            assert took < 6, took
+            failing = body["failing"]
+            assert isinstance(failing, dict) and set(failing) == {"postgresql", "registration"}
+            assert get(metrics_port, "/healthz")[0] == 200  # alive, only not ready
+            proxy.restore()
+            took, _ = until(metrics_port, "/readyz", 200, within=15)
+            assert took < 8, took
+            assert process.poll() is None
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+    assert code == 0, (tmp_path / "worker.log").read_text()[-2000:]
+    # runtime.stop_on_signals still prints its "worker: SIGTERM, draining" (not yet a log call)
+    lines = [x for x in (tmp_path / "worker.log").read_text().splitlines()
+             if not x.startswith("worker: SIGTERM")]  # fmt: skip
+    records = [json.loads(x) for x in lines if x.startswith("{")]
+    assert records and len(records) == len(lines), lines[:5]  # every line is one JSON object
+    assert any(r["message"].startswith("worker ready") and r.get("event") == "ready"
+               for r in records)  # fmt: skip

@@ -1,0 +1,189 @@
+"""`accord relay held` and `accord relay release-held` on a row the relay really held.
+
+A type no queue binds is held as unroutable by a running relay; the real commands list it
+and release it (audited, as the repair role); once a queue binds the type a relay publishes
+it, once. The control: releasing a row that is not held is refused, changes nothing and
+writes no audit row; a release naming a held and a not-held row releases neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import aio_pika
+import anyio
+import asyncpg
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from accord.demo.catalog import demo_catalog
+from accord.relay import Relay, ReleaseRefused, outbox
+from accord.schemas.events import Catalog, Event, EventType
+from accord.schemas.topology import Topology
+from tests.conftest import BrokerNames
+from tests.integration.relay import helpers
+from tests.support import enqueue
+
+TENANT = "acme"
+
+
+class AuditNotedV1(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    note: str
+
+
+def catalog_with_unbound_type() -> Catalog:
+    catalog = demo_catalog()
+    catalog.register(EventType("audit.noted", 1, AuditNotedV1))
+    return catalog
+
+
+def accord(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accord", *args],
+        env={**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": dsn},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def unbound(n: int) -> Event:
+    return Event(
+        tenant=TENANT, operation_id=f"audit:{n}", type="audit.noted", version=1,
+        payload={"note": "SECRET-body-never-printed"},
+    )  # fmt: skip
+
+
+async def hold_with_a_relay(dsn: str, amqp_url: str, topo: Topology, events: list[Event]) -> None:
+    """Enqueue ``events`` (no queue binds their type) and one routable event behind them; run
+    a relay until the routable one is published and the others are held as unroutable."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            for event in events:
+                await enqueue(conn, event, catalog=catalog_with_unbound_type())
+            await enqueue(conn, helpers.make_event(0, tenant=TENANT))
+    finally:
+        await conn.close()
+    relay = Relay(helpers.config(dsn, amqp_url, topo, unroutable_attempts=2))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.wait_until_settled(dsn, expect_published=1, within_s=30)
+        relay.stop()
+    assert relay.stats.held == len(events)
+
+
+async def audit_rows(pg: asyncpg.Connection) -> int:
+    return int(await pg.fetchval("SELECT count(*) FROM relay.release_audit"))
+
+
+@pytest.mark.timeout(120)
+async def test_release_held_makes_a_held_row_publishable_and_audits_it(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    topo = await helpers.declare_demo(amqp_url, broker_names)
+    held, other = unbound(1), unbound(2)
+    await hold_with_a_relay(pg_dsn, amqp_url, topo, [held, other])
+
+    # `accord relay held` lists both, with the reason and attempts, never the body.
+    listed = accord(pg_dsn, "relay", "held")
+    assert listed.returncode == 0, listed.stderr
+    for event in (held, other):
+        assert f"event_id={event.event_id} type=audit.noted.v1 reason=unroutable" in listed.stdout
+    assert "attempts=2" in listed.stdout and "held: 2 rows" in listed.stdout
+    assert "SECRET" not in listed.stdout
+    as_json = json.loads(accord(pg_dsn, "relay", "held", "--json").stdout)
+    assert {r["event_id"] for r in as_json} == {str(held.event_id), str(other.event_id)}
+    assert all(r["reason"] == "unroutable" and r["tenant"] == TENANT for r in as_json)
+
+    # A queue now binds the type; release one row with the real command (repair role).
+    amqp = await aio_pika.connect(amqp_url)
+    channel = await amqp.channel()
+    queue = await channel.declare_queue(broker_names.queue("audit"), durable=True)
+    await queue.bind(topo.exchange, routing_key="audit.noted.v1")
+    released = accord(
+        pg_dsn, "relay", "release-held", "--tenant", TENANT, "--event-id", str(held.event_id),
+        "--who", "ops-anna", "--evidence", "ticket-42: audit queue bound",
+    )  # fmt: skip
+    assert released.returncode == 0, released.stderr
+    assert "released outbox=" in released.stdout and str(held.event_id) in released.stdout
+    row = await pg.fetchrow("SELECT * FROM relay.outbox WHERE event_id = $1", held.event_id)
+    assert row["state"] == "pending" and row["last_reason"] == "unroutable"
+    audit = await outbox.release_audit(pg, TENANT, held.event_id)
+    assert len(audit) == 1
+    assert (audit[0].outbox_id, audit[0].held_reason, audit[0].attempts) == (
+        row["id"],
+        "unroutable",
+        2,
+    )
+    assert (audit[0].who, audit[0].evidence) == ("ops-anna", "ticket-42: audit queue bound")
+    assert (audit[0].db_user, audit[0].db_role) == ("postgres", "accord_repair")
+
+    # A relay publishes it, once; the row not released stays held.
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
+        relay.stop()
+    counts = await helpers.drain(amqp_url, queue.name)
+    assert counts == {str(held.event_id): 1}
+    await amqp.close()
+    state = "SELECT state FROM relay.outbox WHERE event_id = $1"
+    assert await pg.fetchval(state, held.event_id) == "published"
+    assert await pg.fetchval(state, other.event_id) == "held"
+
+    # Control: a row that is not held (published now) is refused, with the held one beside
+    # it too: nothing changes and no audit row is written.
+    for ids in ([held.event_id], [other.event_id, held.event_id]):
+        refused = accord(
+            pg_dsn, "relay", "release-held", "--tenant", TENANT,
+            *[a for i in ids for a in ("--event-id", str(i))],
+            "--who", "ops-anna", "--evidence", "again",
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stdout
+        assert refused.stderr.startswith("accord: ReleaseRefused:"), refused.stderr
+        assert "not_held" in refused.stderr and str(held.event_id) in refused.stderr
+    assert await audit_rows(pg) == 1
+    assert await pg.fetchval(state, other.event_id) == "held"
+
+
+async def test_release_refusals_and_the_append_only_audit(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    ids = []
+    async with pg.transaction():
+        for n in (1, 2):
+            event = unbound(n)
+            await enqueue(pg, event, catalog=catalog_with_unbound_type())
+            ids.append(event.event_id)
+    await pg.execute(
+        "UPDATE relay.outbox SET state = 'held', last_reason = 'oversize' WHERE event_id = $1",
+        ids[0],
+    )
+    repair = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_repair"})
+    try:
+        # The allowed case first: the held row is released by the repair role.
+        async with repair.transaction():
+            done = await outbox.release_held(repair, TENANT, ids[:1], who="w", evidence="e")
+        assert [r.event_id for r in done] == ids[:1]
+        # A pending row, a row of another tenant, no principal: refused, nothing written.
+        for tenant, chosen, who in ((TENANT, ids, "w"), ("other", ids[:1], "w"), (TENANT, ids, "")):
+            with pytest.raises(ReleaseRefused) as caught:
+                async with repair.transaction():
+                    await outbox.release_held(repair, tenant, chosen, who=who, evidence="e")
+            assert caught.value.reason == "release_refused"
+        # The relay principal cannot release at all; the audit cannot be changed.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await pg.execute(
+                "SET ROLE accord_relay; SELECT relay.release_held('acme', '{}', 'w', 'e')"
+            )
+    finally:
+        await repair.close()
+    await pg.execute("RESET ROLE")
+    assert await audit_rows(pg) == 1
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+        await pg.execute("UPDATE relay.release_audit SET who = 'someone else'")
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+        await pg.execute("DELETE FROM relay.release_audit")

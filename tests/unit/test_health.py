@@ -1,0 +1,119 @@
+"""/healthz and /readyz over HTTP, with loops and checks of the test's own: a loop that
+stops beating turns /healthz red naming it (after its promise and the grace), an idle
+one never does, an ended one is forgotten; /readyz says which check fails and why."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from accord import observe
+from accord.ops import serve_metrics
+from accord.ops.health import Readiness
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def grace() -> Iterator[None]:
+    before = observe.LIVENESS.grace_s
+    observe.LIVENESS.grace_s = 0.3
+    try:
+        yield
+    finally:
+        observe.LIVENESS.grace_s = before
+
+
+def test_liveness_keys_loops_by_task_and_forgets_ended_ones() -> None:
+    liveness = observe.Liveness(grace_s=0.0)
+    liveness.beat("outside", within_s=-1)  # a thread's beat (no task): kept until it beats
+    assert [s.loop for s in liveness.stuck()] == ["outside"]
+
+    async def main() -> None:
+        async def loop() -> None:
+            liveness.beat("lane", within_s=-1.0)  # overdue at once
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop)
+        liveness.idle("idle lane")
+
+    anyio.run(main)
+    assert [s.loop for s in liveness.stuck()] == ["outside"]  # the ended task is dropped
+
+
+async def test_a_loop_that_stops_beating_turns_healthz_red(grace: None) -> None:
+    server = serve_metrics(0, dsn=None)
+    stop = anyio.Event()
+    try:
+
+        async def beating() -> None:
+            while not stop.is_set():
+                observe.beat("test.beating", within_s=0.1)
+                with anyio.move_on_after(0.1):
+                    await stop.wait()
+
+        async def stalls() -> None:
+            observe.beat("test.stalls", within_s=0.1)
+            await stop.wait()  # stuck: never beats again
+
+        async def waits() -> None:
+            observe.idle("test.idle")  # waiting for a delivery: not stuck however long
+            await stop.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(beating)
+            tg.start_soon(waits)
+            await anyio.sleep(0.2)
+            code, body = await anyio.to_thread.run_sync(get, server.port, "/healthz")
+            assert code == 200 and body["status"] == "ok"  # control: all alive
+            tg.start_soon(stalls)
+            await anyio.sleep(0.8)  # its promise (0.1 s) and the grace (0.3 s) are past
+            code, body = await anyio.to_thread.run_sync(get, server.port, "/healthz")
+            assert code == 503 and body["status"] == "stuck"
+            assert list(body["overdue_s"]) == ["test.stalls"]  # type: ignore[call-overload]
+            stop.set()
+        await anyio.sleep(0.05)
+        code, _ = await anyio.to_thread.run_sync(get, server.port, "/healthz")
+        assert code == 200  # the stuck loop's task ended: forgotten
+    finally:
+        server.close()
+
+
+def test_readyz_names_the_failing_check_and_metrics_still_serve() -> None:
+    healthy = True
+
+    async def database() -> None:
+        if not healthy:
+            raise ConnectionRefusedError("secret text never shown")
+
+    async def broker() -> None:
+        pass
+
+    readiness = Readiness([("postgresql", database), ("rabbitmq", broker)], every_s=0.05)
+    server = serve_metrics(0, dsn=None, readiness=readiness)
+    try:
+        readiness.check_once()
+        assert get(server.port, "/readyz") == (200, {"status": "ready"})
+        healthy = False
+        readiness.check_once()
+        code, body = get(server.port, "/readyz")
+        assert code == 503
+        assert body == {"status": "not_ready", "failing": {"postgresql": "ConnectionRefusedError"}}
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as response:
+            text = response.read().decode()
+        assert 'accord_ready{check="postgresql"} 0.0' in text
+        assert 'accord_ready{check="rabbitmq"} 1.0' in text
+    finally:
+        server.close()
