@@ -16,6 +16,7 @@ from accord.relay import enqueue
 from accord.schemas.db import Tx
 from accord.schemas.errors import AccordError, InvalidEvent, UnknownEventType
 from accord.schemas.events import Catalog, Event, EventType
+from accord.telemetry import configure as configure_tracing
 
 __version__ = "0.2.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "Success",
     "Tx",
     "UnknownEventType",
+    "configure_tracing",
     "enqueue",
     "load_app",
 ]

@@ -149,6 +149,19 @@ def _age_s(since: datetime | None) -> float | None:
     return max(0.0, (datetime.now(UTC) - aware).total_seconds())
 
 
+_measuring = False
+
+
+def start_measuring() -> None:
+    """This process serves /metrics: loops may spend a read on figures only metrics need."""
+    global _measuring
+    _measuring = True
+
+
+def measuring() -> bool:
+    return _measuring
+
+
 def beat(loop: str, within_s: float = 0.0) -> None:
     """This loop is alive; it promises its next beat within ``within_s`` (+ the grace)."""
     LIVENESS.beat(loop, within_s)

@@ -96,6 +96,7 @@ def metrics(
         ]
     # ACCORD_HEALTH_GRACE_S where the settings define it: how overdue a loop may be.
     observe.LIVENESS.grace_s = settings.health_grace_s
+    observe.start_measuring()
     readiness = Readiness(checks)
     with serving(settings.metrics_port, dsn=settings.pg_dsn, readiness=readiness) as server:
         install_span_metrics(server.messaging)

@@ -36,7 +36,8 @@ import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from accord.consumers import inbox, poison
+from accord import observe
+from accord.consumers import inbox, poison, sql
 from accord.consumers.errors import (
     ConnectionLost,
     DatabaseRefused,
@@ -63,8 +64,6 @@ AfterCommit = Callable[[], None]
 _ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
-# The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
-SET_TRACE = "SELECT set_config('accord.trace', $1, true)"
 # SQLSTATE classes that say PostgreSQL will refuse this content every time.
 _REFUSALS: dict[str, type[DatabaseRefused]] = {
     "22": DataException,  # data exception: 22P05 (jsonb: \u0000), 22021, 22001, 22P02, ...
@@ -257,7 +256,7 @@ class BatchProcessor:
         assert item.handler is not None and item.event is not None
         carrier = telemetry.span_headers(item.span)
         if carrier:
-            await conn.execute(SET_TRACE, json.dumps(carrier))
+            await conn.execute(sql.SET_TRACE, json.dumps(carrier))
         with trace.use_span(item.span, end_on_exit=False):
             await item.handler(conn, item.event)
 
@@ -280,6 +279,7 @@ class BatchProcessor:
                 else:
                     await item.message.nack(requeue=True)
                     self.stats.retried += 1
+                    observe.delivered(self.consumer.name, "retried")
                     log.info("retry %s", _ids(item, item.transient))
             else:
                 applied.append(item)
@@ -292,8 +292,11 @@ class BatchProcessor:
             for item in applied:
                 if item.outcome is InboxOutcome.NEW:
                     self.stats.new += 1
+                    occurred = item.event.occurred_at if item.event is not None else None
+                    observe.delivered(self.consumer.name, "new", occurred)
                 else:
                     self.stats.duplicate += 1
+                    observe.delivered(self.consumer.name, str(item.outcome))
 
     async def _poison(self, conn: Any, doomed: list[Item]) -> None:
         """Poison records in one short transaction, committed before any reject."""
@@ -308,6 +311,7 @@ class BatchProcessor:
         for item, record in zip(doomed, records, strict=True):
             await item.message.reject(requeue=False)
             self.stats.poisoned += 1
+            observe.delivered(self.consumer.name, "poisoned")
             item.span.set_attribute(telemetry.ATTR_POISON_REASON, str(record.reason))
             item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
             log.warning("poison reason=%s %s", record.reason, _ids(item, None))

@@ -28,6 +28,7 @@ from anyio import CancelScope
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry import trace
 
+from accord import observe
 from accord.consumers import inbox
 from accord.consumers.batch import DEFAULT_MAX_BODY_BYTES, AfterCommit, BatchProcessor, Stats
 from accord.consumers.errors import ConnectionLost
@@ -245,8 +246,10 @@ class ConsumerRuntime:
         return _Lane(channel=channel, queue=queue, send=send, receive=receive)
 
     async def _work(self, pool: Any, receive: MemoryObjectReceiveStream[Message]) -> None:
+        lane = f"consumer.lane.{self.config.workflow}"
         async with receive, pool.acquire() as conn:
             while True:
+                observe.idle(lane)  # waiting for deliveries is not being stuck
                 try:
                     batch = [await receive.receive()]
                 except anyio.EndOfStream:
@@ -256,6 +259,7 @@ class ConsumerRuntime:
                         batch.append(receive.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
+                observe.beat(lane, within_s=self.config.drain_timeout_s)
                 await self._processor.process(conn, batch)
 
     async def _watch(
@@ -274,6 +278,7 @@ class ConsumerRuntime:
 
     async def _prune_loop(self, pool: Any) -> None:
         while True:
+            observe.beat("consumer.prune", within_s=self.config.prune_interval_s)
             async with pool.acquire() as conn:
                 while True:
                     async with conn.transaction():

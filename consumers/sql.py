@@ -123,3 +123,6 @@ FROM consumers.poison
 GROUP BY consumer, reason
 ORDER BY consumer, reason
 """
+
+# The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
+SET_TRACE = "SELECT set_config('accord.trace', $1, true)"

@@ -1389,6 +1389,12 @@ CREATE INDEX effects_unresolved_idx ON jobs.effects USING btree (begun_at) WHERE
 CREATE INDEX jobs_claimable_idx ON jobs.jobs USING btree (workflow, run_after, job_id) WHERE (state = 'queued'::text);
 
 --
+-- Name: jobs_finished_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX jobs_finished_idx ON jobs.jobs USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text]));
+
+--
 -- Name: jobs_running_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 

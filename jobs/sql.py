@@ -168,3 +168,6 @@ LEFT JOIN LATERAL (
 WHERE e.job_id = $1
 ORDER BY e.begun_at, e.effect_key, e.seq
 """
+
+# The stored trace context of each job $1 (the span that submitted it), for the spans only.
+JOB_TRACES = "SELECT job_id, trace FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"

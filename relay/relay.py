@@ -24,6 +24,7 @@ import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from accord import observe
 from accord.relay import outbox, sql
 from accord.relay.errors import MessageTooLarge, PublishFailed, Unroutable
 from accord.relay.outbox import OutboxRow, OutboxState, Settlement
@@ -37,13 +38,6 @@ from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 log = logging.getLogger("accord.relay")
 
 PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
-
-# Why the previous attempt of each claimed row $1 failed (publish spans only; the claim leaves
-# last_reason as the last settle wrote it).
-PREVIOUS_REASONS = (
-    "SELECT id, last_reason FROM relay.outbox WHERE id = ANY($1::bigint[])"
-    " AND last_reason IS NOT NULL"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +185,9 @@ class Relay:
     async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, prunes: bool) -> None:
         """Cycle while there is work; wait for a wake-up or the poll interval otherwise."""
         next_prune = 0.0 if prunes else float("inf")
+        within_s = self.config.poll_s + self.config.publish_timeout_s
         while not self._stopping and not publisher.broken():
+            observe.beat("relay.publish", within_s=within_s)
             if anyio.current_time() >= next_prune:
                 pruned = await self.prune_once(conn)
                 full = pruned >= self.config.prune_batch
@@ -238,7 +234,7 @@ class Relay:
         retried = [row.id for row in rows if row.attempts > 1]
         if not retried or not telemetry.tracing_on():
             return {}
-        records = await conn.fetch(PREVIOUS_REASONS, retried)
+        records = await conn.fetch(sql.PREVIOUS_REASONS, retried)
         return {r["id"]: r["last_reason"] for r in records}
 
     async def _publish_batch(
@@ -318,6 +314,7 @@ class Relay:
                 return
             span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "published")
         self.stats.published += 1
+        observe.published(event.occurred_at)
         outcomes.append(Settlement(row.id, OutboxState.PUBLISHED, publish_id=publish_id))
 
     def _failed(self, row: OutboxRow, exc: PublishFailed) -> Settlement:
@@ -329,6 +326,7 @@ class Relay:
         permanent = exc.permanent or (
             isinstance(exc, Unroutable) and row.attempts >= self.config.unroutable_attempts
         )
+        observe.publish_failed(reason, permanent=permanent)
         log.warning(
             "publish failed: event_id=%s tenant=%s reason=%s attempt=%d permanent=%s",
             row.event.event_id,
@@ -349,6 +347,7 @@ class Relay:
         """Keep a LISTEN connection; any notification wakes the publish loop."""
         reconnect = self._reconnect("relay LISTEN")
         while True:
+            observe.beat("relay.listen", within_s=self.config.poll_s)
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
             except DB_CONNECTION_LOST as exc:
@@ -367,6 +366,7 @@ class Relay:
         lost = anyio.Event()
         conn.add_termination_listener(lambda _conn: lost.set())
         await conn.add_listener(sql.NOTIFY_CHANNEL, self.wake)
+        observe.idle("relay.listen")  # waiting for notifications is not being stuck
         await lost.wait()
 
 

@@ -126,3 +126,10 @@ FROM relay.release_audit
 WHERE tenant = $1 AND ($2::uuid IS NULL OR event_id = $2)
 ORDER BY audit_id
 """
+
+# Why the previous attempt of each claimed row $1 failed (publish spans only; the claim leaves
+# last_reason as the last settle wrote it).
+PREVIOUS_REASONS = (
+    "SELECT id, last_reason FROM relay.outbox WHERE id = ANY($1::bigint[])"
+    " AND last_reason IS NOT NULL"
+)

@@ -29,6 +29,7 @@ from accord.app import App, ReceiptLookup
 from accord.commands.common import require_app
 from accord.commands.repair import repair_connection
 from accord.jobs import reconcile
+from accord.jobs import sql as jobs_sql
 from accord.jobs.errors import LookupUnavailable
 from accord.jobs.models import Lease
 from accord.jobs.runner.effects import idempotency_key
@@ -36,9 +37,6 @@ from accord.schemas import telemetry
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.reconcile")
-
-# The stored trace context of each job $1 (the span that submitted it), for the spans only.
-JOB_TRACES = "SELECT job_id, trace FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
 
 
 def effect_idempotency_key(effect: reconcile.UnresolvedEffect) -> str:
@@ -113,7 +111,7 @@ async def trace_resolutions(
     leaves the job unknown (or failed) is the operation's terminal word: an error."""
     if not report.resolved or not telemetry.tracing_on():
         return
-    rows = await conn.fetch(JOB_TRACES, sorted({done.job_id for done in report.resolved}))
+    rows = await conn.fetch(jobs_sql.JOB_TRACES, sorted({done.job_id for done in report.resolved}))
     stored = {row["job_id"]: telemetry.carrier_from_json(row["trace"]) for row in rows}
     tracer = telemetry.tracer()
     for done in report.resolved:

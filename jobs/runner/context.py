@@ -22,6 +22,7 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from accord import observe
 from accord.jobs.errors import FenceLost
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner import effects
@@ -240,6 +241,7 @@ class JobContext:
         journal keeps what the call returned (a receipt included) either way."""
         _note_outcome(trace.get_current_span(), outcome)
         lease = self._lease
+        observe.effect(lease.workflow, str(outcome.state))
         with anyio.move_on_after(self._record_timeout_s, shield=True) as scope:
             await self._finish_effect(lease, ref, outcome)
         if scope.cancelled_caught:

@@ -30,10 +30,12 @@ import anyio.abc
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from accord import observe
 from accord.jobs.errors import EffectsUnresolved, FenceLost
 from accord.jobs.framing import Journal
 from accord.jobs.models import EffectState, JobState, Lease
 from accord.jobs.runner import recovery
+from accord.jobs.runner import sql as runner_sql
 from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
@@ -46,12 +48,6 @@ from accord.schemas.errors import ConfigError
 log = logging.getLogger("accord.worker")
 _TRACER = telemetry.tracer()
 
-# Each claimed job's stored trace context, its attempts (this claim included) and how the
-# previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
-# it), for the attempt spans only.
-ATTEMPT_CONTEXT = (
-    "SELECT job_id, trace, attempts, last_error FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
-)
 # The reasons jobs.rescue gives a job it takes back from an expired or rotated lease.
 RESCUE_REASONS = frozenset({"lease_expired", "epoch_rotated"})
 
@@ -226,7 +222,9 @@ class Worker:
     async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
         reconnect = Reconnect(f"worker claim {registered.workflow}", log)
         wait = self.config.poll_s
+        loop = f"worker.claim.{registered.workflow}"
         while not self._stopping:
+            observe.beat(loop, within_s=max(wait, self.config.poll_s))
             free = self.config.concurrency - self._running
             if free <= 0:
                 await self._nap(self.config.poll_s)
@@ -259,6 +257,7 @@ class Worker:
 
     async def _rescue_loop(self, every_s: float) -> None:
         while not self._stopping:
+            observe.beat("worker.rescue", within_s=every_s)
             try:
                 report = await self._store.rescue(self.config.rescue_limit)
             except DB_CONNECTION_LOST as exc:
@@ -266,6 +265,7 @@ class Worker:
             else:
                 for rescued in report.rescued:
                     self.stats.rescued[str(rescued.state)] += 1
+                    observe.rescued(str(rescued.state))
                     log.info(
                         "rescued job=%s tenant=%s to %s (generation %s)",
                         rescued.job_id,
@@ -298,12 +298,16 @@ class Worker:
         await anyio.to_thread.run_sync(self._journal.append, record)
 
     async def _attempts_seen(self, leases: list[Lease]) -> dict[int, Any]:
-        """For the attempt spans only (none unless tracing): each claimed job's stored trace
-        context, its attempts and how the previous attempt ended, in one read."""
-        if not leases or self._pool is None or not telemetry.tracing_on():
+        """For the attempt spans and the submit-to-finish histogram only (none unless tracing
+        or serving metrics): each claimed job's stored trace context, its attempts, how the
+        previous attempt ended and when it was submitted, in one read."""
+        wanted = telemetry.tracing_on() or observe.measuring()
+        if not leases or self._pool is None or not wanted:
             return {}
         try:
-            rows = await self._pool.fetch(ATTEMPT_CONTEXT, [lease.job_id for lease in leases])
+            rows = await self._pool.fetch(
+                runner_sql.ATTEMPT_CONTEXT, [lease.job_id for lease in leases]
+            )
         except DB_CONNECTION_LOST as exc:
             log.warning("attempt context not read (%s)", type(exc).__name__)
             return {}
@@ -347,12 +351,17 @@ class Worker:
             with trace.use_span(
                 span, end_on_exit=True, record_exception=False, set_status_on_exception=False
             ):
-                await self._attempt(registered, lease, claimed_at, span)
+                await self._attempt(registered, lease, claimed_at, span, seen)
         finally:
             self._release(1)
 
     async def _attempt(
-        self, registered: Registered, lease: Lease, claimed_at: float, span: trace.Span
+        self,
+        registered: Registered,
+        lease: Lease,
+        claimed_at: float,
+        span: trace.Span,
+        seen: Any = None,
     ) -> None:
         await self._append(
             Claim(
@@ -372,6 +381,11 @@ class Worker:
         finished = await self._execute(registered, ctx, claimed_at)
         self._note(finished)
         _end_attempt(span, finished)
+        observe.job_finished(
+            lease.workflow, str(finished.ending), seen["created_at"] if seen else None
+        )
+        if finished.ending is Ending.FENCE_LOST:
+            observe.fence_refused(finished.reason or "unknown")
 
     async def _execute(
         self, registered: Registered, ctx: JobContext, claimed_at: float

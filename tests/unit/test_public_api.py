@@ -209,6 +209,7 @@ EXPECTED: dict[str, set[str]] = {
         "Success",
         "Tx",
         "UnknownEventType",
+        "configure_tracing",
         "enqueue",
         "load_app",
     },
