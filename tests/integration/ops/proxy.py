@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class Proxy:
@@ -19,6 +20,7 @@ class Proxy:
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         self._up = True
+        self._stalled = threading.Event()  # set: bytes are held, connections stay open
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
@@ -51,6 +53,8 @@ class Proxy:
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while chunk := source.recv(65536):
+                while self._stalled.is_set() and not self._closed:
+                    time.sleep(0.05)
                 sink.sendall(chunk)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
@@ -68,7 +72,13 @@ class Proxy:
         self._up = False
         self._drop_all()
 
+    def stall(self) -> None:
+        """The service stops answering: connections stay open, nothing gets through (what a
+        hung server or a black-holed network looks like to a client)."""
+        self._stalled.set()
+
     def restore(self) -> None:
+        self._stalled.clear()
         self._up = True
 
     def close(self) -> None:

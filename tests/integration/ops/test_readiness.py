@@ -112,3 +112,38 @@ def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) 
     assert records and len(records) == len(lines), lines[:5]  # every line is one JSON object
     assert any(r["message"].startswith("worker ready") and r.get("event") == "ready"
                for r in records)  # fmt: skip
+
+
+def test_healthz_turns_red_when_a_loop_is_stuck(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
+    """The worker's database stops answering (the test's own proxy holds every byte): its
+    claim loop blocks inside a query, stops reporting in, and /healthz turns 503 naming that
+    loop within the grace; once the database answers again it is 200. Control: 200 first."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    metrics_port = free_port()
+    env = {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
+           "ACCORD_PG_DSN": through(pg_dsn, proxy.port), "ACCORD_HEALTH_GRACE_S": "2",
+           "ACCORD_METRICS_PORT": str(metrics_port),
+           "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
+           "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
+           "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger")}  # fmt: skip
+    register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
+                "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
+    done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    worker = [sys.executable, "-m", "accord", "worker", "--workflow", "report",
+              "--poll-s", "0.2", "--rescue-every-s", "0"]  # fmt: skip
+    log = (tmp_path / "worker.log").open("wb")
+    with log, subprocess.Popen(worker, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
+        try:
+            until(metrics_port, "/healthz", 200, within=30)  # control: alive
+            time.sleep(1.0)
+            assert get(metrics_port, "/healthz")[0] == 200
+            proxy.stall()
+            took, body = until(metrics_port, "/healthz", 503, within=15)
+            assert "worker.claim.report" in json.dumps(body), body
+            assert took < 8, took
+            proxy.restore()
+            until(metrics_port, "/healthz", 200, within=90)  # the blocked query times out
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=90)
