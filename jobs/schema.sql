@@ -453,6 +453,28 @@ CREATE FUNCTION jobs.next_state(p_job_id bigint, p_attempts integer, p_max_attem
 $$;
 
 --
+-- Name: note_trace(bigint, uuid, text, integer, jsonb); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_effect_key IS NULL THEN
+        UPDATE jobs.jobs SET attempt_trace = p_trace
+        WHERE job_id = p_job_id AND attempt_id = p_attempt_id;
+        RETURN FOUND;
+    END IF;
+    INSERT INTO jobs.effect_traces (job_id, effect_key, seq, trace)
+    SELECT e.job_id, e.effect_key, e.seq, p_trace FROM jobs.effects e
+    WHERE e.job_id = p_job_id AND e.effect_key = p_effect_key AND e.seq = p_seq
+      AND e.attempt_id = p_attempt_id
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END $$;
+
+--
 -- Name: record_result(bigint, text, text, text, text, uuid, bigint, bigint, text, text); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -1000,6 +1022,17 @@ CREATE TABLE jobs.effect_escalations (
 );
 
 --
+-- Name: effect_traces; Type: TABLE; Schema: jobs; Owner: -
+--
+
+CREATE TABLE jobs.effect_traces (
+    job_id bigint NOT NULL,
+    effect_key text NOT NULL,
+    seq integer NOT NULL,
+    trace jsonb NOT NULL
+);
+
+--
 -- Name: effects; Type: TABLE; Schema: jobs; Owner: -
 --
 
@@ -1046,6 +1079,7 @@ CREATE TABLE jobs.jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     unresolved_effects integer DEFAULT 0 NOT NULL,
     trace jsonb,
+    attempt_trace jsonb,
     CONSTRAINT jobs_lease_check CHECK ((((state = 'running'::text) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::text) OR ((owner IS NOT NULL) AND (attempt_id IS NOT NULL) AND (epoch IS NOT NULL))))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text, 'unknown'::text, 'held'::text])))
@@ -1300,6 +1334,13 @@ ALTER TABLE ONLY jobs.authority_restores
 
 ALTER TABLE ONLY jobs.effect_escalations
     ADD CONSTRAINT effect_escalations_pkey PRIMARY KEY (job_id, effect_key, seq);
+
+--
+-- Name: effect_traces effect_traces_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
+--
+
+ALTER TABLE ONLY jobs.effect_traces
+    ADD CONSTRAINT effect_traces_pkey PRIMARY KEY (job_id, effect_key, seq);
 
 --
 -- Name: effects effects_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
@@ -1624,6 +1665,13 @@ GRANT ALL ON FUNCTION jobs.finish_effect(p_job_id bigint, p_tenant text, p_workf
 REVOKE ALL ON FUNCTION jobs.next_state(p_job_id bigint, p_attempts integer, p_max_attempts integer, p_retry boolean) FROM PUBLIC;
 
 --
+-- Name: FUNCTION note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb) TO accord_worker;
+
+--
 -- Name: FUNCTION record_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text); Type: ACL; Schema: jobs; Owner: -
 --
 
@@ -1751,6 +1799,13 @@ GRANT SELECT ON TABLE jobs.authority_restores TO accord_repair;
 
 GRANT SELECT ON TABLE jobs.effect_escalations TO accord_worker;
 GRANT SELECT ON TABLE jobs.effect_escalations TO accord_repair;
+
+--
+-- Name: TABLE effect_traces; Type: ACL; Schema: jobs; Owner: -
+--
+
+GRANT SELECT ON TABLE jobs.effect_traces TO accord_worker;
+GRANT SELECT ON TABLE jobs.effect_traces TO accord_repair;
 
 --
 -- Name: TABLE effects; Type: ACL; Schema: jobs; Owner: -

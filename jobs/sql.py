@@ -171,3 +171,12 @@ ORDER BY e.begun_at, e.effect_key, e.seq
 
 # The stored trace context of each job $1 (the span that submitted it), for the spans only.
 JOB_TRACES = "SELECT job_id, trace FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
+
+# The stored trace context of effect ($2 key, $3 seq) of job $1: the span that ran it.
+EFFECT_TRACE = (
+    "SELECT trace FROM jobs.effect_traces WHERE job_id = $1 AND effect_key = $2 AND seq = $3"
+)
+
+# Keep the trace context $5 of attempt $2 of job $1 (no key), or of its effect $3 seq $4;
+# only the attempt holding the job writes (tracing only; jobs.note_trace, jobs/schema.sql).
+NOTE_TRACE = "SELECT jobs.note_trace($1, $2, $3, $4, $5::jsonb)"

@@ -42,6 +42,7 @@ from accord.jobs.models import (
     Submitted,
 )
 from accord.jobs.publish import BatchPublished
+from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
@@ -271,6 +272,8 @@ class Store:
         keeping every effect record. Raises JobNotFound."""
         async with self._connection() as conn:
             row = await conn.fetchrow(sql.CANCEL, job_id, reason)
+            if row is not None and telemetry.tracing_on():
+                await _trace_cancel(conn, job_id, reason, bool(row["changed"]))
         if row is None:
             raise JobNotFound(job_id=job_id)
         return Cancellation(
@@ -325,6 +328,24 @@ class Store:
                 conn, workflow, from_owner, to_owner, effects_enabled=effects_enabled
             )
 
+    # -- tracing ------------------------------------------------------------------------------
+
+    async def note_trace(
+        self,
+        lease: Lease,
+        carrier: dict[str, str],
+        effect_key: str | None = None,
+        seq: int | None = None,
+    ) -> bool:
+        """Keep a span's context with the attempt (no key) or with its effect ``effect_key``
+        ``seq``, for the spans that come later to link to it. Only this attempt writes; False
+        when it no longer holds the job. Called only while tracing."""
+        async with self._connection() as conn:
+            kept: bool = await conn.fetchval(
+                sql.NOTE_TRACE, lease.job_id, lease.attempt_id, effect_key, seq, json.dumps(carrier)
+            )
+        return kept
+
     # -- reading ------------------------------------------------------------------------------
 
     async def job(self, job_id: int) -> JobView:
@@ -341,3 +362,20 @@ class Store:
         async with self._connection() as conn, conn.transaction(readonly=True):
             row = await conn.fetchrow(sql.PROBE)
         return Health(database_now=row["database_now"], workflows=row["workflows"])
+
+
+async def _trace_cancel(conn: Any, job_id: int, reason: str, changed: bool) -> None:
+    """A ``cancel`` span in the job's trace (a child of the span that submitted it), with
+    the cancel as an event naming its reason: the operator's act beside the job's attempts."""
+    row = await conn.fetchrow(sql.JOB_TRACES, [job_id])
+    carrier = telemetry.carrier_from_json(row["trace"] if row is not None else None)
+    span = telemetry.tracer().start_span(
+        "cancel job",
+        context=telemetry.parent_from(carrier),
+        links=telemetry.links_from(carrier, "job"),
+        attributes={telemetry.ATTR_JOB_ID: job_id, telemetry.ATTR_JOB_REASON: reason},
+    )
+    span.add_event(
+        telemetry.EVENT_CANCELED, {telemetry.ATTR_JOB_REASON: reason, "changed": changed}
+    )
+    span.end()

@@ -126,10 +126,14 @@ async def trace_resolutions(
         key = asked.get((done.job_id, done.effect_key, done.seq))
         if key is not None:
             attributes[telemetry.ATTR_IDEMPOTENCY_KEY] = key
+        effect = telemetry.carrier_from_json(
+            await conn.fetchval(jobs_sql.EFFECT_TRACE, done.job_id, done.effect_key, done.seq)
+        )
         span = tracer.start_span(
             f"reconcile {done.effect_key}",
             context=telemetry.parent_from(carrier),
-            links=telemetry.links_from(carrier, "resolves"),
+            # the effect span it resolves (kept by the runner while tracing), else the job's
+            links=telemetry.links_from(effect or carrier, "resolves"),
             attributes=attributes,
         )
         if (

@@ -13,6 +13,7 @@ succeeded in an earlier attempt is never dispatched again: its recorded receipt 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -168,6 +169,10 @@ class JobContext:
             return await self._reuse(ref, start.receipt)
         span.add_event(telemetry.EVENT_EFFECT_BEGUN)
         seq = start.seq
+        carrier = telemetry.span_headers(span)
+        if carrier:  # tracing: a later reconcile's resolution links to this effect's span
+            with contextlib.suppress(*DB_CONNECTION_LOST):
+                await self._store.note_trace(lease, carrier, key, seq)
         self.trail.begun.append(ref)
         self.trail.unresolved[ref] = EffectState.PENDING
         try:

@@ -15,6 +15,6 @@ RECORDED_EFFECTS = (
 # previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
 # it), for the attempt spans only.
 ATTEMPT_CONTEXT = (
-    "SELECT job_id, trace, attempts, last_error, created_at FROM jobs.jobs"
+    "SELECT job_id, trace, attempt_trace, attempts, last_error, created_at FROM jobs.jobs"
     " WHERE job_id = ANY($1::bigint[])"
 )

@@ -313,6 +313,17 @@ class Worker:
             return {}
         return {row["job_id"]: row for row in rows}
 
+    async def _note_trace(self, lease: Lease, span: trace.Span) -> None:
+        """Keep the attempt span's context with the job, so the next attempt can link to it
+        (tracing only; a lost connection only costs the link)."""
+        carrier = telemetry.span_headers(span)
+        if not carrier:
+            return
+        try:
+            await self._store.note_trace(lease, carrier)
+        except DB_CONNECTION_LOST as exc:
+            log.warning("attempt trace not kept (%s)", type(exc).__name__)
+
     def _attempt_span(self, lease: Lease, seen: Any) -> trace.Span:
         """The ``attempt`` span of this claim: a child of the ``process`` span that submitted
         the job (every attempt in the operation's one trace), linked to it, with the attempt
@@ -332,11 +343,17 @@ class Worker:
             previous = seen["last_error"] if seen["attempts"] > 1 else None
             if previous is not None:
                 attributes[telemetry.ATTR_JOB_PREVIOUS_REASON] = previous
+        # Linked to the span that submitted the job and, from the second attempt on, to the
+        # attempt before it (its context kept by jobs.note_trace while tracing).
+        before = telemetry.carrier_from_json(seen["attempt_trace"]) if seen is not None else {}
         span = _TRACER.start_span(
             f"attempt {lease.workflow}",
             context=telemetry.parent_from(stored),
             kind=trace.SpanKind.CONSUMER,
-            links=telemetry.links_from(stored, "job"),
+            links=[
+                *telemetry.links_from(stored, "job"),
+                *telemetry.links_from(before, "previous_attempt"),
+            ],
             attributes=attributes,
         )
         if previous in RESCUE_REASONS:
@@ -347,6 +364,7 @@ class Worker:
         self, registered: Registered, lease: Lease, claimed_at: float, seen: Any = None
     ) -> None:
         span = self._attempt_span(lease, seen)
+        await self._note_trace(lease, span)
         try:
             with trace.use_span(
                 span, end_on_exit=True, record_exception=False, set_status_on_exception=False

@@ -205,6 +205,11 @@ async def test_a_job_rescued_after_its_worker_died_is_a_second_attempt_saying_wh
     assert not [s for s in received.named("attempt ") if s.service == "worker-1"]
     assert second.trace_id == process.trace_id and second.parent_span_id == process.span_id
     assert _links_to(second, process)
+    # and to attempt 1, whose context worker-1 kept at its start (its span died with it)
+    (before,) = [
+        lk for lk in second.links if lk.attributes.get("accord.link") == "previous_attempt"
+    ]
+    assert before.trace_id == process.trace_id and before.span_id != second.span_id
     assert second.attributes[t.ATTR_JOB_ATTEMPT] == 2
     assert second.attributes[t.ATTR_GENERATION] >= 3  # claim, rescue, claim
     assert second.attributes[t.ATTR_JOB_PREVIOUS_REASON] == "lease_expired"
@@ -261,12 +266,14 @@ async def test_a_lost_provider_reply_is_unknown_until_reconcile_resolves_it_in_t
     assert first.attributes[t.ATTR_JOB_STATE] == "unknown" and first.status_code == ERROR
     # reconcile's resolution: in the operation's trace, linked, naming the very effect
     assert resolution.service == "reconcile"
-    assert resolution.trace_id == process.trace_id and _links_to(resolution, process)
+    # in the operation's trace, linked to the very effect span it resolves
+    assert resolution.trace_id == process.trace_id and _links_to(resolution, effect)
     assert resolution.attributes[t.ATTR_EFFECT_KEY] == effect.attributes[t.ATTR_EFFECT_KEY]
     assert resolution.attributes[t.ATTR_EFFECT_SEQ] == effect.attributes[t.ATTR_EFFECT_SEQ]
     key = effect.attributes[t.ATTR_IDEMPOTENCY_KEY]
     assert resolution.attributes[t.ATTR_IDEMPOTENCY_KEY] == key
     assert resolution.attributes[t.ATTR_EFFECT_OUTCOME] == "succeeded"
-    # the resumed run reuses the receipt and publishes
+    # the resumed run links to the attempt before it, reuses the receipt and publishes
+    assert _links_to(second, first) and _links_to(second, process)
     assert second.attributes[t.ATTR_JOB_ATTEMPT] == 2
     assert second.attributes[t.ATTR_JOB_ENDING] == "published" and second.status_code != ERROR
