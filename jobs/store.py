@@ -43,7 +43,8 @@ from accord.jobs.models import (
 )
 from accord.jobs.publish import BatchPublished
 from accord.schemas import telemetry
-from accord.schemas.db import Tx, require_transaction
+from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
+from accord.schemas.errors import ConnectionLost
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
 Callback = Callable[[Tx], Awaitable[None]]
@@ -102,6 +103,36 @@ class _Held:
         return None
 
 
+class _Mapped:
+    """One call's connection (the pool's acquire, or the held one) with the seam's mapping:
+    a connection lost while in use leaves the store as accord's ConnectionLost, whatever
+    asyncpg called it. A class, for the same per-call cost reason as ``_Held``."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self._inner.__aenter__()
+        except DB_CONNECTION_LOST as exc:
+            if isinstance(exc, ConnectionLost):
+                raise
+            raise _lost(exc) from exc
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        suppressed = bool(await self._inner.__aexit__(exc_type, exc, tb))
+        foreign = isinstance(exc, DB_CONNECTION_LOST) and not isinstance(exc, ConnectionLost)
+        if exc is not None and foreign and not suppressed:
+            raise _lost(exc) from exc
+        return suppressed
+
+
+def _lost(exc: BaseException) -> ConnectionLost:
+    return ConnectionLost(service="postgresql", error=type(exc).__name__)
+
+
 class Store:
     """The single claimant; each method is one short transaction.
 
@@ -128,8 +159,8 @@ class Store:
 
     def _connection(self) -> Any:
         """An async context manager for one call's connection: the pool's acquire, or the
-        connection this store was given."""
-        return self._db.acquire() if self._held is None else self._held
+        connection this store was given; a lost connection comes out as ConnectionLost."""
+        return _Mapped(self._db.acquire() if self._held is None else self._held)
 
     # -- claiming ------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from accord.jobs import (
     sql,
 )
 from accord.jobs.publish import BatchPublished
+from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.errors import ConnectionLost
 from tests.integration.jobs.conftest import OWNER, TENANT, WORKFLOW, Jobs
 from tests.support import wait_for
 
@@ -481,3 +483,23 @@ async def rolled_back(conn: asyncpg.Connection, call: Any, *args: object) -> Any
         return await call(*args)
     finally:
         await tx.rollback()
+
+
+async def test_a_connection_lost_in_use_leaves_the_store_as_connection_lost(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """The seam's mapping: whatever asyncpg calls a lost connection, the store raises accord's
+    ConnectionLost (a ServiceUnavailable: callers reconnect). Control: the same store works
+    while its connection lives."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        store = Store(conn)
+        await store.register_workflow("w-lost", "o")  # control
+        assert await store.claim("w-lost", "o", lease_s=5) == []
+        await pg.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+        with pytest.raises(ConnectionLost) as caught:
+            await store.claim("w-lost", "o", lease_s=5)
+        assert isinstance(caught.value.__cause__, DB_CONNECTION_LOST)
+        assert not isinstance(caught.value.__cause__, ConnectionLost)
+    finally:
+        conn.terminate()
