@@ -45,7 +45,7 @@ from accord.jobs import JobConflict, Submitted, store
 from accord.jobs.runner import JobContext, Registered
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
-from accord.relay import enqueue
+from accord.relay import Joined, enqueue, enqueue_joined
 from accord.schemas import migrate
 from accord.schemas.db import Tx
 from accord.schemas.errors import AccordError, UnknownEventType
@@ -217,6 +217,16 @@ class App:
     async def enqueue(self, tx: Tx, event: Event, **options: Any) -> int:
         """``accord.relay.enqueue`` with this application's catalog (the caller's transaction)."""
         return await enqueue(tx, event, catalog=self.catalog, **options)
+
+    async def enqueue_joined(
+        self, tx: Tx, statement: str, *args: Any, event: Event, **options: Any
+    ) -> Joined:
+        """``accord.relay.enqueue_joined`` with this application's catalog: the domain
+        statement (``... RETURNING``) and the outbox row in one statement, the row only when
+        the statement affected one."""
+        return await enqueue_joined(
+            tx, statement, *args, event=event, catalog=self.catalog, **options
+        )
 
     async def submit(self, tx: Tx, event: Event, *, workflow: str) -> Submitted:
         """Start the job of ``event``'s operation in class ``workflow``, in the consumer's

@@ -33,7 +33,7 @@ import asyncpg
 
 from accord import runtime
 from accord.demo.catalog import demo_catalog
-from accord.relay import Relay, RelayConfig, enqueue, outbox
+from accord.relay import Relay, RelayConfig, enqueue, enqueue_joined, outbox
 from accord.relay import sql as relay_sql
 from accord.schemas import migrate
 from accord.schemas.events import Event, encode_payload
@@ -204,7 +204,7 @@ DOMAINS = {
            VALUES ($1, $2, 'quarterly report for the board', $3, $4)""",
     ),
 }
-KINDS = ("plain", "round_trip", "raw_insert", "enqueue")
+KINDS = ("plain", "round_trip", "raw_insert", "enqueue", "joined")
 
 
 def domain_args(domain: str, e: Event) -> tuple[Any, ...]:
@@ -226,8 +226,11 @@ async def one_round(
     of any second statement). ``raw_insert``: plus the ENQUEUE statement, its arguments
     computed before the clock starts (the floor of a one-statement outbox).
     ``enqueue``: plus ``relay.enqueue`` (event ids are the ``Event`` default, UUIDv7).
+    ``joined``: ``relay.enqueue_joined``: the domain INSERT (with RETURNING) and the outbox
+    row in one statement, instead of the plain INSERT.
     """
     insert = DOMAINS[domain][1]
+    joined = insert + " RETURNING 1"
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     for i in range(n + 50):
         for kind in kinds:
@@ -236,12 +239,15 @@ async def one_round(
             args, raw = domain_args(domain, e), outbox_args(e) if kind == "raw_insert" else ()
             t0 = time.perf_counter()
             async with conn.transaction():
-                await conn.execute(insert, *args)
+                if kind == "joined":
+                    await enqueue_joined(conn, joined, *args, event=e, catalog=CATALOG)
+                else:
+                    await conn.execute(insert, *args)
                 if kind == "round_trip":
                     await conn.fetchval("SELECT 1")
                 elif kind == "raw_insert":
                     await conn.fetchval(relay_sql.ENQUEUE, *raw)
-                elif kind != "plain":
+                elif kind == "enqueue":
                     await enqueue(conn, e, catalog=CATALOG)
             if i >= 50:  # warm-up: prepared statements, caches
                 samples[kind].append(time.perf_counter() - t0)
@@ -409,6 +415,10 @@ def report(r: dict[str, Any]) -> None:
             f"({r[d + 'plain_p50_us']:.0f} → {r[d + 'enqueue_p50_us']:.0f} µs; goal <= +15%), "
             f"p99 {r[d + 'enqueue_adds_p99']:+.1%} "
             f"({r[d + 'plain_p99_us']:.0f} → {r[d + 'enqueue_p99_us']:.0f} µs)"
+        )
+        print(
+            f"  joined (one statement) adds p50 {r[d + 'joined_adds_p50']:+.1%}"
+            f" ({r[d + 'joined_p50_us']:.0f} µs; goal <= +15%)"
         )
         print(
             f"  floors at p50: a second statement (SELECT 1) {r[d + 'round_trip_adds_p50']:+.1%}, "

@@ -3,6 +3,7 @@
 from accord.relay.errors import (
     ConnectionLost,
     DuplicateEvent,
+    JoinedStatementInvalid,
     MessageTooLarge,
     Nacked,
     PublishFailed,
@@ -12,11 +13,13 @@ from accord.relay.errors import (
     Unroutable,
 )
 from accord.relay.outbox import (
+    Joined,
     OutboxRow,
     OutboxState,
     OutboxStats,
     Settlement,
     enqueue,
+    enqueue_joined,
     release_held,
 )
 from accord.relay.publisher import AmqpPublisher, Publisher, amqp_publisher
@@ -26,6 +29,8 @@ __all__ = [
     "AmqpPublisher",
     "ConnectionLost",
     "DuplicateEvent",
+    "Joined",
+    "JoinedStatementInvalid",
     "MessageTooLarge",
     "Nacked",
     "OutboxRow",
@@ -43,5 +48,6 @@ __all__ = [
     "Unroutable",
     "amqp_publisher",
     "enqueue",
+    "enqueue_joined",
     "release_held",
 ]

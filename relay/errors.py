@@ -9,6 +9,7 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
     AccordError (schemas.errors)
     └── RelayError                   the relay failed
         ├── DuplicateEvent           the (tenant, event id) is already in the outbox
+        ├── JoinedStatementInvalid   enqueue_joined's domain statement has no RETURNING
         ├── ReleaseRefused           a held-row release named a row that is not held (or no
         │                            principal): nothing was changed
         └── PublishFailed            the broker did not confirm the publish: not published
@@ -81,3 +82,10 @@ class ReleaseRefused(RelayError):
     --evidence; nothing was changed."""
 
     reason = "release_refused"
+
+
+class JoinedStatementInvalid(RelayError):
+    """The joined enqueue takes one INSERT, UPDATE or DELETE with a RETURNING clause (and no
+    trailing ';'): the outbox row is written only when it returns a row."""
+
+    reason = "joined_statement_invalid"

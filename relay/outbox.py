@@ -9,8 +9,9 @@ or ``held`` for a permanent failure. Rows are never deleted before they are publ
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
@@ -21,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from accord.relay import sql
-from accord.relay.errors import DuplicateEvent, ReleaseRefused
+from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseRefused
 from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction, rows_affected
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event, encode_payload
@@ -109,13 +110,83 @@ async def enqueue(
     aborted, as after any failed statement). One statement, one round trip.
     """
     require_transaction(tx)
+    args = _prepared(event, catalog, max_payload_bytes)
+    with trace.use_span(_create_span(event), end_on_exit=True):
+        carrier = telemetry.current_context_headers()
+        try:
+            row_id: int = await tx.fetchval(sql.ENQUEUE, *args(carrier))
+        except asyncpg.UniqueViolationError as exc:
+            _raise_duplicate(event, exc)
+            raise
+    return row_id
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """What the joined enqueue's domain statement returned, and the outbox row it wrote (None
+    when the statement affected no row: then no event was enqueued either)."""
+
+    rows: list[dict[str, Any]]
+    outbox_id: int | None
+
+
+async def enqueue_joined(
+    tx: Tx,
+    statement: str,
+    *args: Any,
+    event: Event,
+    catalog: Catalog,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> Joined:
+    """Runs in the caller's transaction; never commits. The domain ``statement`` (an
+    ``INSERT``, ``UPDATE`` or ``DELETE ... RETURNING ...`` with parameters ``$1``..``$n`` =
+    ``args``) and the outbox row of ``event`` in ONE statement (a data-modifying CTE, one
+    round trip): the outbox row is written only when the domain statement affected a row.
+    Returns what the domain statement returned and the outbox row id; check ``rows`` as real
+    code must check an affected-row count. Raises what ``enqueue`` raises, before anything is
+    written, and JoinedStatementInvalid for a statement without RETURNING."""
+    require_transaction(tx)
+    if not _RETURNING.search(statement) or statement.rstrip().endswith(";"):
+        raise JoinedStatementInvalid(detail="one INSERT/UPDATE/DELETE ... RETURNING, no ';'")
+    prepared = _prepared(event, catalog, max_payload_bytes)
+    joined = sql.enqueue_joined(statement, len(args))
+    with trace.use_span(_create_span(event), end_on_exit=True):
+        carrier = telemetry.current_context_headers()
+        try:
+            records = await tx.fetch(joined, *args, *prepared(carrier))
+        except asyncpg.UniqueViolationError as exc:
+            _raise_duplicate(event, exc)
+            raise
+    rows = [dict(r) for r in records]
+    outbox_id = rows[0].pop(sql.JOINED_OUTBOX_ID) if rows else None
+    for row in rows[1:]:
+        row.pop(sql.JOINED_OUTBOX_ID)
+    return Joined(rows, outbox_id)
+
+
+_RETURNING = re.compile(r"\breturning\b", re.IGNORECASE)
+
+
+def _prepared(
+    event: Event, catalog: Catalog, max_payload_bytes: int
+) -> Callable[[dict[str, str]], tuple[Any, ...]]:
+    """Validate, encode and digest ``event`` once (typed errors before anything is written);
+    the outbox parameters then only need the trace context."""
     catalog.validate(event, producing=True)
-    body = encode_payload(event, max_payload_bytes)
+    body = encode_payload(event, max_payload_bytes, checked=True)
     digest = catalog.digest(event)
-    # start_span + use_span is start_as_current_span without its two extra generator-based
-    # context managers (cheaper per enqueue: docs/bench-log.md); the span ends, records an exception
-    # and sets the error status exactly as before.
-    span = _TRACER.start_span(
+
+    def args(carrier: dict[str, str]) -> tuple[Any, ...]:
+        return enqueue_args(event, digest, body, json.dumps(carrier) if carrier else None)
+
+    return args
+
+
+def _create_span(event: Event) -> trace.Span:
+    """The ``create`` span around the outbox write (its context is stored with the row).
+    start_span + use_span is start_as_current_span without its two extra generator-based
+    context managers (cheaper per enqueue: docs/bench-log.md)."""
+    return _TRACER.start_span(
         f"create {event.ce_type}",
         kind=SpanKind.PRODUCER,
         attributes={
@@ -128,18 +199,12 @@ async def enqueue(
             telemetry.ATTR_OPERATION_ID: event.operation_id,
         },
     )
-    with trace.use_span(span, end_on_exit=True):
-        carrier = telemetry.current_context_headers()
-        try:
-            row_id: int = await tx.fetchval(
-                sql.ENQUEUE,
-                *enqueue_args(event, digest, body, json.dumps(carrier) if carrier else None),
-            )
-        except asyncpg.UniqueViolationError as exc:
-            if exc.constraint_name == "outbox_event_unique":
-                raise DuplicateEvent(tenant=event.tenant, event_id=str(event.event_id)) from exc
-            raise
-    return row_id
+
+
+def _raise_duplicate(event: Event, exc: asyncpg.UniqueViolationError) -> None:
+    """DuplicateEvent when the unique violation is the outbox's own (tenant, event id)."""
+    if exc.constraint_name == "outbox_event_unique":
+        raise DuplicateEvent(tenant=event.tenant, event_id=str(event.event_id)) from exc
 
 
 def enqueue_args(event: Event, digest: str, body: bytes, trace_json: str | None) -> tuple[Any, ...]:

@@ -15,6 +15,26 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING id, pg_notify('relay_outbox', '')
 """
 
+#: The column the joined enqueue adds to the domain statement's rows: the outbox row id.
+JOINED_OUTBOX_ID = "accord_outbox_id"
+
+
+def enqueue_joined(domain: str, n: int) -> str:
+    """The domain statement (parameters $1..$n, with RETURNING) and the outbox row in one
+    statement: the row is written only when the domain statement returned a row; the outbox
+    parameters follow as $n+1..$n+10 (ENQUEUE's, in its order). Every row comes back with
+    the outbox id."""
+    p = [f"${n + i}" for i in range(1, 11)]
+    return (
+        f"WITH d AS ({domain}), o AS ("  # noqa: S608 - only parameter numbers are formatted
+        " INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version,"
+        " authority_epoch, digest, body, trace, occurred_at)"
+        f" SELECT {', '.join(p)} WHERE EXISTS (SELECT 1 FROM d)"
+        " RETURNING id, pg_notify('relay_outbox', ''))"
+        f" SELECT d.*, (SELECT id FROM o) AS {JOINED_OUTBOX_ID} FROM d"
+    )
+
+
 # Claim up to $1 eligible rows by state (never an id cursor), stamping lease $2 for $3 s, in
 # the order they became eligible (backoff or lease end, else enqueue time): the range on
 # outbox_eligible_idx stops at now(), so rows still in backoff are never read.

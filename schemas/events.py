@@ -266,10 +266,14 @@ def check_tenant(payload: Mapping[str, Any], tenant: str) -> None:
             raise TenantConflict(tenant=tenant, key=key, payload_tenant=shown)
 
 
-def encode_payload(event: Event, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+def encode_payload(
+    event: Event, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, *, checked: bool = False
+) -> bytes:
     """The body bytes (compact JSON); InvalidEvent for values ``check_values`` refuses,
-    PayloadTooLarge over ``max_bytes``."""
-    check_values(event.payload)
+    PayloadTooLarge over ``max_bytes``. ``checked``: the caller ran ``Catalog.validate``
+    (which runs ``check_values``) on this very event, so the walk is not done twice."""
+    if not checked:
+        check_values(event.payload)
     try:
         body = json.dumps(
             event.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False

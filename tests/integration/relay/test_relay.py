@@ -17,22 +17,34 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
 from accord.demo.catalog import demo_catalog
-from accord.relay import Relay, outbox, sql
+from accord.relay import Relay, enqueue_joined, outbox, sql
 from accord.relay.publisher import amqp_publisher
 from accord.schemas.events import Catalog, Event, EventType, encode_payload
 from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
 from tests.integration.relay.test_enqueue import memory_exporter
-from tests.support import enqueue, scaled, wait_for
+from tests.support import DEMO_CATALOG, enqueue, scaled, wait_for
 
 
 class _Rollback(Exception):
     pass
 
 
+async def _write(conn: asyncpg.Connection, form: str, n: int, event: Event) -> None:
+    """The domain row and its event, in the caller's transaction, by either enqueue form."""
+    if form == "plain":
+        await conn.execute("INSERT INTO domain (n) VALUES ($1)", n)
+        await enqueue(conn, event)
+    else:
+        statement = "INSERT INTO domain (n) VALUES ($1) RETURNING n"
+        done = await enqueue_joined(conn, statement, n, event=event, catalog=DEMO_CATALOG)
+        assert done.outbox_id is not None
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("form", ["plain", "joined"])
 async def test_committed_events_all_arrive_and_rolled_back_never_do(
-    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology, form: str
 ) -> None:
     total = scaled(2000, 20000)
     rng = random.Random(7)
@@ -48,8 +60,7 @@ async def test_committed_events_all_arrive_and_rolled_back_never_do(
                 event = helpers.make_event(n)
                 try:
                     async with conn.transaction():
-                        await conn.execute("INSERT INTO domain (n) VALUES ($1)", n)
-                        await enqueue(conn, event)
+                        await _write(conn, form, n, event)
                         if rollback:
                             raise _Rollback
                     committed.append(str(event.event_id))
@@ -75,14 +86,17 @@ async def test_committed_events_all_arrive_and_rolled_back_never_do(
     assert sum(counts.values()) - len(counts) <= sum(relay.stats.failures.values())
 
 
+@pytest.mark.parametrize("form", ["plain", "joined"])
 async def test_late_commit_with_lower_id_is_still_published(
-    pg_dsn: str, amqp_url: str, topo: Topology
+    pg_dsn: str, amqp_url: str, topo: Topology, form: str
 ) -> None:
     late, early = helpers.make_event(1), helpers.make_event(2)
     slow = await asyncpg.connect(pg_dsn)
+    await slow.execute("CREATE TABLE IF NOT EXISTS domain (n int PRIMARY KEY)")
     slow_tx = slow.transaction()
     await slow_tx.start()
-    late_id = await enqueue(slow, late)  # takes the lower id, commits last
+    await _write(slow, form, 1, late)  # takes the lower id, commits last
+    late_id = await slow.fetchval("SELECT id FROM relay.outbox WHERE event_id = $1", late.event_id)
     early_id = (await helpers.enqueue_outbox_ids(pg_dsn, [early]))[0]
     assert late_id < early_id
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=0.05))

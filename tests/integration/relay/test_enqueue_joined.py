@@ -1,0 +1,84 @@
+"""The joined enqueue: the domain statement and the outbox row in one statement.
+
+It writes the outbox row only when the domain statement affected a row, returns what the
+domain statement returned, and keeps every guarantee of the plain form (nothing of a rolled
+back transaction is ever published; a late commit is still published; typed errors before
+anything is written). Control for each: the plain form beside it.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from accord.relay import JoinedStatementInvalid, enqueue_joined, sql
+from accord.schemas.errors import InvalidEvent, NotInTransaction
+from tests.integration.relay.helpers import make_event
+from tests.support import DEMO_CATALOG, enqueue
+
+DOMAIN = "CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL DEFAULT 'placed')"
+PLACE = "INSERT INTO orders (id) VALUES ($1) RETURNING id, state"
+SHIP = "UPDATE orders SET state = 'shipped' WHERE id = $1 AND state = 'placed' RETURNING id"
+
+
+async def outbox(pg: asyncpg.Connection) -> list[str]:
+    return [str(r["event_id"]) for r in await pg.fetch("SELECT event_id FROM relay.outbox")]
+
+
+async def test_one_statement_writes_both_and_returns_the_domain_rows(
+    pg: asyncpg.Connection,
+) -> None:
+    await pg.execute(DOMAIN)
+    event = make_event(1)
+    async with pg.transaction():
+        done = await enqueue_joined(pg, PLACE, 1, event=event, catalog=DEMO_CATALOG)
+    assert done.rows == [{"id": 1, "state": "placed"}] and done.outbox_id is not None
+    assert await outbox(pg) == [str(event.event_id)]
+    assert "WITH d AS (" in sql.enqueue_joined(PLACE, 1)  # one statement: one round trip
+
+
+async def test_no_affected_row_writes_no_outbox_row(pg: asyncpg.Connection) -> None:
+    await pg.execute(DOMAIN)
+    async with pg.transaction():
+        await enqueue_joined(pg, PLACE, 7, event=make_event(1), catalog=DEMO_CATALOG)
+    shipped = make_event(2)
+    async with pg.transaction():  # control: the order is placed, so shipping affects it
+        first = await enqueue_joined(pg, SHIP, 7, event=shipped, catalog=DEMO_CATALOG)
+    assert first.rows == [{"id": 7}] and first.outbox_id is not None
+    again = make_event(3)
+    async with pg.transaction():  # already shipped: the UPDATE affects nothing
+        second = await enqueue_joined(pg, SHIP, 7, event=again, catalog=DEMO_CATALOG)
+    assert second.rows == [] and second.outbox_id is None
+    assert str(again.event_id) not in await outbox(pg)
+    assert str(shipped.event_id) in await outbox(pg)
+
+
+async def test_a_rollback_leaves_nothing_of_either(pg: asyncpg.Connection) -> None:
+    await pg.execute(DOMAIN)
+    plain, joined = make_event(1), make_event(2)
+    for write in ("plain", "joined"):
+        with pytest.raises(RuntimeError):
+            async with pg.transaction():
+                if write == "plain":
+                    await pg.execute("INSERT INTO orders (id) VALUES (1)")
+                    await enqueue(pg, plain)
+                else:
+                    await enqueue_joined(pg, PLACE, 2, event=joined, catalog=DEMO_CATALOG)
+                raise RuntimeError("the domain change is abandoned")
+    assert await outbox(pg) == [] and await pg.fetchval("SELECT count(*) FROM orders") == 0
+
+
+async def test_typed_errors_before_anything_is_written(pg: asyncpg.Connection) -> None:
+    await pg.execute(DOMAIN)
+    with pytest.raises(NotInTransaction):
+        await enqueue_joined(pg, PLACE, 1, event=make_event(1), catalog=DEMO_CATALOG)
+    async with pg.transaction():
+        with pytest.raises(JoinedStatementInvalid):
+            await enqueue_joined(
+                pg, "INSERT INTO orders (id) VALUES ($1)", 1, event=make_event(1),
+                catalog=DEMO_CATALOG,
+            )  # fmt: skip
+        bad = make_event(1).model_copy(update={"payload": {"report_id": "x\x00", "subject": "s"}})
+        with pytest.raises(InvalidEvent):
+            await enqueue_joined(pg, PLACE, 1, event=bad, catalog=DEMO_CATALOG)
+    assert await outbox(pg) == [] and await pg.fetchval("SELECT count(*) FROM orders") == 0
