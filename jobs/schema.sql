@@ -236,7 +236,7 @@ BEGIN
     -- PL/pgSQL, not SQL: a SQL function's statement is planned again on every call.
     RETURN QUERY
     WITH registered AS (
-        SELECT 1 FROM jobs.workflows w
+        SELECT w.effects_enabled FROM jobs.workflows w
         WHERE w.workflow = p_workflow AND w.owner = p_owner
         FOR KEY SHARE
     ), picked AS (
@@ -245,6 +245,9 @@ BEGIN
         WHERE j.workflow = p_workflow AND j.state = 'queued' AND j.run_after <= now()
           AND NOT t.frozen
           AND EXISTS (SELECT 1 FROM registered)
+          -- refused for effects_disabled: it waits for effects, no attempt spent meanwhile
+          AND (j.last_error IS DISTINCT FROM 'effects_disabled'
+               OR (SELECT r.effects_enabled FROM registered r))
           AND NOT EXISTS (
               SELECT 1 FROM jobs.effects e
               WHERE e.job_id = j.job_id
@@ -1294,7 +1297,7 @@ CREATE VIEW jobs.waiting AS
     classified.tenant,
     classified.workflow,
     classified.created_at,
-    ((classified.state = 'queued'::text) AND (classified.run_after <= now()) AND (NOT classified.frozen) AND classified.registered AND (NOT classified.unresolved_effect) AND (NOT classified.succeeded_effect)) AS claimable,
+    ((classified.state = 'queued'::text) AND (classified.run_after <= now()) AND (NOT classified.frozen) AND classified.registered AND (NOT classified.unresolved_effect) AND (NOT classified.succeeded_effect) AND ((classified.last_error IS DISTINCT FROM 'effects_disabled'::text) OR classified.effects_enabled)) AS claimable,
         CASE
             WHEN (classified.state = 'held'::text) THEN 'held'::text
             WHEN ((classified.state = 'unknown'::text) AND (NOT classified.unresolved_effect)) THEN 'awaiting_resume'::text

@@ -63,10 +63,11 @@ async def test_the_view_says_what_the_next_claim_takes(pg_dsn: str) -> None:
         assert by_id[blocked] == "blocked_by_effect" and blocked in queued_blocked[REPORT]
         assert retryable in claimable[REPORT]
         assert {by_id[j] for w in claimable for j in claimable[w]} >= {
-            "workers_busy", "no_live_worker", "effects_disabled",
+            "workers_busy", "no_live_worker",
         }  # fmt: skip
         assert {by_id[j] for w in queued_blocked for j in queued_blocked[w]} >= {
             "backoff", "tenant_frozen", "unregistered_workflow", "blocked_by_effect",
+            "effects_disabled",  # refused for effects disabled: it waits, unclaimed
         }  # fmt: skip
 
         store = Store(pool)

@@ -131,3 +131,29 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
     assert status.returncode == 0, status.stderr
     [line] = [ln for ln in status.stdout.decode().splitlines() if "effects_disabled" in ln]
     assert "report" in line and TENANT in line
+    # It waits, spending no attempt, while effects stay disabled (past its backoff too) ...
+    await rig.pool.execute("UPDATE jobs.jobs SET run_after = now() WHERE job_id = $1", job_id)
+    process = await anyio.open_process(
+        [*CLI, "--lease-s", "5", "--poll-s", "0.1"], env=env, cwd=ROOT, stderr=subprocess.PIPE
+    )
+    try:
+        await anyio.sleep(1.5)
+        attempts = await rig.pool.fetchval(
+            "SELECT attempts FROM jobs.jobs WHERE job_id = $1", job_id
+        )
+        assert attempts == 1
+        # ... and runs once effects are enabled again (control: the same worker serves it)
+        done = await _accord(
+            env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER,
+            "--effects", "enabled", "--who", "test-operator",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+        async def succeeded() -> bool:
+            return await rig.state(job_id) == JobState.SUCCEEDED
+
+        await wait_for(succeeded, within=30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            await process.wait()
