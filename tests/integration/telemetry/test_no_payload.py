@@ -47,14 +47,6 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-@pytest.fixture
-def provider(tmp_path: Path):  # type: ignore[no-untyped-def]
-    server = ProviderServer(str(tmp_path / "provider.sqlite3"))
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_no_log_line_and_no_span_holds_the_payload(
     pg_dsn: str, amqp_url: str, broker_names: BrokerNames, tmp_path: Path, provider: ProviderServer
 ) -> None:

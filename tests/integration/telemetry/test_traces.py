@@ -47,14 +47,6 @@ async def _job_state(dsn: str, op: str) -> str | None:
         await conn.close()
 
 
-@pytest.fixture
-def provider(tmp_path: Path):  # type: ignore[no-untyped-def]
-    server = ProviderServer(str(tmp_path / "provider.sqlite3"))
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_an_event_delivered_twice_is_two_process_spans_linked_to_one_create(
     pg_dsn: str, amqp_url: str, broker_names: BrokerNames, tmp_path: Path, provider: ProviderServer
 ) -> None:
