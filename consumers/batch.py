@@ -396,9 +396,25 @@ def database_refusal(exc: BaseException) -> DatabaseRefused | None:
     return refused
 
 
+# The errors that end the server session itself. A terminated backend (57P01) reports its
+# error before asyncpg has read the end of the stream, so ``is_closed()`` can still be False
+# when the error arrives: read as the message's own failure, every message of the batch was
+# requeued as a retry, and a few such returns in a row could poison a sound message as
+# retries_exhausted (the queue's delivery limit counts them).
+# (Not OSError: a handler's own I/O error is that message's transient failure.)
+_SESSION_ENDED: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+)
+
+
 def _raise_if_lost(conn: Any, exc: BaseException) -> None:
-    """A failure on a closed connection is a lost connection, not a message's fault."""
-    if conn.is_closed():
+    """A failure that ended the connection is a lost connection, not a message's fault: the
+    batch's messages go back untouched with the channel, none counted as a retry."""
+    if conn.is_closed() or isinstance(exc, _SESSION_ENDED):
         raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -12,9 +13,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from accord.consumers import ConsumerRuntime, Handlers
 from accord.schemas import telemetry
+from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
+    INSERT_EFFECT,
+    WORKFLOW,
     CuttableProxy,
     amqp_message,
     declare_topology,
@@ -80,9 +85,64 @@ async def test_lost_database_connections_reconnect(
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         assert killed > 0
-        await wait_for(lambda: _over(effects_pg, n), within=60)
+        try:
+            await wait_for(lambda: _over_or_poisoned(effects_pg, n), within=60)
+        except TimeoutError:
+            raise AssertionError(await _story(effects_pg, runtime)) from None
+        assert await _over(effects_pg, n), await _story(effects_pg, runtime)
     assert runtime.sessions >= 2
     await _exactly_once(effects_pg, n)
+
+
+async def _over_or_poisoned(pg: asyncpg.Connection, n: int) -> bool:
+    return await _over(pg, n) or bool(await pg.fetchval("SELECT count(*) FROM consumers.poison"))
+
+
+async def _story(pg: asyncpg.Connection, runtime: ConsumerRuntime) -> str:
+    """What to read when a reconnect test fails: effects, poison reasons, sessions, stats."""
+    poisoned = await pg.fetch("SELECT reason, delivery_count, detail FROM consumers.poison")
+    return (
+        f"effects={await _effects(pg)} sessions={runtime.sessions} stats={runtime.stats}"
+        f" poison={[dict(row) for row in poisoned]}"
+    )
+
+
+async def test_a_backend_terminated_mid_batch_is_a_lost_connection_not_a_retry(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """The terminated backend's error arrives before asyncpg sees the stream end: it is still
+    a lost connection (a new session, the message back untouched), never the message's own
+    transient failure counted against the queue's delivery limit."""
+    slow = {"first": True}
+    handlers = Handlers(WORKFLOW)
+
+    @handlers.on("report.accepted", 1)
+    async def slow_effect(tx: Any, event: Event) -> None:
+        if slow.pop("first", False):
+            await tx.execute("SELECT pg_sleep(30)")
+        await tx.execute(INSERT_EFFECT, event.tenant, event.operation_id, event.event_id)
+
+    await declare_topology(amqp_url, topo)
+    runtime = runtime_for(amqp_url, pg_dsn, topo, handlers=handlers, concurrency=1)
+    async with running(runtime):
+        await publish_events(amqp_url, topo, [report()])
+        await wait_for(lambda: _sleeping(effects_pg))
+        assert await effects_pg.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE query = 'SELECT pg_sleep(30)' AND pid <> pg_backend_pid()"
+        )
+        await wait_for(lambda: _over(effects_pg, 1))
+    assert runtime.sessions == 2
+    assert runtime.stats.retried == 0
+    await _exactly_once(effects_pg, 1)
+
+
+async def _sleeping(pg: asyncpg.Connection) -> bool:
+    return bool(
+        await pg.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
+        )
+    )
 
 
 async def _over(pg: asyncpg.Connection, n: int) -> bool:
