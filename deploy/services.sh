@@ -76,22 +76,3 @@ pg_ready || start_pg
 amqp_ready || start_amqp
 wait_for "PostgreSQL ($PG_HOST:$PG_PORT)" pg_ready
 wait_for "RabbitMQ ($AMQP_HOST:$AMQP_PORT)" amqp_ready
-
-# tests/faults/test_relay_services.py lowers the broker's memory watermark (a memory alarm)
-# and max_message_size for a few seconds and puts them back in its teardown. A run killed
-# before that teardown would leave every later publish blocked, so undo exactly those test
-# values here (anything else is the operator's configuration and is left alone).
-reset_test_broker_limits() {
-  command -v rabbitmqctl >/dev/null 2>&1 || return 0
-  rabbitmqctl -q --timeout 20 eval '
-    W = vm_memory_monitor:get_vm_memory_high_watermark(),
-    case is_float(W) andalso W < 0.001 of
-      true -> vm_memory_monitor:set_vm_memory_high_watermark(0.4);
-      false -> ok
-    end,
-    case application:get_env(rabbit, max_message_size) of
-      {ok, 1024} -> application:set_env(rabbit, max_message_size, 134217728);
-      _ -> ok
-    end.' >/dev/null 2>&1 || true
-}
-reset_test_broker_limits

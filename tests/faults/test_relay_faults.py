@@ -1,4 +1,5 @@
-"""The relay under faults: kill -9 in a loop, and a broker restart, while events flow.
+"""The relay under faults: kill -9 in a loop, and a broker restart, while events flow, on a
+private RabbitMQ node the module starts (the shared broker is never restarted).
 
 Loss is never allowed; duplicates are, bounded by what a dead relay can have claimed and
 not settled (``in_flight``) times the number of kills, and a duplicate always carries the
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +28,8 @@ from anyio.abc import Process
 from accord.relay import Relay
 from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
-from tests.support import enqueue, scaled, unavailable, wait_for
+from tests.rabbit_node import RabbitNode
+from tests.support import enqueue, scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_FLIGHT = 40
@@ -38,6 +39,13 @@ HOLDS_A_BATCH = (
     " AND lease_token IS NOT NULL"
     " AND lease_expires_at > $1::timestamptz + make_interval(secs => $2::float8))"
 )
+
+
+@pytest.fixture(scope="module")
+def amqp_url(rabbit_node: RabbitNode) -> str:
+    """The module's private node (tests/rabbit_node.py): the broker restart below stops and
+    starts it, so it is never the shared broker (broker_names and topo follow)."""
+    return rabbit_node.url
 
 
 @pytest.fixture
@@ -222,27 +230,16 @@ async def test_sigterm_mid_stream_settles_its_batch_and_exits_cleanly(
     assert set(found) == set(published)  # the broker holds exactly what is marked published
 
 
-def rabbitmqctl(*args: str) -> None:
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
-        unavailable("rabbitmqctl not found: cannot restart the broker")
-        return
-    done = subprocess.run([exe, *args], capture_output=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr.decode()[-500:]
-
-
 @pytest.fixture
-async def broker_restart() -> AsyncIterator[None]:
-    if shutil.which("rabbitmqctl") is None:
-        unavailable("rabbitmqctl not found: cannot restart the broker")
-    yield
-    # Whatever happened, leave the broker running for everyone else.
-    await anyio.to_thread.run_sync(rabbitmqctl, "start_app")
+async def broker_restart(rabbit_node: RabbitNode) -> AsyncIterator[RabbitNode]:
+    yield rabbit_node
+    # Whatever happened, leave the module's node running for the tests after this one.
+    await anyio.to_thread.run_sync(rabbit_node.ctl, "start_app")
 
 
 @pytest.mark.timeout(180)
 async def test_broker_restart_mid_stream_loses_nothing(
-    pg_dsn: str, amqp_url: str, topo: Topology, broker_restart: None
+    pg_dsn: str, amqp_url: str, topo: Topology, broker_restart: RabbitNode
 ) -> None:
     total = scaled(2000, 20000)
     ids: list[str] = []
@@ -254,8 +251,8 @@ async def test_broker_restart_mid_stream_loses_nothing(
             with anyio.fail_after(30):
                 while relay.stats.published < total // 4:  # noqa: ASYNC110 (another task's counter)
                     await anyio.sleep(0.02)
-            await anyio.to_thread.run_sync(rabbitmqctl, "stop_app")
-            await anyio.to_thread.run_sync(rabbitmqctl, "start_app")
+            await anyio.to_thread.run_sync(broker_restart.ctl, "stop_app")
+            await anyio.to_thread.run_sync(broker_restart.ctl, "start_app")
         await helpers.wait_until_settled(pg_dsn, expect_published=total, within_s=90)
         relay.stop()
     assert relay.stats.reconnects >= 1  # control: the restart really cut the relay off

@@ -4,14 +4,12 @@ connection under a publish in flight.
 
 Each test first shows the allowed control (an event publishes), then the fault, then that
 nothing committed was lost and, where a publish failed, that the row recorded the typed
-reason in PostgreSQL. These tests change the shared broker's settings for a few seconds and
-put them back (deploy/services.sh undoes them if a killed run could not).
+reason in PostgreSQL. Every test here runs on a private RabbitMQ node (tests/rabbit_node.py),
+whose settings they change and put back between tests.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 
 import anyio
@@ -22,7 +20,8 @@ from accord.relay import Relay
 from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.relay import helpers
-from tests.support import unavailable, wait_for
+from tests.rabbit_node import RabbitNode
+from tests.support import wait_for
 
 # The relay's backends in the test's database (every client backend but the one asking).
 OTHERS = (
@@ -31,48 +30,50 @@ OTHERS = (
 )
 
 
+@pytest.fixture(scope="module")
+def amqp_url(rabbit_node: RabbitNode) -> str:
+    """The module's private node instead of the shared broker (broker_names and topo follow)."""
+    return rabbit_node.url
+
+
 @pytest.fixture
 async def topo(amqp_url: str, broker_names: object) -> Topology:
     return await helpers.declare_demo(amqp_url, broker_names)
 
 
-def broker_eval(expression: str) -> str:
-    """Evaluate an Erlang expression on the local broker node (rabbitmqctl eval)."""
-    exe = shutil.which("rabbitmqctl")
-    if exe is None:
-        unavailable("rabbitmqctl not found: cannot change the broker's settings")
-        raise AssertionError("unreachable")
-    done = subprocess.run([exe, "eval", expression], capture_output=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr.decode()[-500:]
-    return done.stdout.decode().strip()
-
-
-# The test values (deploy/services.sh undoes exactly these if a killed run left them behind).
 TEST_MAX_MESSAGE_SIZE, ALARM_WATERMARK = "1024", "0.0000001"
 
 
+async def broker_eval(node: RabbitNode, expression: str) -> str:
+    """Evaluate an Erlang expression on the private node (rabbitmqctl eval)."""
+    return await anyio.to_thread.run_sync(node.eval, expression)
+
+
+@pytest.fixture(scope="module")
+def node_defaults(rabbit_node: RabbitNode) -> tuple[str, str]:
+    """The fresh node's message size limit and memory watermark (Erlang terms)."""
+    size = rabbit_node.eval("{ok, V} = application:get_env(rabbit, max_message_size), V.")
+    return size, rabbit_node.eval("vm_memory_monitor:get_vm_memory_high_watermark().")
+
+
 @pytest.fixture
-async def broker_settings() -> AsyncIterator[str]:
-    """Put back the broker's message size limit and memory watermark, whatever happened;
-    yields the watermark's Erlang term."""
-    size = await anyio.to_thread.run_sync(
-        broker_eval, "{ok, V} = application:get_env(rabbit, max_message_size), V."
-    )
-    watermark = await anyio.to_thread.run_sync(
-        broker_eval, "vm_memory_monitor:get_vm_memory_high_watermark()."
-    )
+async def broker_settings(
+    rabbit_node: RabbitNode, node_defaults: tuple[str, str]
+) -> AsyncIterator[str]:
+    """Put back the node's message size limit and memory watermark for the module's next
+    test, whatever happened; yields the watermark's Erlang term."""
+    size, watermark = node_defaults
     yield watermark
-    await anyio.to_thread.run_sync(
-        broker_eval, f"application:set_env(rabbit, max_message_size, {size})."
+    await broker_eval(
+        rabbit_node,
+        f"application:set_env(rabbit, max_message_size, {size}),"
+        f" vm_memory_monitor:set_vm_memory_high_watermark({watermark}).",
     )
-    await set_watermark(watermark)
 
 
-async def set_watermark(term: str) -> None:
-    """Set the broker's memory high watermark (ALARM_WATERMARK blocks every publisher)."""
-    await anyio.to_thread.run_sync(
-        broker_eval, f"vm_memory_monitor:set_vm_memory_high_watermark({term})."
-    )
+async def set_watermark(node: RabbitNode, term: str) -> None:
+    """Set the node's memory high watermark (ALARM_WATERMARK blocks every publisher)."""
+    await broker_eval(node, f"vm_memory_monitor:set_vm_memory_high_watermark({term}).")
 
 
 async def failed_with(relay: Relay, dsn: str, event: Event, reason: str, times: int) -> None:
@@ -121,11 +122,11 @@ async def test_postgresql_cutting_the_relays_connections_loses_nothing(
 
 @pytest.mark.timeout(120)
 async def test_a_message_over_the_brokers_limit_is_held_and_never_blocks_the_rows_behind(
-    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+    pg_dsn: str, amqp_url: str, topo: Topology, rabbit_node: RabbitNode, broker_settings: str
 ) -> None:
     # A limit the relay learns only from the broker (it opens its channel after this).
-    await anyio.to_thread.run_sync(
-        broker_eval, f"application:set_env(rabbit, max_message_size, {TEST_MAX_MESSAGE_SIZE})."
+    await broker_eval(
+        rabbit_node, f"application:set_env(rabbit, max_message_size, {TEST_MAX_MESSAGE_SIZE})."
     )
     small, big, behind = (
         helpers.make_event(0),
@@ -154,7 +155,7 @@ async def test_a_message_over_the_brokers_limit_is_held_and_never_blocks_the_row
 
 @pytest.mark.timeout(120)
 async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_timeout(
-    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+    pg_dsn: str, amqp_url: str, topo: Topology, rabbit_node: RabbitNode, broker_settings: str
 ) -> None:
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, publish_timeout_s=0.5))
     first, blocked = helpers.make_event(0), helpers.make_event(1)
@@ -162,10 +163,11 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
         tg.start_soon(relay.run)
         await helpers.enqueue_committed(pg_dsn, [first])
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
-        await set_watermark(ALARM_WATERMARK)  # the broker blocks every publishing connection
+        # The node now blocks every publishing connection.
+        await set_watermark(rabbit_node, ALARM_WATERMARK)
         await helpers.enqueue_committed(pg_dsn, [blocked])
         await failed_with(relay, pg_dsn, blocked, "timeout", 2)
-        await set_watermark(broker_settings)
+        await set_watermark(rabbit_node, broker_settings)
         await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
         relay.stop()
     row = await helpers.fetch_row(pg_dsn, blocked.event_id)
@@ -177,7 +179,7 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
 
 @pytest.mark.timeout(120)
 async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_reason(
-    pg_dsn: str, amqp_url: str, topo: Topology, broker_settings: str
+    pg_dsn: str, amqp_url: str, topo: Topology, rabbit_node: RabbitNode, broker_settings: str
 ) -> None:
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, publish_timeout_s=30.0, lease_s=60.0))
     first, cut = helpers.make_event(0), helpers.make_event(1)
@@ -187,16 +189,16 @@ async def test_a_connection_lost_mid_publish_leaves_the_row_eligible_with_that_r
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
         # Hold the next publish in flight (a memory alarm blocks the connection, and the
         # confirm timeout is long), then the broker closes every connection under it.
-        await set_watermark(ALARM_WATERMARK)
+        await set_watermark(rabbit_node, ALARM_WATERMARK)
         await helpers.enqueue_committed(pg_dsn, [cut])
         await anyio.sleep(1.0)
         assert (await helpers.fetch_row(pg_dsn, cut.event_id))["last_reason"] is None
-        await anyio.to_thread.run_sync(
-            broker_eval,
+        await broker_eval(
+            rabbit_node,
             "'rabbit_networking':close_all_connections(<<\"accord test: connection lost\">>).",
         )
         await failed_with(relay, pg_dsn, cut, "connection_lost", 1)
-        await set_watermark(broker_settings)
+        await set_watermark(rabbit_node, broker_settings)
         await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
         relay.stop()
     assert relay.stats.reconnects >= 1
