@@ -24,12 +24,17 @@ from typing import Any
 import rfc8785
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+# The I-JSON range rfc8785 accepts for integers (it refuses the rest with IntegerDomainError).
+_SAFE_INT = 2**53 - 1
 
 
 def _plain(value: Any) -> bool:
-    """True when ``value`` holds only what the fast path writes as RFC 8785 does."""
-    if isinstance(value, str) or value is None or isinstance(value, bool | int):
+    """True when ``value`` holds only what the fast path writes as RFC 8785 does (integers
+    outside the I-JSON range go to ``rfc8785``, which refuses them)."""
+    if isinstance(value, str) or value is None or isinstance(value, bool):
         return True
+    if isinstance(value, int):
+        return -_SAFE_INT <= value <= _SAFE_INT
     if isinstance(value, dict):
         return all(isinstance(k, str) and k.isascii() and _plain(v) for k, v in value.items())
     if isinstance(value, list | tuple):

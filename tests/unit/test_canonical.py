@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,3 +45,13 @@ def test_where_the_two_orders_or_formats_differ_it_falls_back() -> None:
     assert not canonical._plain(keys) and canonical.dumps(keys) == rfc8785.dumps(keys)
     assert canonical.dumps({"n": 1.0, "e": 1e21}) == b'{"e":1e+21,"n":1}'
     assert canonical.dumps({"s": '\u2028\x1f"\\'}) == rfc8785.dumps({"s": '\u2028\x1f"\\'})
+
+
+def test_integers_outside_the_i_json_range_are_refused_as_rfc8785_refuses_them() -> None:
+    edge = 2**53 - 1
+    assert canonical.dumps([edge, -edge]) == rfc8785.dumps([edge, -edge])  # control
+    for value in (2**53, -(2**53), 10**30):
+        with pytest.raises(rfc8785.IntegerDomainError):
+            rfc8785.dumps({"n": value})
+        with pytest.raises(rfc8785.IntegerDomainError):
+            canonical.dumps({"n": value})

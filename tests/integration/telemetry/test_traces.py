@@ -214,7 +214,18 @@ def _running(dsn: str) -> bool:
     import asyncio
 
     async def probe() -> bool:
-        return await _job_state(dsn, "report:rescued") == "running"
+        # Running, and its attempt's context kept (the worker notes it just after the
+        # claim): killed before that, attempt 2 would have nothing to link to.
+        conn = await asyncpg.connect(dsn)
+        try:
+            return bool(
+                await conn.fetchval(
+                    "SELECT state = 'running' AND attempt_trace IS NOT NULL FROM jobs.jobs"
+                    " WHERE operation_id = 'report:rescued'"
+                )
+            )
+        finally:
+            await conn.close()
 
     # a synchronous probe for support.until, on its own loop in a thread
     import concurrent.futures
