@@ -40,6 +40,8 @@ bench: venv services
 	$(BIN)/python -m bench.relay_bench
 	$(BIN)/python -m bench.consumer_bench
 	$(BIN)/python -m bench.jobs_bench
+	$(BIN)/python -m bench.worker_start_bench
+	$(BIN)/python -m bench.retention_bench
 	$(BIN)/python -m bench.pipeline_bench --n 200 --dbos
 
 # After adding a migration: rewrite each module's current SQL (jobs/schema.sql, ...) from a

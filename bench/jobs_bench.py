@@ -30,6 +30,17 @@ With ``--decompose``, two more variants say where ``accord-nocb``'s gap to ``raw
 * ``unfenced``: ``Store.claim`` then that bare ``UPDATE`` per job: ``accord-nocb`` without
   its fence.
 
+With ``--worker``, the bench runs the shipped worker instead (bench/jobs_worker.py): ``raw``
+and ``accord`` (the loop) over ``--jobs``, then ``worker``: ``accord.jobs.runner.Worker``
+with ``--workers`` slots, its pool, journal file, heartbeats and result objects, over
+``--worker-jobs`` jobs that each record one effect (an in-process provider), put one result
+object and publish its manifest row. It prints jobs/s and the worker's CPU per job next to
+the loops, the ratios to them, and the per-call cost of the store's seam and of a pool
+round trip. With ``--decompose`` it adds what the worker replaced, each alone, to show each
+gain: ``worker-pooled``, whose job calls each take a pool connection (no held connection),
+and ``worker-2commit``, whose objects are written as before (a temporary file fsynced, then
+linked, then its directory fsynced: two journal commits per object).
+
 Prints jobs/s per variant and the ratio to ``raw`` measured in the same round. Each product
 runs next to its baseline, and every second round runs in reverse order, so that a drifting
 machine favours neither side of a ratio; the figure is each ratio's median over the rounds.
@@ -56,6 +67,7 @@ import asyncpg
 from accord.jobs import Store, sql
 from accord.runtime import run
 from accord.schemas import migrate
+from bench import jobs_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 PGQUEUER_VENV = ROOT / "var" / "bench" / "venv-pgqueuer"
@@ -313,6 +325,9 @@ async def bench_pgqueuer(
 
 async def main(args: argparse.Namespace) -> None:
     admin = os.environ.get("ACCORD_PG_DSN_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+    if args.worker:
+        await main_worker(args, admin)
+        return
     python = None if args.skip_pgqueuer else ensure_pgqueuer_venv()
     n, w, b = args.jobs, args.workers, args.batch
     print(f"jobs bench: {n} no-op jobs, {w} workers, claim batch {b}, rounds {args.rounds}")
@@ -363,6 +378,66 @@ async def main(args: argparse.Namespace) -> None:
             print(f"over {len(values)} rounds  {key:<26} median {mid:.2f}  ({low:.2f}-{high:.2f})")
 
 
+async def main_worker(args: argparse.Namespace, admin: str) -> None:
+    """The shipped worker next to the loops (see the module docstring, ``--worker``)."""
+    n, nw, w, b = args.jobs, args.worker_jobs, args.workers, args.batch
+    print(
+        f"jobs bench --worker: loops over {n} no-op jobs; the worker over {nw} jobs"
+        f" (effect, object, publish); {w} workers/slots, claim batch {b}, rounds {args.rounds}"
+    )
+    ratios: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
+    for rnd in range(1, args.rounds + 1):
+        variants: dict[str, Callable[[str], Awaitable[tuple[float, int, float]]]] = {
+            "raw": lambda d: _no_cpu(bench_raw(d, n, w, b)),
+            "accord": lambda d: _no_cpu(bench_accord(d, n, w, b, mode="callback")),
+            "worker": lambda d: jobs_worker.bench_worker(d, nw, w, b),
+        }
+        if args.decompose:
+            variants["worker-pooled"] = lambda d: jobs_worker.bench_worker(d, nw, w, b, pooled=True)
+            variants["worker-2commit"] = lambda d: jobs_worker.bench_worker(
+                d, nw, w, b, objects=jobs_worker.TwoCommitStore
+            )
+        order = list(variants) if rnd % 2 else list(reversed(variants))
+        rates: dict[str, float] = {}
+        for name in order:
+            dsn = await fresh_database(admin)
+            try:
+                elapsed, done, cpu = await variants[name](dsn)
+            finally:
+                await drop_database(admin, dsn)
+            rates[name] = done / elapsed
+            if cpu:
+                cpus.setdefault(name, []).append(1000 * cpu / done)
+        for name in variants:
+            cpu_note = f"  CPU {cpus[name][-1]:5.2f} ms/job" if name in cpus else ""
+            print(f"round {rnd}  {name:<13} {rates[name]:8.0f} jobs/s{cpu_note}")
+        for name in (v for v in variants if v.startswith("worker")):
+            for base in ("raw", "accord"):
+                ratio = rates[name] / rates[base]
+                ratios.setdefault(f"{name} / {base}", []).append(ratio)
+                print(f"round {rnd}  {name} / {base} = {ratio:.3f}")
+        for other, what in (("worker-pooled", "held connection"), ("worker-2commit", "object")):
+            if other in rates:
+                gain = rates["worker"] / rates[other]
+                ratios.setdefault(f"worker / {other}", []).append(gain)
+                print(f"round {rnd}  worker / {other} = {gain:.2f} (the {what} alone)")
+    for key, values in [*ratios.items(), *((f"{k} CPU ms/job", v) for k, v in cpus.items())]:
+        low, mid, high = min(values), statistics.median(values), max(values)
+        print(f"over {len(values)} rounds  {key:<26} median {mid:.3f}  ({low:.3f}-{high:.3f})")
+    dsn = await fresh_database(admin)
+    try:
+        for name, us in (await jobs_worker.seam_costs(dsn)).items():
+            print(f"per call  {name:<24} {us:7.2f} us")
+    finally:
+        await drop_database(admin, dsn)
+
+
+async def _no_cpu(run: Awaitable[tuple[float, int]]) -> tuple[float, int, float]:
+    elapsed, done = await run
+    return elapsed, done, 0.0
+
+
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
@@ -370,6 +445,10 @@ def cli() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--skip-pgqueuer", action="store_true")
+    parser.add_argument(
+        "--worker", action="store_true", help="run the shipped Worker next to the loops"
+    )
+    parser.add_argument("--worker-jobs", type=int, default=2000)
     parser.add_argument(
         "--decompose", action="store_true", help="also run the table and unfenced experiments"
     )

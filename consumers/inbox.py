@@ -227,6 +227,15 @@ async def prune(tx: Any, *, window_s: float, limit: int = 1000) -> tuple[int, in
     return rows_affected(inbox), rows_affected(deliveries)
 
 
+async def prune_poison(tx: Any, *, retention_s: float, limit: int = 1000) -> int:
+    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` poison
+    records older than ``retention_s`` (oldest first); returns how many. A poison record is
+    evidence of a dead-lettered message: keep ``retention_s`` at least the replay horizon."""
+    require_transaction(tx)
+    removed: int = await tx.fetchval(sql.PRUNE_POISON, float(retention_s), limit)
+    return removed
+
+
 async def delivery_counts(conn: Any) -> list[Any]:
     """Read-only: inbox decisions by consumer, tenant and outcome (accord status, /metrics)."""
     return list(await conn.fetch(sql.DELIVERY_COUNTS))

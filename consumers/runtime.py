@@ -80,6 +80,9 @@ class RuntimeConfig:
     prune_batch: int = 1000
     declare: bool = True  # declare the topology at start; False: check it passively
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Poison records older than this are pruned with the inbox (None: kept; the composition
+    # root keeps it past the replay horizon).
+    poison_retention_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -287,7 +290,14 @@ class ConsumerRuntime:
                             window_s=self.config.replay_window_s,
                             limit=self.config.prune_batch,
                         )
-                    if max(counts) < self.config.prune_batch:
+                        poison = 0
+                        if self.config.poison_retention_s is not None:
+                            poison = await inbox.prune_poison(
+                                conn,
+                                retention_s=self.config.poison_retention_s,
+                                limit=self.config.prune_batch,
+                            )
+                    if max(*counts, poison) < self.config.prune_batch:
                         break
             await anyio.sleep(self.config.prune_interval_s)
 

@@ -22,6 +22,40 @@ SET row_security = off;
 
 CREATE SCHEMA consumers;
 
+--
+-- Name: prune_poison(double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000
+       OR p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity') THEN
+        RAISE EXCEPTION 'consumers.prune_poison: retention % s, batch %', p_retention_s, p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH doomed AS (
+        SELECT p.id FROM consumers.poison p
+        WHERE p.created_at < now() - make_interval(secs => p_retention_s)
+        ORDER BY p.created_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM consumers.poison p USING doomed d WHERE p.id = d.id RETURNING 1
+    ) SELECT count(*) INTO v_n FROM gone;
+    RETURN v_n;
+END $$;
+
+--
+-- Name: FUNCTION prune_poison(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of poison records older than the retention; the count (0023)';
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -174,6 +208,13 @@ CREATE INDEX poison_created_idx ON consumers.poison USING btree (created_at);
 --
 
 GRANT USAGE ON SCHEMA consumers TO accord_consumer;
+
+--
+-- Name: FUNCTION prune_poison(p_retention_s double precision, p_limit integer); Type: ACL; Schema: consumers; Owner: -
+--
+
+REVOKE ALL ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) TO accord_consumer;
 
 --
 -- Name: TABLE deliveries; Type: ACL; Schema: consumers; Owner: -

@@ -126,3 +126,7 @@ ORDER BY consumer, reason
 
 # The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
 SET_TRACE = "SELECT set_config('accord.trace', $1, true)"
+
+# Delete one bounded batch of at most $2 poison records older than $1 seconds (oldest first;
+# consumers.prune_poison, the consumer role's only way to remove one); the count.
+PRUNE_POISON = "SELECT consumers.prune_poison($1, $2)"

@@ -22,6 +22,7 @@
         │   └── RestoreDetected       the database is behind the ledger for some tenant
         ├── RepairRefused             a repair refused (reason = why: running, not_held, ...)
         ├── LookupUnavailable         a receipt lookup gave no definite answer (reconcile later)
+        ├── PruneBlocked              another schema's foreign key forbids removing a finished job
         ├── JournalError              a framed file (runner journal, ledger) cannot be used as asked
         │   ├── JournalLocked         another writer holds its lock (refused at once)
         │   ├── JournalHeaderInvalid  not a file this code can read (magic, version, header CRC)
@@ -259,3 +260,14 @@ class ObjectCorrupt(ObjectStoreError):
     """The stored object no longer hashes to its key."""
 
     reason = "object_corrupt"
+
+
+class PruneBlocked(JobsError):
+    """Retention is blocked: another schema's foreign key forbids removing a finished job.
+
+    ``constraint`` and ``table`` name the reference (``schema`` its schema): make it
+    ``ON DELETE SET NULL`` (or ``CASCADE``) in that application's migrations, or the pruner
+    stays blocked at that job.
+    """
+
+    reason = "prune_blocked"

@@ -311,7 +311,12 @@ CREATE FUNCTION jobs.effects_guard() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'jobs.effects records are never deleted'
+        -- Only jobs.prune, only a resolved record (of a job it removes in the same call).
+        IF OLD.state IN ('succeeded', 'failed_before_dispatch') AND jobs.pruning() THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'jobs.effects records are never deleted (% %/% is %)',
+            OLD.job_id, OLD.effect_key, OLD.seq, OLD.state
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
     IF (NEW.tenant, NEW.job_id, NEW.effect_key, NEW.seq, NEW.intent_digest, NEW.attempt_id,
@@ -478,6 +483,115 @@ BEGIN
 END $$;
 
 --
+-- Name: prune(double precision, double precision, integer); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_cutoff timestamptz;
+    v_ids bigint[];
+    v_jobs integer := 0;
+    v_effects integer := 0;
+    v_results integer := 0;
+    v_audit integer := 0;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        RAISE EXCEPTION 'jobs.prune: a batch holds 1 to 10000 jobs, not %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity')
+       OR p_audit_retention_s IS NULL OR NOT (p_audit_retention_s >= p_retention_s
+                                              AND p_audit_retention_s < 'infinity') THEN
+        RAISE EXCEPTION 'jobs.prune: retention % s and audit retention % s (at least as long)',
+            p_retention_s, p_audit_retention_s USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_cutoff := now() - make_interval(secs => p_retention_s);
+    -- Step 1: lock one batch of candidates, oldest first; a row another transaction holds
+    -- (a submit returning it, a stale fence, a repair) is skipped, never waited on.
+    SELECT array_agg(c.job_id) INTO v_ids FROM (
+        SELECT j.job_id FROM jobs.jobs j
+        WHERE j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0
+          AND j.updated_at < v_cutoff
+          AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                          WHERE e.job_id = j.job_id
+                            AND (e.state IN ('pending', 'unknown') OR e.finished_at >= v_cutoff))
+        ORDER BY j.updated_at
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    ) c;
+    IF v_ids IS NOT NULL THEN
+        -- Step 2: a new snapshot, taken while we hold the locks (as jobs.rescue does): keep
+        -- only the candidates that are still finished, old and resolved. Nothing can change
+        -- them from here on: every writer of a job or its effects locks the job row first.
+        SELECT array_agg(j.job_id) INTO v_ids FROM jobs.jobs j
+        WHERE j.job_id = ANY (v_ids)
+          AND j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0
+          AND j.updated_at < v_cutoff
+          AND NOT EXISTS (SELECT 1 FROM jobs.effects e
+                          WHERE e.job_id = j.job_id
+                            AND (e.state IN ('pending', 'unknown') OR e.finished_at >= v_cutoff));
+    END IF;
+    PERFORM set_config('accord.prune', 'jobs', true);
+    IF v_ids IS NOT NULL THEN
+        -- Children first; the job before its key (jobs_operation_fkey is immediate, the key's
+        -- own reference to the job is deferred).
+        DELETE FROM jobs.effect_escalations x WHERE x.job_id = ANY (v_ids);
+        DELETE FROM jobs.effect_traces x WHERE x.job_id = ANY (v_ids);
+        DELETE FROM jobs.effects e WHERE e.job_id = ANY (v_ids);
+        GET DIAGNOSTICS v_effects = ROW_COUNT;
+        DELETE FROM jobs.results r WHERE r.job_id = ANY (v_ids);
+        GET DIAGNOSTICS v_results = ROW_COUNT;
+        DELETE FROM jobs.jobs j WHERE j.job_id = ANY (v_ids);
+        GET DIAGNOSTICS v_jobs = ROW_COUNT;
+        DELETE FROM jobs.operations o WHERE o.job_id = ANY (v_ids);
+    END IF;
+    -- Repair audit rows past their own retention, once their job is gone (a job still kept
+    -- keeps its repair history) and unless a restore record names them.
+    WITH doomed AS (
+        SELECT a.audit_id FROM jobs.repair_audit a
+        WHERE a.at < now() - make_interval(secs => p_audit_retention_s)
+          AND (a.job_id IS NULL
+               OR NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = a.job_id))
+          AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
+                          WHERE r.resolved_audit = a.audit_id)
+        ORDER BY a.audit_id
+        LIMIT p_limit
+        FOR UPDATE OF a SKIP LOCKED
+    ), gone AS (
+        DELETE FROM jobs.repair_audit a USING doomed d WHERE a.audit_id = d.audit_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_audit FROM gone;
+    PERFORM set_config('accord.prune', '', true);
+    -- Another schema's deferred foreign key to a removed job fails here, by name.
+    SET CONSTRAINTS ALL IMMEDIATE;
+    RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit;
+END $$;
+
+--
+-- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention; counts per table (0023)';
+
+--
+-- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.pruning() RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN current_setting('accord.prune', true) = 'jobs'
+       AND current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
+                           WHERE p.oid = 'jobs.prune(double precision,double precision,integer)'
+                                         ::regprocedure);
+END $$;
+
+--
 -- Name: record_result(bigint, text, text, text, text, uuid, bigint, bigint, text, text); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -562,6 +676,20 @@ BEGIN
     SET resolved_at = now(), resolved_epoch = p_new_epoch, resolved_audit = v_audit
     WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
     RETURN QUERY SELECT NULL::text, p_new_epoch, v_audit;
+END $$;
+
+--
+-- Name: repair_audit_guard(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.repair_audit_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND jobs.pruning() THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'integrity_constraint_violation';
 END $$;
 
 --
@@ -872,32 +1000,41 @@ DECLARE
     v_job_id bigint;
 BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
-    INSERT INTO jobs.operations AS o (tenant, workflow, operation_id, job_id)
-    VALUES (p_tenant, p_workflow, p_operation_id, nextval('jobs.jobs_job_id_seq'))
-    ON CONFLICT (tenant, workflow, operation_id) DO NOTHING
-    RETURNING o.job_id INTO v_job_id;
-    IF v_job_id IS NOT NULL THEN
+    FOR v_try IN 1..2 LOOP
+        INSERT INTO jobs.operations AS o (tenant, workflow, operation_id, job_id)
+        VALUES (p_tenant, p_workflow, p_operation_id, nextval('jobs.jobs_job_id_seq'))
+        ON CONFLICT (tenant, workflow, operation_id) DO NOTHING
+        RETURNING o.job_id INTO v_job_id;
+        IF v_job_id IS NOT NULL THEN
+            RETURN QUERY
+                INSERT INTO jobs.jobs AS j
+                    (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace)
+                OVERRIDING SYSTEM VALUE
+                VALUES (v_job_id, p_tenant, p_workflow, p_operation_id, p_digest, p_payload,
+                        p_max_attempts, nullif(current_setting('accord.trace', true), '')::jsonb)
+                RETURNING j.job_id, true, j.state, j.digest;
+            RETURN;
+        END IF;
+        -- The existing job, held until our caller commits: jobs.prune (FOR UPDATE SKIP
+        -- LOCKED) passes it by; claims and fences (FOR NO KEY UPDATE) do not wait for it.
         RETURN QUERY
-            INSERT INTO jobs.jobs AS j
-                (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace)
-            OVERRIDING SYSTEM VALUE
-            VALUES (v_job_id, p_tenant, p_workflow, p_operation_id, p_digest, p_payload,
-                    p_max_attempts, nullif(current_setting('accord.trace', true), '')::jsonb)
-            RETURNING j.job_id, true, j.state, j.digest;
-        RETURN;
-    END IF;
-    RETURN QUERY
-        SELECT j.job_id, false, j.state, j.digest
-        FROM jobs.operations o
-        JOIN jobs.jobs j ON j.job_id = o.job_id AND j.tenant = o.tenant
-                        AND j.workflow = o.workflow AND j.operation_id = o.operation_id
-        WHERE o.tenant = p_tenant AND o.workflow = p_workflow AND o.operation_id = p_operation_id;
-    IF NOT FOUND THEN
-        -- Only a bypassed foreign key leaves a key without its job (accord status lists it).
-        RAISE EXCEPTION 'operation % of tenant % (workflow %) has a key row but no job',
-            p_operation_id, p_tenant, p_workflow
-            USING ERRCODE = 'foreign_key_violation';
-    END IF;
+            SELECT j.job_id, false, j.state, j.digest
+            FROM jobs.operations o
+            JOIN jobs.jobs j ON j.job_id = o.job_id AND j.tenant = o.tenant
+                            AND j.workflow = o.workflow AND j.operation_id = o.operation_id
+            WHERE o.tenant = p_tenant AND o.workflow = p_workflow
+              AND o.operation_id = p_operation_id
+            FOR KEY SHARE OF j;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        -- Not found: jobs.prune removed the job (and its key) while we waited for its lock;
+        -- the next insert creates the job anew.
+    END LOOP;
+    -- Only a bypassed foreign key leaves a key without its job (accord status lists it).
+    RAISE EXCEPTION 'operation % of tenant % (workflow %) has a key row but no job',
+        p_operation_id, p_tenant, p_workflow
+        USING ERRCODE = 'foreign_key_violation';
 END $$;
 
 --
@@ -1439,6 +1576,12 @@ CREATE INDEX jobs_claimable_idx ON jobs.jobs USING btree (workflow, run_after, j
 CREATE INDEX jobs_finished_idx ON jobs.jobs USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text]));
 
 --
+-- Name: jobs_prunable_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX jobs_prunable_idx ON jobs.jobs USING btree (updated_at) WHERE ((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'canceled'::text])) AND (unresolved_effects = 0));
+
+--
 -- Name: jobs_running_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 
@@ -1484,7 +1627,7 @@ CREATE TRIGGER registration_audit_no_truncate BEFORE TRUNCATE ON jobs.registrati
 -- Name: repair_audit repair_audit_append_only; Type: TRIGGER; Schema: jobs; Owner: -
 --
 
-CREATE TRIGGER repair_audit_append_only BEFORE DELETE OR UPDATE ON jobs.repair_audit FOR EACH ROW EXECUTE FUNCTION jobs.append_only();
+CREATE TRIGGER repair_audit_append_only BEFORE DELETE OR UPDATE ON jobs.repair_audit FOR EACH ROW EXECUTE FUNCTION jobs.repair_audit_guard();
 
 --
 -- Name: repair_audit repair_audit_no_truncate; Type: TRIGGER; Schema: jobs; Owner: -
@@ -1675,6 +1818,19 @@ REVOKE ALL ON FUNCTION jobs.note_trace(p_job_id bigint, p_attempt_id uuid, p_eff
 GRANT ALL ON FUNCTION jobs.note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb) TO accord_worker;
 
 --
+-- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) TO accord_worker;
+
+--
+-- Name: FUNCTION pruning(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.pruning() FROM PUBLIC;
+
+--
 -- Name: FUNCTION record_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text); Type: ACL; Schema: jobs; Owner: -
 --
 
@@ -1694,6 +1850,12 @@ GRANT ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow text
 
 REVOKE ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) TO accord_repair;
+
+--
+-- Name: FUNCTION repair_audit_guard(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.repair_audit_guard() FROM PUBLIC;
 
 --
 -- Name: FUNCTION repair_audit_row(p_action text, p_who text, p_tenant text, p_job_id bigint, p_effect_key text, p_seq integer, p_outcome text, p_evidence text, p_detail jsonb); Type: ACL; Schema: jobs; Owner: -

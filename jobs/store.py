@@ -10,14 +10,17 @@ nobody else) is the only loop that returns abandoned running work to the queue.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
 from accord.jobs import fence, publish, registry, sql
+from accord.jobs.connections import Held, Mapped, Session
 from accord.jobs.errors import (
     EffectAlreadyBegun,
     EffectConflict,
@@ -43,8 +46,7 @@ from accord.jobs.models import (
 )
 from accord.jobs.publish import BatchPublished
 from accord.schemas import telemetry
-from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
-from accord.schemas.errors import ConnectionLost
+from accord.schemas.db import Tx, require_transaction
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
 Callback = Callable[[Tx], Awaitable[None]]
@@ -86,58 +88,12 @@ async def submit(
     return Submitted(job_id=row["job_id"], created=row["created"], state=JobState(row["state"]))
 
 
-class _Held:
-    """The connection a worker keeps, as the context manager ``Store._connection`` returns
-    (entering it is free: no acquire). A class, not ``asynccontextmanager``: a publish enters
-    one per job, and the generator-based manager costs several times as much per call."""
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    async def __aenter__(self) -> Any:
-        return self._conn
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class _Mapped:
-    """One call's connection (the pool's acquire, or the held one) with the seam's mapping:
-    a connection lost while in use leaves the store as accord's ConnectionLost, whatever
-    asyncpg called it. A class, for the same per-call cost reason as ``_Held``."""
-
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    async def __aenter__(self) -> Any:
-        try:
-            return await self._inner.__aenter__()
-        except DB_CONNECTION_LOST as exc:
-            if isinstance(exc, ConnectionLost):
-                raise
-            raise _lost(exc) from exc
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        suppressed = bool(await self._inner.__aexit__(exc_type, exc, tb))
-        foreign = isinstance(exc, DB_CONNECTION_LOST) and not isinstance(exc, ConnectionLost)
-        if exc is not None and foreign and not suppressed:
-            raise _lost(exc) from exc
-        return suppressed
-
-
-def _lost(exc: BaseException) -> ConnectionLost:
-    return ConnectionLost(service="postgresql", error=type(exc).__name__)
-
-
 class Store:
     """The single claimant; each method is one short transaction.
 
     Give it an asyncpg pool (each call acquires a connection) or one connection that a
     worker keeps for its loop (no acquire/release round trip per call; one call at a time).
+    ``hold()`` gives a store over a pool one held connection for a sequence of calls.
     """
 
     #: The fence helper, for publish callbacks: ``await Store.locked(tx, lease)``.
@@ -154,13 +110,36 @@ class Store:
         backoff_max_s: float = 300.0,
     ) -> None:
         self._db = db
-        self._held = None if isinstance(db, asyncpg.Pool) else _Held(db)
+        self._source: Held | Session | None = None if isinstance(db, asyncpg.Pool) else Held(db)
         self._backoff = (backoff_base_s, backoff_max_s)
 
     def _connection(self) -> Any:
         """An async context manager for one call's connection: the pool's acquire, or the
-        connection this store was given; a lost connection comes out as ConnectionLost."""
-        return _Mapped(self._db.acquire() if self._held is None else self._held)
+        held connection; a lost connection comes out as ConnectionLost."""
+        return Mapped(self._db.acquire() if self._source is None else self._source.lend())
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[Store]:
+        """A store like this one whose calls share one pool connection, taken at its first
+        call and given back on exit: no acquire and release (asyncpg's reset is a round trip)
+        per call. A call that fails gives it back and the next call takes another (see
+        ``connections.Session``), so each call fails or succeeds exactly as it would through
+        the pool.
+        A store over one connection yields itself.
+
+        Each holder keeps a connection while it lives: the pool needs more connections than
+        holders, or a call through the pool store (a renewal) could wait for one forever.
+        """
+        if not isinstance(self._db, asyncpg.Pool):
+            yield self
+            return
+        session = Session(self._db)
+        store = copy.copy(self)
+        store._source = session
+        try:
+            yield store
+        finally:
+            await session.close()
 
     # -- claiming ------------------------------------------------------------------------
 

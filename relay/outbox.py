@@ -255,6 +255,16 @@ async def prune(tx: Tx, retention_s: float, limit: int) -> int:
     return rows_affected(status)
 
 
+async def prune_release_audit(tx: Tx, retention_s: float, limit: int) -> int:
+    """Runs in the caller's transaction; never commits. Deletes one bounded batch of release
+    audit rows older than ``retention_s`` whose outbox row is published or gone (a row still
+    pending or held keeps its history); returns how many. Held rows themselves are never
+    pruned: ``prune`` takes published rows only."""
+    require_transaction(tx)
+    removed: int = await tx.fetchval(sql.PRUNE_RELEASE_AUDIT, float(retention_s), limit)
+    return removed
+
+
 async def release_held(
     tx: Tx, tenant: str, event_ids: Sequence[uuid.UUID], *, who: str, evidence: str
 ) -> list[Released]:

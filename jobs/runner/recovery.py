@@ -1,30 +1,54 @@
-"""Starting a worker honestly: its journal opened (torn tail repaired, corrupt refused) and
-the effects it began in an earlier run whose outcome the database never recorded, reported.
+"""Starting a worker honestly: its journal opened (torn tail repaired, corrupt refused), the
+effects it began in an earlier run whose outcome the database never recorded reported, and the
+segment they were found in sealed, carrying exactly those forward (jobs.runner.journal).
 
 The journal is evidence, not authority: an effect listed here needs reconciliation against
-the provider (its idempotency key names the request), never a blind redo.
+the provider (its idempotency key names the request), never a blind redo. What the database
+says it recorded is the only reason a journal record is ever left behind by a rotation.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from accord.jobs.framing import Journal, Tail
 from accord.jobs.runner import sql
-from accord.jobs.runner.journal_records import EffectRef, UnrecordedEffect, unrecorded_effects
+from accord.jobs.runner.journal import (
+    DEFAULT_SEGMENT_BYTES,
+    DEFAULT_SEGMENT_S,
+    Rotation,
+    RunnerJournal,
+)
+from accord.jobs.runner.journal_records import (
+    EffectRef,
+    RecordType,
+    UnrecordedEffect,
+    unrecorded_effects,
+)
 
 log = logging.getLogger("accord.worker")
+_EFFECT_TYPES = frozenset({RecordType.EFFECT_BEGIN.value, RecordType.EFFECT_OUTCOME.value})
 
 
-def open_journal(path: str | os.PathLike[str], runner_id: str) -> Journal:
+def open_journal(
+    path: str | os.PathLike[str],
+    runner_id: str,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    segment_s: float = DEFAULT_SEGMENT_S,
+) -> RunnerJournal:
     """Open (creating) and lock this runner's journal; a torn tail is quarantined and cut,
-    a corrupt one is refused (JournalCorrupt, JournalLocked, JournalRunnerMismatch)."""
+    a corrupt one is refused (JournalCorrupt, JournalLocked, JournalRunnerMismatch). Reads
+    the live segment only: what its start needs, never the history rotations left behind."""
     journal_path = Path(path)
     journal_path.parent.mkdir(parents=True, exist_ok=True)
-    journal = Journal.open(journal_path, runner_id)
+    journal = RunnerJournal.open(
+        journal_path, runner_id, segment_bytes=segment_bytes, segment_s=segment_s
+    )
     if journal.scan.tail is Tail.TORN:
         repair = journal.repair()
         if repair is not None:
@@ -38,16 +62,27 @@ def open_journal(path: str | os.PathLike[str], runner_id: str) -> Journal:
     return journal
 
 
-async def report_unrecorded(conn: Any, journal: Journal) -> list[UnrecordedEffect]:
+async def recorded_effects(conn: Any, job_ids: Iterable[int]) -> set[EffectRef]:
+    """Read-only, one query: the effect records of ``job_ids`` whose outcome the database
+    holds (state anything but pending)."""
+    ids = sorted(set(job_ids))
+    rows = await conn.fetch(sql.RECORDED_EFFECTS, ids) if ids else []
+    return {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
+
+
+async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
     """Read-only: effects the journal says were begun whose outcome ``jobs.effects`` does not
     hold (still pending, or no row at all), logged one by one and returned."""
     records = journal.scan.records
-    job_ids = sorted(
-        {r["job_id"] for r in records if r.get("type") == "effect_begin" and _int(r.get("job_id"))}
-    )
-    rows = await conn.fetch(sql.RECORDED_EFFECTS, job_ids) if job_ids else []
-    recorded = {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
-    found = unrecorded_effects(records, recorded)
+    job_ids = {
+        r["job_id"] for r in records if r.get("type") == "effect_begin" and _int(r.get("job_id"))
+    }
+    recorded = await recorded_effects(conn, job_ids)
+    # Only the records of effects the database has not recorded are parsed (the cost grows
+    # with unresolved work, not with the segment): a record of a recorded ref cannot be in
+    # the answer, and one whose ref fields are missing or malformed is still refused.
+    candidates = [r for r in records if _unrecorded_candidate(r, recorded)]
+    found = unrecorded_effects(candidates, recorded)
     for entry in found:
         begin, outcome = entry.begin, entry.journal_outcome
         log.warning(
@@ -65,5 +100,51 @@ async def report_unrecorded(conn: Any, journal: Journal) -> list[UnrecordedEffec
     return found
 
 
+async def seal_at_start(
+    journal: RunnerJournal, unrecorded: Sequence[UnrecordedEffect]
+) -> Rotation | None:
+    """Begin this run on a new segment that carries exactly ``unrecorded`` (what
+    :func:`report_unrecorded` found, begins with their journal outcomes); the segment they
+    were found in holds nothing else that can still matter and goes. Before any claim."""
+    keep = {entry.ref for entry in unrecorded}
+    rotation = await journal.rotate({ref for ref in journal.begun() if ref not in keep})
+    _log_rotation(journal, rotation, "start")
+    return rotation
+
+
+async def rotate_journal(conn: Any, journal: RunnerJournal) -> Rotation | None:
+    """Seal the live segment while running: asks the database which of its effects have a
+    recorded outcome (writes go on meanwhile), then carries every other one forward (writes
+    wait for that alone). Raises what the query raises, changing nothing."""
+    recorded = await recorded_effects(conn, {ref.job_id for ref in journal.begun()})
+    rotation = await journal.rotate(recorded)
+    _log_rotation(journal, rotation, "size")
+    return rotation
+
+
+def _log_rotation(journal: RunnerJournal, rotation: Rotation | None, why: str) -> None:
+    if rotation is not None:
+        log.info(
+            "journal rotated (%s): segment=%d carried=%d dropped=%d sealed_bytes=%d path=%s",
+            why,
+            rotation.segment,
+            rotation.carried,
+            rotation.dropped,
+            rotation.sealed_bytes,
+            journal.path,
+        )
+
+
 def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unrecorded_candidate(record: dict[str, Any], recorded: set[EffectRef]) -> bool:
+    """Whether ``record`` is an effect record whose ref the database did not record (or one
+    too malformed to tell: unrecorded_effects refuses it)."""
+    if record.get("type") not in _EFFECT_TYPES:
+        return False
+    try:
+        return EffectRef(record["job_id"], record["effect_key"], record["seq"]) not in recorded
+    except (KeyError, TypeError):
+        return True

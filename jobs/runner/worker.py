@@ -13,7 +13,9 @@ period, then cancels them (an interrupted effect is recorded unknown).
 
 Loops of one worker process (each polls; polling is the truth): one claim loop per
 registered workflow class, sharing ``concurrency`` slots; optionally the jobs module's
-rescue, called periodically (rescue itself stays ``Store.rescue``).
+rescue, called periodically (rescue itself stays ``Store.rescue``); optionally retention,
+one bounded batch at a time (``jobs.retention.prune``); with a pool, the journal's rotation
+(``jobs.runner.journal``: the live segment sealed once it passes its bound).
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from accord import observe
-from accord.jobs.errors import EffectsUnresolved, FenceLost
-from accord.jobs.framing import Journal
+from accord.jobs import retention
+from accord.jobs.errors import EffectsUnresolved, FenceLost, PruneBlocked
 from accord.jobs.models import EffectState, JobState, Lease
 from accord.jobs.runner import recovery
 from accord.jobs.runner import sql as runner_sql
 from accord.jobs.runner.context import JobContext
+from accord.jobs.runner.journal import RunnerJournal
 from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.store import Store
 from accord.schemas import telemetry
-from accord.schemas.backoff import Reconnect
+from accord.schemas.backoff import Backoff, BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
@@ -77,6 +80,12 @@ class WorkerConfig:
     rescue_limit: int = 100
     grace_s: float = 10.0
     record_timeout_s: float = 10.0
+    # Retention (jobs.retention.prune, needs the worker's pool): None: this process does not
+    # host the prune call. The composition root keeps the retention past the replay horizon.
+    prune_every_s: float | None = None
+    prune_batch: int = 200
+    prune_retention_s: float = 14 * 24 * 3600.0
+    prune_audit_retention_s: float = 90 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         if min(self.concurrency, self.claim_batch, self.rescue_limit) < 1:
@@ -85,6 +94,9 @@ class WorkerConfig:
             raise ConfigError("worker times must be positive", lease_s=self.lease_s)
         if self.rescue_every_s is not None and self.rescue_every_s <= 0:
             raise ConfigError("rescue_every_s must be positive or None")
+        if self.prune_every_s is not None and not self.prune_every_s > 0:
+            raise ConfigError("prune_every_s must be positive or None")
+        retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)
 
 
 class Ending(StrEnum):
@@ -133,7 +145,7 @@ class Worker:
         config: WorkerConfig,
         *,
         store: Store,
-        journal: Journal,
+        journal: RunnerJournal,
         objects: ObjectStore,
         pool: Any = None,
     ) -> None:
@@ -173,7 +185,7 @@ class Worker:
         return sorted(self._handlers)
 
     @property
-    def journal(self) -> Journal:
+    def journal(self) -> RunnerJournal:
         """This runner's journal (the caller opened it and closes it)."""
         return self._journal
 
@@ -204,6 +216,8 @@ class Worker:
             await self._store.require_registration(workflow, self.config.owner)
         if self._pool is not None:
             self.unrecorded = await recovery.report_unrecorded(self._pool, self._journal)
+            # This run begins on a new segment carrying exactly those (0.2's file migrates).
+            await recovery.seal_at_start(self._journal, self.unrecorded)
         async with anyio.create_task_group() as jobs:
             self._jobs_scope = jobs.cancel_scope
             async with anyio.create_task_group() as loops:
@@ -211,6 +225,10 @@ class Worker:
                     loops.start_soon(self._claim_loop, registered, jobs)
                 if self.config.rescue_every_s is not None:
                     loops.start_soon(self._rescue_loop, self.config.rescue_every_s)
+                if self.config.prune_every_s is not None and self._pool is not None:
+                    loops.start_soon(self._prune_loop, self.config.prune_every_s)
+                if self._pool is not None:
+                    loops.start_soon(self._journal_loop)
                 task_status.started()
             # Stopping: no more claims. Give the jobs in flight their grace, then cancel.
             self._idle = anyio.Event()
@@ -275,6 +293,45 @@ class Worker:
                     )
             await self._nap(every_s, stop_only=True)
 
+    async def _prune_loop(self, every_s: float) -> None:
+        """Retention: one short transaction per bounded batch (jobs.retention.prune); while
+        they come back full (a backlog) the next follows after a pause as long as the batch
+        took, so retention takes at most half of this loop's time, else a nap of ``every_s``.
+        A batch another schema's foreign key refuses (PruneBlocked) is logged and tried again
+        after a growing wait, capped at an hour: retention stops there, the jobs never do."""
+        cfg = self.config
+        blocked = Backoff(BackoffPolicy(base_s=every_s, cap_s=max(every_s, 3600.0)))
+        while not self._stopping:
+            wait = every_s
+            started = anyio.current_time()
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    pruned = await retention.prune(
+                        conn,
+                        retention_s=cfg.prune_retention_s,
+                        audit_retention_s=cfg.prune_audit_retention_s,
+                        limit=cfg.prune_batch,
+                    )
+            except PruneBlocked as exc:
+                wait = blocked.next()
+                log.error("retention blocked, retrying in %.0f s: %s", wait, exc)
+            except DB_CONNECTION_LOST as exc:
+                log.warning("prune failed (%s)", type(exc).__name__)
+            else:
+                blocked.reset()
+                if pruned.rows:
+                    log.info(
+                        "pruned jobs=%d effects=%d results=%d audit=%d",
+                        pruned.jobs,
+                        pruned.effects,
+                        pruned.results,
+                        pruned.audit,
+                    )
+                if pruned.full(cfg.prune_batch):
+                    wait = min(every_s, anyio.current_time() - started)
+            observe.beat("worker.prune", within_s=wait)
+            await self._nap(wait, stop_only=True)
+
     async def _nap(self, seconds: float, *, stop_only: bool = False) -> None:
         """Sleep up to ``seconds``; a stop (or, unless ``stop_only``, a freed slot) wakes us."""
         event = self._stop if stop_only else self._wake
@@ -295,7 +352,24 @@ class Worker:
     # -- one job -------------------------------------------------------------------------------
 
     async def _append(self, record: Any) -> None:
-        await anyio.to_thread.run_sync(self._journal.append, record)
+        # Group commit: shares one write and fsync with the jobs appending meanwhile, and
+        # returns once the record is durable (the step after it relies on that).
+        await self._journal.write(record)
+
+    async def _journal_loop(self) -> None:
+        """Seal the journal's live segment whenever it passes its bound (polling), carrying
+        forward the effects the database has not recorded; a failed try waits and retries."""
+        while not self._stopping:
+            wait = self.config.poll_s
+            if self._journal.rotation_due:
+                try:
+                    await recovery.rotate_journal(self._pool, self._journal)
+                except DB_CONNECTION_LOST as exc:  # OSError too: a write before the switch
+                    # The live segment is whole and still written; only its sealing waits.
+                    wait = max(wait, 5.0)
+                    log.warning("journal rotation failed (%s), retrying", type(exc).__name__)
+            observe.beat("worker.journal", within_s=wait)
+            await self._nap(wait, stop_only=True)
 
     async def _attempts_seen(self, leases: list[Lease]) -> dict[int, Any]:
         """For the attempt spans and the submit-to-finish histogram only (none unless tracing
@@ -389,24 +463,32 @@ class Worker:
                 generation=lease.generation,
             )
         )
-        ctx = JobContext(
-            lease,
-            store=self._store,
-            objects=self._objects,
-            journal=self._append,
-            record_timeout_s=self.config.record_timeout_s,
-        )
-        finished = await self._execute(registered, ctx, claimed_at)
-        self._note(finished)
-        _end_attempt(span, finished)
-        observe.job_finished(
-            lease.workflow, str(finished.ending), seen["created_at"] if seen else None
-        )
-        if finished.ending is Ending.FENCE_LOST:
-            observe.fence_refused(finished.reason or "unknown")
+        # The attempt's fenced calls (begin/finish effect, publish, fail) share one held
+        # connection: no pool acquire and release (with its reset round trip) per call. A
+        # call that fails gives it back and the next takes a fresh one (Store.hold), so a
+        # lost connection ends the attempt exactly as it did through the pool. The heartbeat
+        # does not use it (see _heartbeat).
+        async with self._store.hold() as store:
+            ctx = JobContext(
+                lease,
+                store=store,
+                objects=self._objects,
+                journal=self._append,
+                record_timeout_s=self.config.record_timeout_s,
+            )
+            finished = await self._execute(registered, ctx, store, claimed_at)
+            # Noted before the connection goes back: a shutdown cancelling that await
+            # cannot lose how the attempt ended.
+            self._note(finished)
+            _end_attempt(span, finished)
+            observe.job_finished(
+                lease.workflow, str(finished.ending), seen["created_at"] if seen else None
+            )
+            if finished.ending is Ending.FENCE_LOST:
+                observe.fence_refused(finished.reason or "unknown")
 
     async def _execute(
-        self, registered: Registered, ctx: JobContext, claimed_at: float
+        self, registered: Registered, ctx: JobContext, store: Store, claimed_at: float
     ) -> Finished:
         hard_deadline = claimed_at + registered.timeout_s
         scope = anyio.CancelScope(deadline=min(hard_deadline, claimed_at + self.config.lease_s))
@@ -423,14 +505,23 @@ class Worker:
         except anyio.get_cancelled_exc_class():
             # Shutdown cancelled the handler: record that honestly before going.
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                self._note(await self._give_up(ctx, Ending.STOPPED, "worker_stopped"))
+                self._note(await self._give_up(ctx, store, Ending.STOPPED, "worker_stopped"))
             raise
-        return await self._settle(ctx, scope, error)
+        return await self._settle(ctx, store, scope, error)
 
     async def _heartbeat(
         self, ctx: JobContext, scope: anyio.CancelScope, hard_deadline: float, claimed_at: float
     ) -> None:
-        """Renew at most every third of the lease; on FenceLost stop and cancel the handler."""
+        """Renew at most every third of the lease; on FenceLost stop and cancel the handler.
+
+        Renewals go through the pool store, on a connection of their own for one statement,
+        never on the attempt's held one: an asyncpg connection runs one query at a time, so
+        sharing it would make a renewal wait behind whatever handler call is in flight (a
+        publish callback's statements, a call stuck until its command timeout) while the
+        lease runs out. The pool always has one to give: held connections are at most one
+        per slot and the pool is sized above that (accord.commands.worker.pool_size). The
+        two connections meet only on the job's row lock, each for one short statement or
+        transaction, as they did when every call took its own pool connection."""
         lease_s = self.config.lease_s
         next_at = claimed_at + lease_s / 3
         while True:
@@ -458,7 +549,7 @@ class Worker:
             scope.deadline = min(hard_deadline, started + lease_s)
 
     async def _settle(
-        self, ctx: JobContext, scope: anyio.CancelScope, error: Exception | None
+        self, ctx: JobContext, store: Store, scope: anyio.CancelScope, error: Exception | None
     ) -> Finished:
         if ctx.published:
             if error is not None:
@@ -469,12 +560,12 @@ class Worker:
             reason = lost.fields.get("failed_check") if isinstance(lost, FenceLost) else None
             return self._finished(ctx, Ending.FENCE_LOST, None, str(reason))
         if error is None and not scope.cancelled_caught:
-            return await self._complete(ctx)
+            return await self._complete(ctx, store)
         if error is None:
-            return await self._give_up(ctx, Ending.DEADLINE, "deadline")
-        return await self._give_up(ctx, Ending.FAILED, _reason(error))
+            return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
+        return await self._give_up(ctx, store, Ending.FAILED, _reason(error))
 
-    async def _complete(self, ctx: JobContext) -> Finished:
+    async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""
         try:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
@@ -482,19 +573,21 @@ class Worker:
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
-            return await self._give_up(ctx, Ending.FAILED, _reason(exc))
+            return await self._give_up(ctx, store, Ending.FAILED, _reason(exc))
         except DB_CONNECTION_LOST as exc:
             log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         if ctx.published:
             return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
         return self._finished(ctx, Ending.UNRECORDED, None, "publish_unanswered")
 
-    async def _give_up(self, ctx: JobContext, ending: Ending, reason: str) -> Finished:
+    async def _give_up(
+        self, ctx: JobContext, store: Store, ending: Ending, reason: str
+    ) -> Finished:
         """Fenced ``fail(retry=True)``: the jobs module requeues it, poisons it, or makes it
         unknown when an effect forbids running it again."""
         try:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                state = await self._store.fail(ctx.lease, reason, retry=True)
+                state = await store.fail(ctx.lease, reason, retry=True)
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,9 @@ from accord.jobs.errors import (
     JournalTornTail,
 )
 from accord.jobs.framing import Defect, Journal, Tail, scan_bytes, scan_journal
+from accord.jobs.framing import file as framing_file
+from accord.jobs.runner.journal import RunnerJournal
+from accord.jobs.runner.journal_records import EffectRef
 
 RUNNER = "runner-1"
 
@@ -260,3 +265,352 @@ def test_scan_stays_linear_in_the_journal_size() -> None:
     torn = data + frame[:-1]
     scan = scan_bytes(torn)
     assert (len(scan.records), scan.tail, scan.end) == (50_000, Tail.TORN, len(data))
+
+
+# -- version 2: grouped frames, segments, rotation ------------------------------------------
+
+GROUPED = journal.VERSION_GROUPED
+
+
+def build_grouped(groups: list[list[dict[str, Any]]]) -> tuple[bytes, list[int]]:
+    """A version-2 image of ``groups`` (each one write) and where each frame ends."""
+    data = journal.encode_header(RUNNER, version=GROUPED)
+    boundaries = [len(data)]
+    for group in groups:
+        start = len(data)
+        for record in group:
+            data += journal.encode_frame(record, group=start)
+            boundaries.append(len(data))
+    return data, boundaries
+
+
+def test_grouped_frame_layout_names_where_its_group_began() -> None:
+    frame = journal.encode_frame({"a": 1}, group=4242)
+    payload, group = b'{"a":1}', (4242).to_bytes(8, "little")
+    length = len(payload).to_bytes(4, "little")
+    crc = journal.crc32c(length + group + payload).to_bytes(4, "little")
+    assert frame == length + crc + group + payload
+    assert (
+        journal.encode_frame({"a": 1})
+        == length + journal.crc32c(length + payload).to_bytes(4, "little") + payload
+    )  # control: version 1 is unchanged
+
+
+def test_grouped_append_is_one_group_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    records = make_records(5)
+    with Journal.open(path, RUNNER, version=GROUPED) as j:
+        first = j.append_payloads([journal.encode_payload(r) for r in records[:3]])
+        second = j.append_payloads([journal.encode_payload(r) for r in records[3:]])
+        end = j.end
+    data = path.read_bytes()
+    group_of = [int.from_bytes(data[o + 8 : o + 16], "little") for o in first + second]
+    assert group_of == [first[0]] * 3 + [second[0]] * 2  # each frame names its group's start
+    scan = scan_journal(path)
+    assert (scan.version, scan.segment, scan.carried, scan.tail) == (GROUPED, 1, 0, Tail.CLEAN)
+    assert list(scan.records) == records and list(scan.offsets) == first + second
+    assert scan.end == end == len(data)
+    with Journal.open(path, RUNNER) as j:  # an existing journal keeps its own format
+        assert j.version == GROUPED
+    write_journal(tmp_path / "v1", records)
+    with Journal.open(tmp_path / "v1", RUNNER, version=GROUPED) as j:
+        assert j.version == journal.VERSION
+
+
+def test_grouped_header_checks() -> None:
+    data = journal.encode_header(RUNNER, version=GROUPED, segment=7, carried=3)
+    scan = scan_bytes(data)
+    assert (scan.version, scan.segment, scan.carried, scan.records) == (GROUPED, 7, 3, ())
+    segment_at = len(data) - 4 - 12  # segment u64 | carried u32 | CRC
+    for index in (segment_at, segment_at + 8):
+        damaged = bytearray(data)
+        damaged[index] ^= 0x01
+        with pytest.raises(JournalHeaderInvalid) as caught:
+            scan_bytes(bytes(damaged))
+        assert caught.value.fields["detail"] == "bad header CRC"
+    with pytest.raises(JournalHeaderInvalid):
+        journal.encode_header(RUNNER, version=3)
+
+
+def test_grouped_truncation_at_every_byte_of_the_last_group() -> None:
+    groups = [make_records(3), make_records(4)]
+    records = groups[0] + groups[1]
+    data, boundaries = build_grouped(groups)
+    # Every cut inside the last group: its whole frames before the cut stay, the rest is torn.
+    for cut in range(boundaries[3] + 1, len(data) + 1):
+        scan = scan_bytes(data[:cut])
+        whole = max(i for i, b in enumerate(boundaries) if b <= cut)
+        assert list(scan.records) == records[:whole] and scan.end == boundaries[whole]
+        assert scan.tail is (Tail.CLEAN if cut == boundaries[whole] else Tail.TORN)
+
+
+def test_a_frame_whose_group_is_impossible_where_it_stands_is_corrupt() -> None:
+    data, boundaries = build_grouped([make_records(2)])
+    # A whole, CRC-valid frame naming a group that began after the last frame's group did
+    # (and not at itself): no writer of this format puts it there.
+    stray = journal.encode_frame({"seq": "stray"}, group=boundaries[1])
+    scan = scan_bytes(data + stray)
+    assert (scan.tail, scan.defect, scan.end) == (Tail.CORRUPT, Defect.BAD_GROUP, len(data))
+    control = journal.encode_frame({"seq": "next"}, group=len(data))  # a new group, at itself
+    assert scan_bytes(data + control).tail is Tail.CLEAN
+
+
+def test_rotate_replaces_the_journal_whole_and_locks_the_new_segment(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    write_journal(path, make_records(4))  # a version 1 journal (0.2) rotates to version 2
+    old = Journal.open(path, RUNNER)
+    carried = [journal.encode_payload({"seq": "kept", "n": n}) for n in range(2)]
+    new = old.rotate(carried)
+    try:
+        scan = scan_journal(path)
+        assert (scan.version, scan.segment, scan.carried) == (GROUPED, 1, 2)
+        assert list(scan.records) == [{"seq": "kept", "n": 0}, {"seq": "kept", "n": 1}]
+        with pytest.raises(JournalBroken):
+            old.append({"a": 1})  # the sealed segment's handle is closed
+        with pytest.raises(JournalLocked):
+            Journal.open(path, RUNNER)  # locked before it got the name
+        new.append({"seq": "after"})
+        again = new.rotate([])
+        assert again.segment == 2 and scan_journal(path).records == ()
+    finally:
+        new.close()
+        again.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["j"]  # no temp file left
+
+
+def test_rotate_failing_before_the_rename_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "j"
+    write_journal(path, make_records(3))
+    before = path.read_bytes()
+    j = Journal.open(path, RUNNER)
+
+    def failing_rename(src: Any, dst: Any) -> None:
+        raise OSError(errno.ENOSPC, "simulated")
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(OSError):
+        j.rotate([journal.encode_payload({"x": 1})])
+    monkeypatch.undo()
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["j"]
+    j.append({"still": "usable"})
+    j.close()
+
+
+def test_rotate_failing_after_the_rename_breaks_both_handles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "j"
+    write_journal(path, make_records(3))
+    j = Journal.open(path, RUNNER)
+
+    def failing_fsync_dir(directory: Any) -> None:
+        raise OSError(errno.EIO, "simulated")
+
+    monkeypatch.setattr(framing_file, "fsync_dir", failing_fsync_dir)
+    with pytest.raises(JournalBroken):
+        j.rotate([journal.encode_payload({"x": 1})])
+    monkeypatch.undo()
+    with pytest.raises(JournalBroken):
+        j.append({"a": 1})
+    # The name holds the new segment, whole; whether the rename survives a power cut was
+    # not known, so nothing was acknowledged in it: reopening rescans what is there.
+    with Journal.open(path, RUNNER) as again:
+        assert again.scan.records == ({"x": 1},)
+
+
+def test_open_retries_when_the_journal_was_replaced_before_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "j"
+    write_journal(path, make_records(1))
+    answers = iter([False, True])
+    monkeypatch.setattr(framing_file, "_still_named", lambda fd, p: next(answers))
+    with Journal.open(path, RUNNER) as j:  # the first lock was on a replaced file: again
+        assert j.scan.records == tuple(make_records(1))
+    assert next(answers, None) is None
+
+
+def test_open_removes_what_a_crashed_rotation_left(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    write_journal(path, make_records(2))
+    stale = tmp_path / ".j.next-1-2"  # written (maybe partly) but never renamed into place
+    stale.write_bytes(b"half a segment")
+    with Journal.open(path, RUNNER) as j:
+        assert j.scan.records == tuple(make_records(2))
+    assert not stale.exists()
+
+
+# -- the runner journal: group commit and rotation -------------------------------------------
+
+
+def effect(kind: str, job_id: int, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "job_id": job_id, "effect_key": "k", "seq": 1, **extra}
+
+
+async def test_concurrent_writes_share_fsyncs_and_keep_each_writers_order(tmp_path: Path) -> None:
+    path = tmp_path / "w.journal"
+    seen_on_disk: list[bool] = []
+    with RunnerJournal.open(path, RUNNER) as j:
+
+        async def writer(k: int) -> None:
+            for n in range(25):
+                await j.write({"writer": k, "n": n})
+                # Returned: it is in the file (another reader sees it).
+                seen_on_disk.append({"writer": k, "n": n} in scan_journal(path).records)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(8):
+                tg.start_soon(writer, k)
+        assert j.stats.records == 200 and j.stats.groups < 200  # shared fsyncs
+    assert all(seen_on_disk)
+    records = scan_journal(path).records
+    for k in range(8):
+        assert [r["n"] for r in records if r["writer"] == k] == list(range(25))
+
+
+async def test_a_failed_group_fails_each_of_its_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    j = RunnerJournal.open(tmp_path / "w.journal", RUNNER)
+    await j.write({"a": 0})  # control
+    with pytest.raises(JournalRecordInvalid):
+        await j.write({"bad": float("nan")})  # refused alone, before any write
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "simulated fsync failure")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    failures: list[BaseException] = []
+
+    async def writer(n: int) -> None:
+        try:
+            await j.write({"a": n})
+        except JournalBroken as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(1, 5):
+            tg.start_soon(writer, n)
+    monkeypatch.undo()
+    assert len(failures) == 4
+    with pytest.raises(JournalBroken):
+        await j.write({"a": 9})  # the handle is finished: reopen to rescan
+    j.close()
+
+
+async def test_a_writer_cancelled_meanwhile_has_its_record_written_then_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "w.journal"
+    real_fsync = os.fsync
+    with RunnerJournal.open(path, RUNNER) as j:
+        # control: cancelled before the call, nothing is written
+        with anyio.CancelScope() as early:
+            early.cancel()
+            await j.write({"cancelled": "before"})
+        assert early.cancelled_caught and scan_journal(path).records == ()
+
+        def slow_fsync(fd: int) -> None:
+            time.sleep(0.2)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        after: list[str] = []
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as scope:
+                tg.start_soon(_cancel_soon, scope)
+                await j.write({"cancelled": "during"})
+                after.append("went on")  # pragma: no cover - the cancellation comes first
+        assert scope.cancelled_caught and after == []
+    assert scan_journal(path).records == ({"cancelled": "during"},)
+
+
+async def _cancel_soon(scope: anyio.CancelScope) -> None:
+    await anyio.sleep(0.05)
+    scope.cancel()
+
+
+async def test_rotation_carries_the_unrecorded_effects_and_drops_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "w.journal"
+    with RunnerJournal.open(path, RUNNER) as j:
+        for record in (
+            {"type": "claim", "job_id": 1},
+            effect("effect_begin", 1),
+            effect("effect_outcome", 1, outcome="succeeded"),
+            effect("effect_begin", 2),  # no outcome yet: in flight
+            effect("effect_begin", 3),
+            effect("effect_outcome", 3, outcome="failed_before_dispatch"),
+            effect("effect_outcome", 3, outcome="unknown"),  # the latest outcome is carried
+            {"type": "publish", "job_id": 1},
+            effect("effect_outcome", 4, outcome="succeeded", reused=True),  # no begin here
+        ):
+            await j.write(record)
+        assert j.begun() == [EffectRef(1, "k", 1), EffectRef(2, "k", 1), EffectRef(3, "k", 1)]
+        rotation = await j.rotate({EffectRef(1, "k", 1)})  # the database recorded job 1's
+        assert rotation is not None
+        assert (rotation.segment, rotation.carried, rotation.dropped) == (2, 3, 6)
+        carried = [effect("effect_begin", 2), effect("effect_begin", 3)]
+        carried.append(effect("effect_outcome", 3, outcome="unknown"))
+        assert list(j.scan.records) == carried
+        # Nothing would be left behind now: no rotation.
+        assert await j.rotate({EffectRef(1, "k", 1)}) is None
+        await j.write(effect("effect_outcome", 2, outcome="succeeded"))
+        assert j.begun() == [EffectRef(2, "k", 1), EffectRef(3, "k", 1)]
+        second = await j.rotate({EffectRef(2, "k", 1), EffectRef(3, "k", 1)})
+        assert second is not None and (second.segment, second.carried) == (3, 0)
+    scan = scan_journal(path)
+    assert (scan.version, scan.segment, scan.carried, scan.records) == (GROUPED, 3, 0, ())
+
+
+async def test_rotation_is_due_by_size_or_by_age(tmp_path: Path) -> None:
+    with RunnerJournal.open(tmp_path / "a", RUNNER, segment_bytes=1000) as j:
+        assert not j.rotation_due
+        while j.end < 1000:
+            await j.write({"pad": "p" * 90})
+        assert j.rotation_due
+        await j.rotate(set())
+        assert not j.rotation_due
+    with RunnerJournal.open(tmp_path / "b", RUNNER, segment_s=0.01) as j:
+        await anyio.sleep(0.02)
+        assert not j.rotation_due  # old, but nothing written since it began: nothing to drop
+        await j.write({"a": 1})
+        assert j.rotation_due
+
+
+async def test_writes_during_a_rotation_land_in_one_segment_or_the_other(tmp_path: Path) -> None:
+    path = tmp_path / "w.journal"
+    with RunnerJournal.open(path, RUNNER) as j:
+        acked: list[int] = []
+
+        async def writer(k: int) -> None:
+            for n in range(40):
+                await j.write(effect("effect_begin", k * 1000 + n))
+                acked.append(k * 1000 + n)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(4):
+                tg.start_soon(writer, k)
+            for _ in range(5):
+                await anyio.sleep(0.005)
+                await j.rotate(set())  # nothing recorded: every begin is carried
+    # Every acknowledged begin is in the live segment, once.
+    jobs = [r["job_id"] for r in scan_journal(path).records]
+    assert sorted(jobs) == sorted(acked) and len(jobs) == 160
+
+
+async def test_a_0_2_journal_opens_as_it_is_and_its_first_rotation_migrates_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.journal"
+    write_journal(path, [effect("effect_begin", 1), {"type": "claim", "job_id": 2}])
+    with RunnerJournal.open(path, RUNNER) as j:
+        assert j.version == journal.VERSION
+        await j.write(effect("effect_begin", 3))  # appended as version 1 frames, one by one
+        assert scan_journal(path).version == journal.VERSION
+        rotation = await j.rotate(set())
+        assert rotation is not None and rotation.dropped == 1
+    scan = scan_journal(path)
+    assert (scan.version, scan.carried) == (GROUPED, 2)
+    assert [r["job_id"] for r in scan.records] == [1, 3]

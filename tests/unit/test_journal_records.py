@@ -6,11 +6,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accord.jobs.errors import JournalRecordInvalid
 from accord.jobs.framing import Journal, scan_journal
 from accord.jobs.models import EffectState
+from accord.jobs.runner.journal import RunnerJournal
 from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,
@@ -112,3 +116,48 @@ def test_each_begin_of_a_key_is_its_own_effect() -> None:
 def test_unrecorded_effects_rejects_malformed_effect_records() -> None:
     with pytest.raises(JournalRecordInvalid):
         unrecorded_effects([{"type": "effect_begin", "job_id": 7}], set())
+
+
+def _effect_record(kind: str, job_id: int, seq: int, n: int) -> dict[str, Any]:
+    ids = {**IDS, "job_id": job_id}
+    if kind == "begin":
+        return EffectBegin(**ids, effect_key="k", seq=seq, idempotency_key=f"i{n}").model_dump(
+            mode="json"
+        )
+    result = (EffectState.SUCCEEDED, EffectState.UNKNOWN)[n % 2]
+    return EffectOutcome(
+        **ids, effect_key="k", seq=seq, outcome=result, receipt=f"r{n}"
+    ).model_dump(mode="json")
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_rotations_keep_every_answer_of_the_restart_check(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    # Whatever was written and however often the journal rotated, the live segment gives the
+    # restart check the same answer as the whole history would have, as long as the
+    # database only ever adds recorded outcomes (it never forgets one).
+    path = tmp_path_factory.mktemp("rot") / "w.journal"
+    refs = st.tuples(st.integers(1, 4), st.integers(1, 2))
+    steps = data.draw(
+        st.lists(st.tuples(st.sampled_from(["begin", "outcome", "claim", "rotate"]), refs))
+    )
+    history: list[dict[str, Any]] = []
+    recorded: set[EffectRef] = set()
+    with RunnerJournal.open(path, "r", segment_bytes=1 << 20) as journal:
+        for n, (kind, (job_id, seq)) in enumerate(steps):
+            if kind == "rotate":
+                recorded |= {EffectRef(j, "k", s) for j, s in data.draw(st.sets(refs))}
+                anyio.run(journal.rotate, frozenset(recorded))
+                continue
+            if kind == "claim":
+                record = Claim(**{**IDS, "job_id": job_id}).model_dump(mode="json")
+            else:
+                record = _effect_record(kind, job_id, seq, n)
+            journal.append(record)
+            history.append(record)
+    live = scan_journal(path).records
+    assert unrecorded_effects(live, recorded) == unrecorded_effects(history, recorded)

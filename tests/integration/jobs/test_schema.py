@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 import pytest
 
-from accord.jobs import Store, sql
+from accord.jobs import Store, retention, sql
 from accord.jobs.models import EffectState, JobState
 
 
@@ -314,3 +314,49 @@ async def test_the_claim_never_reads_jobs_waiting_for_their_run_after(
     assert "Rows Removed by Filter: 20000" not in claim_plan
     walked = next(p for p in plans if "ORDER BY job_id LIMIT 50" in p)
     assert re.search(r"Rows Removed by Filter: 2000\d", walked), walked
+
+
+PRUNE_SCAN = (
+    "EXPLAIN (ANALYZE, COSTS OFF) SELECT j.job_id FROM jobs.jobs j"
+    " WHERE j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0"
+    " AND j.updated_at < now() - interval '1 day' ORDER BY j.updated_at LIMIT 100"
+)
+
+
+async def test_the_pruner_reads_only_jobs_it_may_take(pg: asyncpg.Connection) -> None:
+    """20,000 poison jobs that finished long ago (they wait for a repair, never pruned) and 5
+    old succeeded ones: jobs.prune's scan of jobs_prunable_idx (0023) returns the 5 and reads
+    none of the poison rows, so a backlog awaiting repair costs a batch nothing. Control:
+    without it (jobs_finished_idx of 0020 holds poison jobs too; the planner reads the table)
+    the same scan reads every one of them."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    await finished_jobs(pg, 20000)
+    await pg.execute("UPDATE jobs.jobs SET state = 'poison'")
+    await pg.execute(
+        "WITH o AS (INSERT INTO jobs.operations (tenant, workflow, operation_id, job_id)"
+        " SELECT 'acme', 'w', 'old' || i, nextval('jobs.jobs_job_id_seq')"
+        " FROM generate_series(1, 5) i RETURNING *)"
+        " INSERT INTO jobs.jobs (job_id, tenant, workflow, operation_id, digest, state)"
+        " OVERRIDING SYSTEM VALUE"
+        " SELECT job_id, tenant, workflow, operation_id, 'd', 'succeeded' FROM o"
+    )
+    await pg.execute("UPDATE jobs.jobs SET updated_at = now() - interval '30 days'")
+    await pg.execute("ANALYZE jobs.jobs")
+
+    control = pg.transaction()
+    await control.start()
+    await pg.execute("DROP INDEX jobs.jobs_prunable_idx")
+    walked = "\n".join(row[0] for row in await pg.fetch(PRUNE_SCAN))
+    await control.rollback()
+    assert re.search(r"Rows Removed by Filter: 2000\d", walked), walked
+
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        async with pg.transaction():
+            pruned = await retention.prune(
+                pg, retention_s=86400.0, audit_retention_s=86400.0, limit=100
+            )
+    assert pruned.jobs == 5
+    scan = next(p for p in plans if "jobs_prunable_idx" in p)
+    assert re.search(r"Index Scan using jobs_prunable_idx .*actual time=\S+ rows=5 ", scan), scan
+    assert "Rows Removed by Filter" not in scan, scan

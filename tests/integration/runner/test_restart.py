@@ -4,6 +4,7 @@ effects an earlier run began whose outcome the database never recorded, reported
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import anyio
 import pytest
@@ -13,9 +14,12 @@ from accord.jobs import EffectState, JobState
 from accord.jobs.runner import (
     EffectRef,
     JobContext,
+    Journal,
     JournalCorrupt,
     Success,
     Tail,
+    Worker,
+    WorkerConfig,
     open_journal,
     scan_journal,
 )
@@ -96,3 +100,123 @@ async def test_open_journal_repairs_a_torn_tail_and_refuses_a_corrupt_one(rig: R
         open_journal(path, "torn")
     assert path.read_bytes() == bytes(damaged)
     assert scan_journal(path).tail is Tail.CORRUPT
+
+
+# -- rotation: a start reads one segment, carrying what is unresolved ---------------------------
+
+
+async def _lose_an_effect(rig: Rig, worker_for: Any) -> tuple[int, int, Any]:
+    """Run one job whose effect is recorded and one whose outcome the database never records
+    (the job is cancelled while its call is out); returns (recorded, lost, the handler)."""
+    await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
+    recorded = await rig.submit_job("op-recorded", "pay")
+    lost = await rig.submit_job("op-lost", "pay")
+    release = anyio.Event()
+
+    async def pay(ctx: JobContext) -> None:
+        async def send() -> Success:
+            if ctx.lease.job_id == lost:
+                await release.wait()
+            return Success(f"rcpt-{ctx.lease.job_id}")
+
+        await ctx.effect("pay", {"amount": 5}, send, idempotency_key=f"idem-{ctx.lease.job_id}")
+
+    worker = worker_for(pay)
+    async with running(worker):
+
+        async def both_begun() -> bool:
+            n = await rig.pool.fetchval("SELECT count(*) FROM jobs.effects")
+            return bool(n == 2) and await rig.state(recorded) == JobState.SUCCEEDED
+
+        await wait_for(both_begun)
+        await rig.store.cancel(lost, reason="operator")
+        release.set()
+
+        async def gave_up() -> bool:
+            return worker.stats.endings["fence_lost"] == 1
+
+        await wait_for(gave_up)
+    return recorded, lost, pay
+
+
+def _worker(rig: Rig, handler: Any, *, name: str = "w1", segment_bytes: int = 1 << 24) -> Worker:
+    worker = Worker(
+        WorkerConfig(owner=DEFAULT_OWNER, lease_s=30.0, poll_s=0.05, rescue_every_s=None),
+        store=rig.store,
+        journal=open_journal(rig.journal_path(name), name, segment_bytes=segment_bytes),
+        objects=rig.objects,
+        pool=rig.pool,
+    )
+    worker.register("pay", handler, timeout_s=30.0)
+    return worker
+
+
+async def test_a_start_carries_only_the_unrecorded_effects_into_a_new_segment(rig: Rig) -> None:
+    _, lost, pay = await _lose_an_effect(rig, lambda h: _worker(rig, h))
+    path = rig.journal_path()
+    before = scan_journal(path)
+    assert before.segment == 1 and len(before.records) > 2  # the first run's whole history
+    async with running(_worker(rig, pay)) as restarted:
+        pass
+    [entry] = restarted.unrecorded
+    assert entry.ref == EffectRef(lost, "pay", 1)
+    after = scan_journal(path)
+    # Only the lost effect's begin and journal outcome were carried; the rest is gone.
+    assert (after.version, after.segment, after.carried) == (2, 2, 2)
+    assert [(r["type"], r["job_id"]) for r in after.records] == [
+        ("effect_begin", lost),
+        ("effect_outcome", lost),
+    ]
+    # A later start reads the carried records and still reports the effect, with its receipt.
+    async with running(_worker(rig, pay)) as again:
+        pass
+    [entry] = again.unrecorded
+    assert entry.journal_outcome is not None and entry.journal_outcome.receipt == f"rcpt-{lost}"
+    assert scan_journal(path).segment == 2  # nothing to leave behind: not rotated again
+
+
+async def test_a_running_worker_rotates_and_its_restart_reads_one_bounded_segment(
+    rig: Rig,
+) -> None:
+    _, lost, pay = await _lose_an_effect(rig, lambda h: _worker(rig, h, segment_bytes=4096))
+    jobs = [await rig.submit_job(f"op-{n}", "pay") for n in range(40)]
+    worker = _worker(rig, pay, segment_bytes=4096)
+    async with running(worker):
+
+        async def all_done() -> bool:
+            states = [await rig.state(job) for job in jobs]
+            return all(state == JobState.SUCCEEDED for state in states)
+
+        await wait_for(all_done)
+
+        async def rotated() -> bool:
+            return worker.journal.stats.rotations >= 2  # at its start, then while running
+
+        await wait_for(rotated)
+    live = scan_journal(rig.journal_path())
+    assert live.segment > 3 and live.size < 4096 + 4096  # the bound, plus one poll's overshoot
+    assert EffectRef(lost, "pay", 1) in {
+        EffectRef(r["job_id"], r["effect_key"], r["seq"])
+        for r in live.records[: live.carried]
+        if r["type"] == "effect_begin"
+    }
+    async with running(_worker(rig, pay, segment_bytes=4096)) as restarted:
+        pass
+    assert [e.ref for e in restarted.unrecorded] == [EffectRef(lost, "pay", 1)]
+
+
+async def test_a_0_2_journal_is_read_at_start_and_migrated(rig: Rig) -> None:
+    _, lost, pay = await _lose_an_effect(rig, lambda h: _worker(rig, h))
+    path = rig.journal_path()
+    history = scan_journal(path).records
+    path.unlink()
+    with Journal.open(path, "w1") as old:  # the same records, as 0.2 wrote them (version 1)
+        for record in history:
+            old.append(record)
+    assert scan_journal(path).version == 1
+    async with running(_worker(rig, pay)) as restarted:
+        pass
+    assert [e.ref for e in restarted.unrecorded] == [EffectRef(lost, "pay", 1)]
+    migrated = scan_journal(path)
+    assert (migrated.version, migrated.carried) == (2, 2)
+    assert [r["type"] for r in migrated.records] == ["effect_begin", "effect_outcome"]

@@ -1,0 +1,95 @@
+"""Retention of the jobs module: finished jobs leave, with everything that was theirs, only
+when nothing may still need them.
+
+Invariant it owns (jobs.prune, migration 0023): a job is removed only when it is succeeded,
+failed or canceled, older than the retention, and has no effect record pending or unknown
+(nor one resolved within the retention); then its operation key, effect records, traces,
+escalations and result manifest go with it in the same statement. queued, running, held,
+poison and unknown jobs are never removed. A redelivery racing the pruner either finds its
+job (``jobs.submit`` holds it until its caller commits, and the pruner passes it by) or finds
+no key and creates a new job; it is never handed a job that disappears under it.
+
+The retention must be at least the replay horizon (the inbox's replay window plus its prune
+margin), so that a redelivery that can still arrive finds its inbox row or its job: the
+composition root refuses shorter settings (``accord.commands.common.check_retention``); this
+module only refuses values that cannot work at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import asyncpg
+
+from accord.jobs import sql
+from accord.jobs.errors import PruneBlocked
+from accord.schemas.db import Tx, require_transaction
+from accord.schemas.errors import ConfigError
+
+#: The most jobs one batch may hold (jobs.prune refuses more): a batch is one short transaction.
+MAX_BATCH = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one batch removed, per table (operation keys, traces and escalations go with
+    their jobs and are not counted apart)."""
+
+    jobs: int = 0
+    effects: int = 0
+    results: int = 0
+    audit: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.jobs + self.effects + self.results + self.audit
+
+    def full(self, limit: int) -> bool:
+        """True when the batch was full: more may be waiting, run the next one at once."""
+        return max(self.jobs, self.audit) >= limit
+
+
+def check(retention_s: float, audit_retention_s: float, limit: int) -> None:
+    """Raise ConfigError unless the values can work (finite, non-negative, audit retention at
+    least the jobs retention, 1 <= limit <= MAX_BATCH). Says nothing of the replay horizon."""
+    if not (math.isfinite(retention_s) and retention_s >= 0):
+        raise ConfigError(
+            "the jobs retention must be a finite number of seconds >= 0", retention_s=retention_s
+        )
+    if not (math.isfinite(audit_retention_s) and audit_retention_s >= retention_s):
+        raise ConfigError(
+            "the audit retention must be finite and at least the jobs retention",
+            audit_retention_s=audit_retention_s,
+            retention_s=retention_s,
+        )
+    if not 1 <= limit <= MAX_BATCH:
+        raise ConfigError(f"a prune batch holds 1 to {MAX_BATCH} jobs", limit=limit)
+
+
+async def prune(tx: Tx, *, retention_s: float, audit_retention_s: float, limit: int) -> Pruned:
+    """Runs in the caller's transaction, which should be its own (jobs.prune makes every
+    constraint immediate before it returns); never commits. Removes one bounded batch (at
+    most ``limit`` jobs, oldest first, skipping rows other transactions hold) of finished,
+    resolved jobs older than ``retention_s`` with everything that was theirs, and of repair
+    audit rows older than ``audit_retention_s`` whose job is gone. Callers loop, one short
+    transaction per batch, while ``Pruned.full(limit)``.
+
+    Raises ConfigError for values that cannot work (see ``check``), and PruneBlocked (naming
+    the constraint and its table) when another schema's foreign key forbids removing a job of
+    the batch: nothing of that batch is removed.
+    """
+    require_transaction(tx)
+    check(retention_s, audit_retention_s, limit)
+    try:
+        row = await tx.fetchrow(sql.PRUNE, float(retention_s), float(audit_retention_s), limit)
+    except asyncpg.ForeignKeyViolationError as exc:
+        raise PruneBlocked(
+            constraint=exc.constraint_name, table=exc.table_name, schema=exc.schema_name
+        ) from exc
+    return Pruned(
+        jobs=row["jobs_pruned"],
+        effects=row["effects_pruned"],
+        results=row["results_pruned"],
+        audit=row["audit_pruned"],
+    )

@@ -1,0 +1,436 @@
+"""Retention tied to the replay horizon (jobs.prune, migration 0023; jobs.retention).
+
+Rows are aged by writing their timestamps as the test's owner connection (effect records
+through session_replication_role, since their guard forbids any other change). Every removal
+comes after its control: the same job inside the retention is kept.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from accord.consumers import Consumer, Delivery, ReplayTooOld, reserve
+from accord.consumers import inbox as consumer_inbox
+from accord.consumers.inbox import PRUNE_MARGIN_S
+from accord.jobs import EffectState, JobState, Store, Submitted, submit
+from accord.jobs import retention as jobs_retention
+from accord.jobs.errors import PruneBlocked
+from accord.jobs.retention import Pruned
+from accord.jobs.runner.objects import LocalDirStore
+from accord.schemas.errors import ConfigError
+from tests.integration.consumers.support import CATALOG, report
+from tests.integration.jobs.conftest import TENANT, WORKFLOW, Jobs
+from tests.integration.test_gc_objects import make_old, run_cli
+
+DAY = 86400.0
+WINDOW_S = 7 * DAY
+HORIZON_S = WINDOW_S + PRUNE_MARGIN_S
+RETENTION_S = HORIZON_S  # the shortest retention the settings allow
+AUDIT_S = 90 * DAY
+LONG_AGO_S = 10 * 365 * DAY
+
+# Each table holding a job's rows, and how to count them (constant statements).
+COUNTS = {
+    "jobs": "SELECT count(*) FROM jobs.jobs WHERE job_id = $1",
+    "operations": "SELECT count(*) FROM jobs.operations WHERE job_id = $1",
+    "effects": "SELECT count(*) FROM jobs.effects WHERE job_id = $1",
+    "effect_traces": "SELECT count(*) FROM jobs.effect_traces WHERE job_id = $1",
+    "effect_escalations": "SELECT count(*) FROM jobs.effect_escalations WHERE job_id = $1",
+    "results": "SELECT count(*) FROM jobs.results WHERE job_id = $1",
+}
+
+
+async def rows_of(pool: asyncpg.Pool, job_id: int) -> dict[str, int]:
+    return {table: await pool.fetchval(stmt, job_id) for table, stmt in COUNTS.items()}
+
+
+async def prune(
+    pool: asyncpg.Pool,
+    *,
+    retention_s: float = RETENTION_S,
+    audit_retention_s: float = AUDIT_S,
+    limit: int = 100,
+) -> Pruned:
+    async with pool.acquire() as conn, conn.transaction():
+        return await jobs_retention.prune(
+            conn, retention_s=retention_s, audit_retention_s=audit_retention_s, limit=limit
+        )
+
+
+async def age(pool: asyncpg.Pool, job_id: int, seconds: float) -> None:
+    """The job finished ``seconds`` ago, and so did its effect records (test-only writes)."""
+    await pool.execute(
+        "UPDATE jobs.jobs SET updated_at = now() - make_interval(secs => $2) WHERE job_id = $1",
+        job_id,
+        seconds,
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guard
+        await conn.execute(
+            "UPDATE jobs.effects SET begun_at = now() - make_interval(secs => $2),"
+            " finished_at = CASE WHEN finished_at IS NOT NULL"
+            " THEN now() - make_interval(secs => $2) END WHERE job_id = $1",
+            job_id,
+            seconds,
+        )
+
+
+async def finish(
+    jobs: Jobs,
+    operation_id: str,
+    *,
+    effect: EffectState | None = EffectState.SUCCEEDED,
+    object_key: str | None = None,
+) -> int:
+    """A job run to its end: an effect with ``effect`` as outcome, a result manifest row
+    naming ``object_key`` (if given), published; unknown ends the job unknown instead."""
+    job_id = await jobs.submit(operation_id)
+    lease = await jobs.claim_one()
+    assert lease.job_id == job_id
+    if effect is not None:
+        await jobs.store.begin_effect(lease, "charge", f"intent-{operation_id}")
+        await jobs.store.finish_effect(lease, "charge", effect, receipt="receipt-1")
+    if effect is EffectState.UNKNOWN:
+        assert await jobs.store.fail(lease, "provider timeout", retry=True) is JobState.UNKNOWN
+        return job_id
+
+    async def manifest(tx: asyncpg.Connection) -> None:
+        if object_key is not None:
+            await Store.record_result(tx, lease, object_key, "sha256:x")
+
+    await jobs.store.publish(lease, manifest)
+    return job_id
+
+
+async def test_a_job_within_retention_is_kept_and_its_redelivery_absorbed_after_it_leaves(
+    jobs: Jobs,
+) -> None:
+    consumer = Consumer(WORKFLOW, CATALOG, replay_window_s=WINDOW_S)
+    event = report(tenant=TENANT)
+    digest = CATALOG.digest(event)
+
+    async def deliver() -> tuple[bool, Submitted]:
+        async with jobs.pool.acquire() as conn, conn.transaction():
+            fresh = await reserve(conn, consumer, event, Delivery(redelivered=True))
+            done = await submit(
+                conn,
+                tenant=event.tenant,
+                workflow=WORKFLOW,
+                operation_id=event.operation_id,
+                digest=digest,
+                payload=dict(event.payload),
+            )
+        return fresh, done
+
+    fresh, first = await deliver()
+    assert fresh and first.created
+    job_id = first.job_id
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "charge", "intent")
+    await jobs.store.finish_effect(lease, "charge", EffectState.SUCCEEDED, receipt="r1")
+    await jobs.store.publish(lease)
+
+    async def age_everything(seconds: float) -> None:
+        await age(jobs.pool, job_id, seconds)
+        await jobs.pool.execute(
+            "UPDATE consumers.inbox SET first_seen_at = now() - make_interval(secs => $1),"
+            " occurred_at = now() - make_interval(secs => $1)",
+            seconds,
+        )
+        await jobs.pool.execute(
+            "UPDATE consumers.deliveries SET received_at = now() - make_interval(secs => $1)",
+            seconds,
+        )
+
+    # Within the retention (an hour short of it): inbox row and job both stay, and a
+    # redelivery is absorbed by the inbox while jobs.submit hands back the same job.
+    await age_everything(RETENTION_S - 3600)
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        assert await consumer_inbox.prune(conn, window_s=WINDOW_S) == (0, 0)
+    assert await prune(jobs.pool) == Pruned()
+    fresh, again = await deliver()
+    assert not fresh
+    assert (again.job_id, again.created, again.state) == (job_id, False, JobState.SUCCEEDED)
+
+    # Past the retention: the inbox row and the job leave, the job with everything that was
+    # its own; a redelivery (as old as its event now is) is refused, not taken as new.
+    await age_everything(RETENTION_S + 60)
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        assert (await consumer_inbox.prune(conn, window_s=WINDOW_S))[0] == 1
+    assert await prune(jobs.pool) == Pruned(jobs=1, effects=1)
+    assert set((await rows_of(jobs.pool, job_id)).values()) == {0}
+    late = event.model_copy(
+        update={"occurred_at": datetime.now(UTC) - timedelta(seconds=RETENTION_S + 60)}
+    )
+    async with jobs.pool.acquire() as conn:
+        with pytest.raises(ReplayTooOld):
+            async with conn.transaction():
+                await reserve(conn, consumer, late, Delivery(redelivered=True))
+    assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs") == 0
+
+
+async def test_past_retention_a_job_leaves_with_its_key_effects_traces_and_results(
+    jobs: Jobs,
+) -> None:
+    old = await finish(jobs, "old", object_key="sha256-" + "a" * 64)
+    young = await finish(jobs, "young", object_key="sha256-" + "b" * 64)
+    for job_id in (old, young):
+        await jobs.pool.execute(
+            "INSERT INTO jobs.effect_traces (job_id, effect_key, seq, trace)"
+            " VALUES ($1, 'charge', 1, '{}')",
+            job_id,
+        )
+        await jobs.pool.execute(
+            "INSERT INTO jobs.effect_escalations (job_id, effect_key, seq, tenant, age_s)"
+            " VALUES ($1, 'charge', 1, $2, 1)",
+            job_id,
+            TENANT,
+        )
+    full = {table: 1 for table in COUNTS}
+    assert await rows_of(jobs.pool, old) == full
+    await age(jobs.pool, old, RETENTION_S + 60)
+    await age(jobs.pool, young, RETENTION_S - 60)
+
+    assert await prune(jobs.pool) == Pruned(jobs=1, effects=1, results=1)
+    assert set((await rows_of(jobs.pool, old)).values()) == {0}
+    assert await rows_of(jobs.pool, young) == full  # control: inside the retention
+    assert await prune(jobs.pool) == Pruned()
+    # The key left with its job: the same operation is a new job now.
+    assert await jobs.submit("old") > young
+
+
+async def test_an_unresolved_effect_is_never_removed_whatever_its_age(jobs: Jobs) -> None:
+    unknown = await finish(jobs, "unknown", effect=EffectState.UNKNOWN)
+    # Canceled while an effect was pending: the record stays the evidence.
+    pending = await jobs.submit("canceled-pending")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "charge", "intent")
+    assert (await jobs.store.cancel(pending, reason="operator")).unresolved_effects
+    # Canceled, then its effect recorded unknown (the job's counter and the record agree).
+    canceled_unknown = await jobs.submit("canceled-unknown")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "charge", "intent")
+    await jobs.store.finish_effect(lease, "charge", EffectState.UNKNOWN)
+    await jobs.store.cancel(canceled_unknown, reason="operator")
+    control = await jobs.submit("canceled-clean")
+    await jobs.store.cancel(control, reason="operator")
+    for job_id in (unknown, pending, canceled_unknown, control):
+        await age(jobs.pool, job_id, LONG_AGO_S)
+
+    assert await prune(jobs.pool, retention_s=0, audit_retention_s=0) == Pruned(jobs=1)
+    assert (
+        await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs WHERE job_id = $1", control) == 0
+    )
+    for job_id in (unknown, pending, canceled_unknown):
+        counts = await rows_of(jobs.pool, job_id)
+        assert counts["jobs"] == counts["operations"] == counts["effects"] == 1, job_id
+
+    # Belt and braces: even a job whose counter was zeroed by hand keeps an unknown record.
+    await jobs.pool.execute(
+        "UPDATE jobs.jobs SET unresolved_effects = 0 WHERE job_id = $1", unknown
+    )
+    await jobs.pool.execute("UPDATE jobs.jobs SET state = 'failed' WHERE job_id = $1", unknown)
+    await age(jobs.pool, unknown, LONG_AGO_S)
+    assert await prune(jobs.pool, retention_s=0, audit_retention_s=0) == Pruned()
+    assert (await rows_of(jobs.pool, unknown))["effects"] == 1
+
+
+async def test_an_effect_resolved_within_the_retention_keeps_its_job(jobs: Jobs) -> None:
+    """A repair that resolves an old canceled job's effect today: the job's own clock is old,
+    the record's resolution is not, and the record stays for a whole retention."""
+    job_id = await jobs.submit("resolved-late")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "charge", "intent")
+    await jobs.store.cancel(job_id, reason="operator")
+    await age(jobs.pool, job_id, LONG_AGO_S)
+    row = await jobs.pool.fetchrow(
+        "SELECT * FROM jobs.repair_resolve_effect($1, 'charge', 'succeeded', 'r', 'ops', 'ticket')",
+        job_id,
+    )
+    assert row["status"] is None
+    assert await prune(jobs.pool) == Pruned()
+    await age(jobs.pool, job_id, RETENTION_S + 60)  # control: once that too is old, it goes
+    assert await prune(jobs.pool) == Pruned(jobs=1, effects=1)
+
+
+async def test_only_succeeded_failed_and_canceled_jobs_are_removed(jobs: Jobs) -> None:
+    succeeded = await finish(jobs, "succeeded", effect=None)
+    failed = await jobs.submit("failed")
+    assert await jobs.store.fail(await jobs.claim_one(), "no", retry=False) is JobState.FAILED
+    canceled = await jobs.submit("canceled")
+    await jobs.store.cancel(canceled, reason="operator")
+    kept = {
+        "poison": await jobs.submit("poison", max_attempts=1),
+        "held": await jobs.submit("held"),
+        "running": await jobs.submit("running"),
+        "queued": await jobs.submit("queued"),
+    }
+    assert await jobs.store.fail(await jobs.claim_one(), "no", retry=True) is JobState.POISON
+    await jobs.pool.execute("UPDATE jobs.jobs SET state = 'held' WHERE job_id = $1", kept["held"])
+    assert (await jobs.claim_one()).job_id == kept["running"]
+    for job_id in (succeeded, failed, canceled, *kept.values()):
+        await age(jobs.pool, job_id, LONG_AGO_S)
+
+    assert await prune(jobs.pool) == Pruned(jobs=3)
+    left = await jobs.pool.fetch("SELECT job_id, state FROM jobs.jobs ORDER BY job_id")
+    assert {r["state"]: r["job_id"] for r in left} == kept
+
+
+async def test_a_batch_is_bounded_and_the_oldest_go_first(jobs: Jobs) -> None:
+    ids = [await finish(jobs, f"op{i}", effect=None) for i in range(25)]
+    for n, job_id in enumerate(ids):
+        await age(jobs.pool, job_id, RETENTION_S + 1000 - n)  # ids[0] is the oldest
+    first = await prune(jobs.pool, limit=10)
+    assert first == Pruned(jobs=10) and first.full(10)
+    assert await jobs.pool.fetchval("SELECT min(job_id) FROM jobs.jobs") == ids[10]
+    assert [(await prune(jobs.pool, limit=10)).jobs for _ in range(3)] == [10, 5, 0]
+
+
+async def test_repair_audit_rows_leave_after_their_own_retention_once_their_job_is_gone(
+    jobs: Jobs,
+) -> None:
+    gone = await finish(jobs, "gone", effect=None)
+    kept = await jobs.submit("kept")
+    insert = (
+        "INSERT INTO jobs.repair_audit (action, who, db_user, db_role, tenant, job_id, outcome,"
+        " evidence, at) VALUES ($1, 'ops', 'u', 'r', $2, $3, 'queued', 'ticket',"
+        " now() - make_interval(secs => $4)) RETURNING audit_id"
+    )
+    old_gone = await jobs.pool.fetchval(insert, "resume", TENANT, gone, AUDIT_S + 60)
+    young_gone = await jobs.pool.fetchval(insert, "resume", TENANT, gone, AUDIT_S - 60)
+    old_kept = await jobs.pool.fetchval(insert, "resume", TENANT, kept, AUDIT_S + 60)
+    old_epoch = await jobs.pool.fetchval(insert, "advance_epoch", TENANT, None, AUDIT_S + 60)
+    named = await jobs.pool.fetchval(insert, "advance_epoch", TENANT, None, AUDIT_S + 60)
+    await jobs.pool.execute(
+        "INSERT INTO jobs.authority_restores (tenant, db_epoch, ledger_epoch, detected_by,"
+        " resolved_at, resolved_epoch, resolved_audit) VALUES ($1, 1, 2, 'test', now(), 3, $2)",
+        TENANT,
+        named,
+    )
+    # control: the audit is append-only to everyone else, its owner included
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+        await jobs.pool.execute("DELETE FROM jobs.repair_audit WHERE audit_id = $1", old_gone)
+
+    await age(jobs.pool, gone, RETENTION_S + 60)
+    assert await prune(jobs.pool) == Pruned(jobs=1, audit=2)
+    left = {r[0] for r in await jobs.pool.fetch("SELECT audit_id FROM jobs.repair_audit")}
+    assert left == {young_gone, old_kept, named}
+    assert old_epoch not in left
+
+
+async def test_settings_that_cannot_work_are_refused_before_any_row_is_read(jobs: Jobs) -> None:
+    finished = await finish(jobs, "op", effect=None)
+    await age(jobs.pool, finished, LONG_AGO_S)
+    for retention_s, audit_s, limit in (
+        (-1.0, AUDIT_S, 10),
+        (float("nan"), AUDIT_S, 10),
+        (RETENTION_S, RETENTION_S - 1, 10),
+        (RETENTION_S, AUDIT_S, 0),
+        (RETENTION_S, AUDIT_S, jobs_retention.MAX_BATCH + 1),
+    ):
+        with pytest.raises(ConfigError):
+            await prune(jobs.pool, retention_s=retention_s, audit_retention_s=audit_s, limit=limit)
+    # the function refuses them too, whoever calls it
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="audit retention"):
+        await jobs.pool.fetch("SELECT * FROM jobs.prune($1, $2, 10)", RETENTION_S, 0.0)
+    assert await prune(jobs.pool) == Pruned(jobs=1)  # control
+
+
+async def test_another_schema_s_restricting_foreign_key_blocks_the_batch_by_name(
+    jobs: Jobs,
+) -> None:
+    blocked = await finish(jobs, "blocked", effect=None)
+    free = await finish(jobs, "free", effect=None)
+    for job_id in (blocked, free):
+        await age(jobs.pool, job_id, LONG_AGO_S)
+    await jobs.pool.execute(
+        "CREATE SCHEMA app; CREATE TABLE app.keep (job_id bigint REFERENCES jobs.jobs)"
+    )
+    await jobs.pool.execute("INSERT INTO app.keep VALUES ($1)", blocked)
+    with pytest.raises(PruneBlocked) as caught:
+        await prune(jobs.pool)
+    assert (caught.value.constraint, caught.value.table) == ("keep_job_id_fkey", "keep")  # type: ignore[attr-defined]
+    assert caught.value.schema == "app"  # type: ignore[attr-defined]
+    assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs") == 2  # the batch whole
+
+    # A deferred reference would fail only at commit: jobs.prune makes it fail inside, named.
+    await jobs.pool.execute(
+        "ALTER TABLE app.keep DROP CONSTRAINT keep_job_id_fkey, ADD CONSTRAINT keep_job_id_fkey"
+        " FOREIGN KEY (job_id) REFERENCES jobs.jobs DEFERRABLE INITIALLY DEFERRED"
+    )
+    with pytest.raises(PruneBlocked, match="keep_job_id_fkey"):
+        await prune(jobs.pool)
+
+    # control: the same reference ON DELETE SET NULL lets retention through
+    await jobs.pool.execute(
+        "ALTER TABLE app.keep DROP CONSTRAINT keep_job_id_fkey, ADD CONSTRAINT keep_job_id_fkey"
+        " FOREIGN KEY (job_id) REFERENCES jobs.jobs ON DELETE SET NULL"
+    )
+    assert await prune(jobs.pool) == Pruned(jobs=2)
+    assert await jobs.pool.fetchval("SELECT job_id FROM app.keep") is None
+
+
+async def test_a_demo_report_outlives_its_job(jobs: Jobs) -> None:
+    job_id = await finish(jobs, "report:r1", effect=None)
+    await jobs.pool.execute(
+        "INSERT INTO demo.submissions (tenant, report_id, subject, operation_id, event_id)"
+        " VALUES ($1, 'r1', 's', 'report:r1', $2)",
+        TENANT,
+        uuid.uuid4(),
+    )
+    await jobs.pool.execute(
+        "INSERT INTO demo.reports (tenant, report_id, job_id, object_key, generation)"
+        " VALUES ($1, 'r1', $2, 'k', 1)",
+        TENANT,
+        job_id,
+    )
+    await age(jobs.pool, job_id, RETENTION_S - 60)
+    assert await prune(jobs.pool) == Pruned()  # control
+    await age(jobs.pool, job_id, RETENTION_S + 60)
+    assert await prune(jobs.pool) == Pruned(jobs=1)
+    row = await jobs.pool.fetchrow("SELECT job_id, object_key FROM demo.reports")
+    assert (row["job_id"], row["object_key"]) == (None, "k")
+
+
+async def test_a_pruned_job_s_result_object_is_collected_by_gc_objects(
+    jobs: Jobs, pg_dsn: str, tmp_path: Path
+) -> None:
+    objects = LocalDirStore(tmp_path / "objects")
+    key = objects.put(b"an old report")
+    make_old(objects, key)
+    job_id = await finish(jobs, "with-result", effect=None, object_key=key)
+    await age(jobs.pool, job_id, RETENTION_S + 60)
+
+    kept = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "0")
+    assert kept.returncode == 0, kept.stderr
+    assert objects.exists(key)  # control: the manifest row still names it
+    assert await prune(jobs.pool) == Pruned(jobs=1, results=1)
+    done = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "0")
+    assert done.returncode == 0, done.stderr
+    assert f"deleted {key}" in done.stdout and not objects.exists(key)
+
+
+async def test_effect_records_refuse_delete_outside_the_pruner(jobs: Jobs) -> None:
+    job_id = await finish(jobs, "op")
+    await age(jobs.pool, job_id, LONG_AGO_S)
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="never deleted"):
+        await jobs.pool.execute("DELETE FROM jobs.effects WHERE job_id = $1", job_id)
+    # the flag alone is not the pruner: only jobs.prune's owner, inside it, and resolved only
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL ROLE accord_worker")
+        await conn.execute("SELECT set_config('accord.prune', 'jobs', true)")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("DELETE FROM jobs.effects WHERE job_id = $1", job_id)
+    assert (await rows_of(jobs.pool, job_id))["effects"] == 1
+    # control: the worker role runs the pruner itself
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL ROLE accord_worker")
+        pruned = await jobs_retention.prune(
+            conn, retention_s=RETENTION_S, audit_retention_s=AUDIT_S, limit=10
+        )
+    assert pruned == Pruned(jobs=1, effects=1)

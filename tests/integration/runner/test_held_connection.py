@@ -1,0 +1,238 @@
+"""The attempt's held connection (``Store.hold``): a job's fenced calls share one pool
+connection; a call that fails gives it back (reset, or discarded) so the next call starts
+clean; a connection cut between calls is replaced, one cut in a call is ConnectionLost at the
+seam; concurrent calls do not queue behind it; the worker pays one pool round trip per job,
+not one per call."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from opentelemetry import trace
+
+from accord import observe
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import JobState, Store
+from accord.jobs.models import Lease
+from accord.jobs.runner import JobContext, Success, Worker, WorkerConfig, open_journal
+from accord.jobs.runner import context as context_module
+from accord.jobs.runner import worker as worker_module
+from accord.schemas import telemetry
+from accord.schemas.errors import ConnectionLost
+from tests.integration.runner.conftest import Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+PLAIN = "plain"
+
+
+async def _leases(rig: Rig, n: int, workflow: str = PLAIN) -> list[Lease]:
+    await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+    for i in range(n):
+        await rig.submit_job(f"{workflow}-{i}", workflow)
+    leases = await rig.store.claim(workflow, DEFAULT_OWNER, lease_s=30, limit=n)
+    assert len(leases) == n
+    return leases
+
+
+class _Pids:
+    """A publish callback that notes which backend ran it."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    async def __call__(self, tx: Any) -> None:
+        self.seen.append(await tx.fetchval("SELECT pg_backend_pid()"))
+
+
+async def test_calls_share_one_connection_and_a_failed_call_gives_it_back(rig: Rig) -> None:
+    first, second, third = await _leases(rig, 3)
+    pids = _Pids()
+
+    async def boom(tx: Any) -> None:
+        await pids(tx)
+        raise ValueError("the callback failed")
+
+    async with rig.store.hold() as held:
+        await held.publish(first, pids)
+        await held.renew(second, 30)
+        await held.publish(second, pids)
+        assert pids.seen[0] == pids.seen[1]  # one connection for the sequence
+        with pytest.raises(ValueError):
+            await held.publish(third, boom)  # rolled back; the connection went back
+        await held.publish(third, pids)
+    assert [await rig.state(lease.job_id) for lease in (first, second, third)] == [
+        JobState.SUCCEEDED
+    ] * 3
+
+
+async def test_a_call_cancelled_in_its_transaction_leaves_no_lock_and_no_aborted_tx(
+    rig: Rig,
+) -> None:
+    # Control: a bare connection cancelled inside a transaction is left in the aborted
+    # transaction; reused as it is, its next statement fails.
+    conn = await asyncpg.connect(rig.pg_dsn)
+    try:
+        with anyio.move_on_after(0.2):
+            async with conn.transaction():
+                await conn.execute("SELECT pg_sleep(5)")
+        with pytest.raises(asyncpg.InFailedSQLTransactionError):
+            await conn.fetchval("SELECT 1")
+    finally:
+        conn.terminate()
+
+    [lease] = await _leases(rig, 1)
+
+    async def stuck(tx: Any) -> None:
+        await tx.execute("SELECT pg_sleep(5)")  # inside the fenced transaction: row locked
+
+    async with rig.store.hold() as held:
+        with anyio.move_on_after(0.3) as scope:
+            await held.publish(lease, stuck)
+        assert scope.cancelled_caught
+        # the cancelled transaction's row lock is gone: a renewal through the pool passes
+        with anyio.fail_after(3):
+            lease = await rig.store.renew(lease, 30)
+        await held.publish(lease)  # the held store's next call starts clean
+    assert await rig.state(lease.job_id) == JobState.SUCCEEDED
+
+
+async def test_a_cut_between_calls_is_replaced_a_cut_in_a_call_is_connection_lost(
+    rig: Rig,
+) -> None:
+    # Control: a store over one bare connection whose backend is cut: ConnectionLost.
+    bare = await asyncpg.connect(rig.pg_dsn)
+    try:
+        await rig.pool.execute("SELECT pg_terminate_backend($1)", bare.get_server_pid())
+        with pytest.raises(ConnectionLost):
+            await Store(bare).probe()
+    finally:
+        bare.terminate()
+
+    first, second, third = await _leases(rig, 3)
+    pids = _Pids()
+
+    async def cut_myself(tx: Any) -> None:
+        await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    async with rig.store.hold() as held:
+        await held.publish(first, pids)
+        await rig.pool.execute("SELECT pg_terminate_backend($1)", pids.seen[0])
+        await anyio.sleep(0.3)  # the client reads the server's goodbye
+        await held.publish(second, pids)  # on a fresh connection
+        assert pids.seen[1] != pids.seen[0]
+        with pytest.raises(ConnectionLost):  # mapped at the seam, whatever asyncpg said
+            await held.publish(third, cut_myself)
+        await held.publish(third, pids)  # and the next call takes another connection
+    assert [await rig.state(lease.job_id) for lease in (first, second, third)] == [
+        JobState.SUCCEEDED
+    ] * 3
+
+
+async def test_concurrent_calls_do_not_queue_behind_the_held_connection(rig: Rig) -> None:
+    leases = await _leases(rig, 2)
+    pids = _Pids()
+
+    async def slow(tx: Any) -> None:
+        await pids(tx)
+        await tx.execute("SELECT pg_sleep(0.5)")
+
+    async with rig.store.hold() as held:
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for lease in leases:
+                tg.start_soon(held.publish, lease, slow)
+        elapsed = time.monotonic() - started
+    assert len(set(pids.seen)) == 2  # the second call took its own pool connection
+    assert elapsed < 0.9  # side by side, not one after the other
+
+
+# -- the worker ---------------------------------------------------------------------------
+
+
+class _Pooled(Store):
+    """Control: the store before held connections (each call takes a pool connection)."""
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[Store]:
+        yield self
+
+
+class _Counted(Store):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claims = 0
+
+    async def claim(self, *args: Any, **kwargs: Any) -> list[Lease]:
+        self.claims += 1
+        return await super().claim(*args, **kwargs)
+
+
+class _CountedPooled(_Counted, _Pooled):
+    pass
+
+
+async def _resets_per_job(rig: Rig, store_class: type[_Counted], name: str, n: int) -> float:
+    """Pool releases (each one a reset round trip) per job, claims and the start excluded,
+    for ``n`` jobs of three fenced calls each (begin, finish effect, publish)."""
+    resets = 0
+
+    async def counting_reset(conn: Any) -> None:
+        nonlocal resets
+        resets += 1
+        await conn.reset()
+
+    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=12, reset=counting_reset)
+    assert pool is not None
+    try:
+        store = store_class(pool)
+        await store.register_workflow(name, DEFAULT_OWNER, effects_enabled=True)
+        jobs = [await rig.submit_job(f"{name}-{i}", name) for i in range(n)]
+
+        async def handler(ctx: JobContext) -> None:
+            async def call() -> Success:
+                return Success(receipt="r")
+
+            await ctx.effect("k", {}, call)
+            await ctx.publish()
+
+        worker = Worker(
+            WorkerConfig(owner=DEFAULT_OWNER, lease_s=30.0, poll_s=0.05, rescue_every_s=None),
+            store=store,
+            journal=open_journal(rig.journal_path(name), name),
+            objects=rig.objects,
+            pool=pool,
+        )
+        worker.register(name, handler, timeout_s=10.0)
+        async with running(worker):
+
+            async def done() -> bool:
+                states = {await rig.state(job) for job in jobs}
+                return states == {JobState.SUCCEEDED}
+
+            await wait_for(done)
+        # 2: the registration and its check at the worker's start (an empty journal: no read)
+        return (resets - store.claims - 2) / n
+    finally:
+        await pool.close()
+
+
+async def test_the_worker_pays_one_pool_round_trip_per_job_not_one_per_call(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Counted without the reads that run only while tracing or serving metrics (an earlier
+    # test in the same process may have installed a tracer provider or a metrics server).
+    for module in (worker_module, context_module):
+        monkeypatch.setattr(module, "_TRACER", trace.NoOpTracer())
+    monkeypatch.setattr(telemetry, "tracing_on", lambda: False)
+    monkeypatch.setattr(observe, "measuring", lambda: False)
+    n = 12
+    pooled = await _resets_per_job(rig, _CountedPooled, "pooled", n)
+    held = await _resets_per_job(rig, _Counted, "held", n)
+    assert pooled >= 3.0  # control: every fenced call took and reset a pool connection
+    assert held <= 1.0  # one hold per attempt, given back once
