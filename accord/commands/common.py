@@ -51,13 +51,13 @@ def check_retention(settings: Settings) -> None:
         value = getattr(settings, name)
         if value < horizon:
             raise SettingsInvalid(
-                f"ACCORD_{name.upper()}={value:g} is shorter than the replay horizon"
-                f" (ACCORD_INBOX_REPLAY_WINDOW_S={settings.inbox_replay_window_s:g}"
-                f" + {PRUNE_MARGIN_S:g} s = {horizon:g} s): a redelivery could outlive it"
+                f"ACCORD_{name.upper()}={value:.0f} is shorter than the replay horizon"
+                f" (ACCORD_INBOX_REPLAY_WINDOW_S={settings.inbox_replay_window_s:.0f}"
+                f" + {PRUNE_MARGIN_S:.0f} s = {horizon:.0f} s): a redelivery could outlive it"
             )
     if settings.audit_retention_s < settings.jobs_retention_s:
         raise SettingsInvalid(
-            f"ACCORD_AUDIT_RETENTION_S={settings.audit_retention_s:g} is shorter than"
-            f" ACCORD_JOBS_RETENTION_S={settings.jobs_retention_s:g}: the audit must outlive"
+            f"ACCORD_AUDIT_RETENTION_S={settings.audit_retention_s:.0f} is shorter than"
+            f" ACCORD_JOBS_RETENTION_S={settings.jobs_retention_s:.0f}: the audit must outlive"
             " the jobs it audits"
         )
