@@ -43,6 +43,7 @@ from accord.consumers import Handlers, InboxConflict
 from accord.errors import AppInvalid, AppNotFound
 from accord.jobs import JobConflict, Submitted, store
 from accord.jobs.runner import JobContext, Registered
+from accord.jobs.runner.context import declares
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
 from accord.relay import Joined, enqueue, enqueue_joined
@@ -84,10 +85,7 @@ class Provider:
     lookup: ReceiptLookup | None = None
 
     def owns_key(self, effect_key: str) -> bool:
-        return any(
-            effect_key == owned or (owned.endswith(".") and effect_key.startswith(owned))
-            for owned in self.owns
-        )
+        return declares(self.owns, effect_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +188,9 @@ class App:
         lease_s: float | None = None,
         effects: Sequence[str] = (),
     ) -> Callable[[JobHandler], JobHandler]:
-        """Decorator: the job handler of ``workflow``, run by ``accord worker``."""
+        """Decorator: the job handler of ``workflow``, run by ``accord worker``. ``effects``:
+        the keys (or prefixes ending in a dot) it may begin, each owned by one provider; any
+        other key is refused at run time (EffectUndeclared, the job fails without a retry)."""
 
         def declare(handler: JobHandler) -> JobHandler:
             if workflow in self.jobs:
@@ -291,7 +291,7 @@ class App:
 
     def registered(self, workflow: str) -> Registered:
         declared = self.job_class(workflow)
-        return Registered(workflow, declared.handler, declared.timeout_s)
+        return Registered(workflow, declared.handler, declared.timeout_s, declared.effects)
 
     def owner_of(self, effect_key: str) -> Provider | None:
         """The provider that owns ``effect_key`` (validate() makes it at most one)."""

@@ -8,6 +8,7 @@
         ├── FenceLost                 the caller no longer holds the job (failed_check = the field)
         ├── EffectError               an effect record refuses the transition
         │   ├── EffectsDisabled       the workflow class is not registered with effects enabled
+        │   ├── EffectUndeclared      the key is not among the job class's declared effect keys
         │   ├── EffectAlreadyBegun    the key's latest record is not failed_before_dispatch
         │   ├── EffectConflict        the key was begun with another intent digest
         │   ├── EffectNotPending      no pending record of this attempt to finish
@@ -104,6 +105,14 @@ class EffectsDisabled(EffectError):
     """External effects are not enabled for this workflow class."""
 
     reason = "effects_disabled"
+
+
+class EffectUndeclared(EffectError):
+    """This effect key is not among the job class's declared effect keys: nothing was begun
+    and nothing was sent. Declare it (``app.job(..., effects=(...))``) with the provider that
+    owns it; only an owner's lookup can ever resolve an effect whose reply is lost."""
+
+    reason = "effect_undeclared"
 
 
 class EffectAlreadyBegun(EffectError):

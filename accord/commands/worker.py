@@ -15,6 +15,7 @@ clean stop, 2 on a refusal, non-zero after a crashed loop.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     options = options_from(args, settings, app)
     registered = app.registered(options.workflow)
     if args.timeout_s is not None:
-        registered = Registered(registered.workflow, registered.handler, args.timeout_s)
+        registered = dataclasses.replace(registered, timeout_s=args.timeout_s)
     ready = [
         checks.postgresql(settings.pg_dsn, app.migration_chains()),
         checks.registered(settings.pg_dsn, options.workflow, options.config.owner),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
-from accord.jobs.errors import FenceLost
+from accord.jobs.errors import EffectUndeclared, FenceLost
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner import effects
 from accord.jobs.runner.effects import (
@@ -77,8 +77,11 @@ class JobContext:
         objects: ObjectStore,
         journal: JournalWriter,
         record_timeout_s: float = 10.0,
+        effects: Sequence[str] | None = None,
     ) -> None:
         self._lease = lease
+        #: The effect keys (or prefixes ending in a dot) this job class declared; None: any.
+        self._declared = None if effects is None else tuple(effects)
         self._store = store
         self._objects = objects
         self._journal = journal
@@ -121,12 +124,18 @@ class JobContext:
 
         Returns the Success. If an earlier attempt of this job recorded ``key`` succeeded (a
         run the repair role resumed), ``call`` is not called: the recorded receipt comes back
-        as the Success, journaled as reused. Raises FenceLost / EffectAlreadyBegun /
-        EffectConflict / EffectsDisabled before dispatch (nothing was called);
+        as the Success, journaled as reused. Raises EffectUndeclared (a key the job class did
+        not declare: permanent, the job fails without a retry) / FenceLost /
+        EffectAlreadyBegun / EffectConflict / EffectsDisabled before dispatch (nothing was
+        called);
         FailedBeforeDispatch (recorded: the same key and intent may begin again);
         EffectUnknown (recorded unknown, or left pending: never redo it); or the cancellation
         that interrupted the call (recorded unknown first).
         """
+        if self._declared is not None and not declares(self._declared, key):
+            raise EffectUndeclared(
+                workflow=self._lease.workflow, effect_key=key, declared=list(self._declared)
+            )
         span = _TRACER.start_span(
             f"effect {key}",
             kind=SpanKind.CLIENT,
@@ -345,6 +354,12 @@ class JobContext:
                 raise
         self.published = True
         await self._journal(Publish(**_claim_fields(self._lease), object_key=object_key))
+
+
+def declares(declared: Sequence[str], key: str) -> bool:
+    """Whether ``key`` is one of ``declared``'s keys or falls under one of its prefixes (a
+    declared entry ending in a dot), as a provider's ``owns`` is read."""
+    return any(key == d or (d.endswith(".") and key.startswith(d)) for d in declared)
 
 
 def _note_outcome(span: trace.Span, outcome: Outcome) -> None:

@@ -34,7 +34,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from accord import observe
 from accord.jobs import retention
-from accord.jobs.errors import EffectsUnresolved, FenceLost, PruneBlocked
+from accord.jobs.errors import EffectsUnresolved, EffectUndeclared, FenceLost, PruneBlocked
 from accord.jobs.models import EffectState, JobState, Lease
 from accord.jobs.runner import recovery
 from accord.jobs.runner import sql as runner_sql
@@ -60,11 +60,13 @@ Handler = Callable[[JobContext], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Registered:
-    """One workflow class this worker serves: its handler and the handler's timeout."""
+    """One workflow class this worker serves: its handler, the handler's timeout, and the
+    effect keys (or prefixes ending in a dot) it may begin (None: not declared, any key)."""
 
     workflow: str
     handler: Handler
     timeout_s: float
+    effects: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +169,22 @@ class Worker:
 
     # -- registration and control ---------------------------------------------------------
 
-    def register(self, workflow: str, handler: Handler, *, timeout_s: float) -> None:
-        """Serve ``workflow`` with ``handler``, each run bounded by ``timeout_s``."""
+    def register(
+        self,
+        workflow: str,
+        handler: Handler,
+        *,
+        timeout_s: float,
+        effects: Sequence[str] | None = None,
+    ) -> None:
+        """Serve ``workflow`` with ``handler``, each run bounded by ``timeout_s``; with
+        ``effects``, the handler may begin only those keys (or prefixes ending in a dot)."""
         if not timeout_s > 0:
             raise ConfigError("a handler timeout must be positive", workflow=workflow)
         if workflow in self._handlers:
             raise ConfigError("a handler is already registered", workflow=workflow)
-        self._handlers[workflow] = Registered(workflow, handler, timeout_s)
+        declared = None if effects is None else tuple(effects)
+        self._handlers[workflow] = Registered(workflow, handler, timeout_s, declared)
 
     def register_all(self, handlers: Mapping[str, Registered] | Sequence[Registered]) -> None:
         values = handlers.values() if isinstance(handlers, Mapping) else handlers
@@ -475,6 +486,7 @@ class Worker:
                 objects=self._objects,
                 journal=self._append,
                 record_timeout_s=self.config.record_timeout_s,
+                effects=registered.effects,
             )
             finished = await self._execute(registered, ctx, store, claimed_at)
             # Noted before the connection goes back: a shutdown cancelling that await
@@ -563,7 +575,9 @@ class Worker:
             return await self._complete(ctx, store)
         if error is None:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
-        return await self._give_up(ctx, store, Ending.FAILED, _reason(error))
+        # A key the class never declared is the handler's own defect: retrying cannot help.
+        retry = not isinstance(error, EffectUndeclared)
+        return await self._give_up(ctx, store, Ending.FAILED, _reason(error), retry=retry)
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""
@@ -581,13 +595,14 @@ class Worker:
         return self._finished(ctx, Ending.UNRECORDED, None, "publish_unanswered")
 
     async def _give_up(
-        self, ctx: JobContext, store: Store, ending: Ending, reason: str
+        self, ctx: JobContext, store: Store, ending: Ending, reason: str, *, retry: bool = True
     ) -> Finished:
-        """Fenced ``fail(retry=True)``: the jobs module requeues it, poisons it, or makes it
-        unknown when an effect forbids running it again."""
+        """Fenced ``fail(retry=...)``: the jobs module requeues it (retry), poisons it after
+        its attempts, fails it (no retry), or makes it unknown when an effect forbids running
+        it again."""
         try:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                state = await store.fail(ctx.lease, reason, retry=True)
+                state = await store.fail(ctx.lease, reason, retry=retry)
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))

@@ -94,6 +94,7 @@ EXPECTED: dict[str, set[str]] = {
         "EffectState",
         "EffectsDisabled",
         "EffectsUnresolved",
+        "EffectUndeclared",
         "FenceLost",
         "Health",
         "InvalidLeaseLength",
