@@ -34,7 +34,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import asyncpg
@@ -47,8 +46,8 @@ from accord.jobs import retention as jobs_retention
 from accord.relay import outbox
 from accord.relay import sql as relay_sql
 from accord.runtime import run
-from accord.schemas import migrate
 from accord.schemas.events import Event
+from bench.jobs_bench import drop_database, fresh_database
 
 CATALOG = demo_catalog()
 TENANT, WORKFLOW, OWNER = "acme", "report", "bench-owner"
@@ -74,31 +73,6 @@ MARK_PUBLISHED = (
     "UPDATE relay.outbox SET state = 'published', published_at = now(), publish_id = $2"
     " WHERE id = $1"
 )
-
-
-async def fresh_database(admin_dsn: str) -> str:
-    name = f"accord_bench_retention_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = urlunsplit(urlsplit(admin_dsn)._replace(path=f"/{name}"))
-    conn = await asyncpg.connect(dsn)
-    try:
-        await migrate.migrate(conn)
-    finally:
-        await conn.close()
-    return dsn
-
-
-async def drop_database(admin_dsn: str, dsn: str) -> None:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        name = urlsplit(dsn).path.lstrip("/")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 # -- storage --------------------------------------------------------------------------------

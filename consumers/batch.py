@@ -54,7 +54,7 @@ from accord.consumers.errors import (
 from accord.consumers.handlers import Handler, Handlers
 from accord.consumers.inbox import Consumer, Delivery, InboxOutcome
 from accord.schemas import telemetry, wire
-from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.db import DB_CONNECTION_LOST, DB_SESSION_ENDED
 from accord.schemas.events import Event
 
 log = logging.getLogger("consumers")
@@ -396,25 +396,12 @@ def database_refusal(exc: BaseException) -> DatabaseRefused | None:
     return refused
 
 
-# The errors that end the server session itself. A terminated backend (57P01) reports its
-# error before asyncpg has read the end of the stream, so ``is_closed()`` can still be False
-# when the error arrives: read as the message's own failure, every message of the batch was
-# requeued as a retry, and a few such returns in a row could poison a sound message as
-# retries_exhausted (the queue's delivery limit counts them).
-# (Not OSError: a handler's own I/O error is that message's transient failure.)
-_SESSION_ENDED: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.ConnectionDoesNotExistError,
-)
-
-
 def _raise_if_lost(conn: Any, exc: BaseException) -> None:
     """A failure that ended the connection is a lost connection, not a message's fault: the
-    batch's messages go back untouched with the channel, none counted as a retry."""
-    if conn.is_closed() or isinstance(exc, _SESSION_ENDED):
+    batch's messages go back untouched with the channel, none counted as a retry. Read as
+    the message's own failure, every message of the batch would be requeued as a retry, and
+    a few such returns could poison a sound message as retries_exhausted."""
+    if conn.is_closed() or isinstance(exc, DB_SESSION_ENDED):
         raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
 
 

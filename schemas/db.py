@@ -56,6 +56,18 @@ DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
     ServiceUnavailable,
 )
 
+# The narrower set that only the server's end of a session raises: the session is over even
+# when asyncpg has not yet read the end of the stream (``is_closed()`` still False after a
+# 57P01). Not OSError, TimeoutError or InterfaceError in general: foreign code (a consumer's
+# handler) raises those for its own reasons, on a connection that is still sound.
+DB_SESSION_ENDED: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+)
+
 
 # A deadline on every statement (asyncpg's command_timeout): a black-holed TCP connection
 # otherwise stalls a loop until the kernel gives up, minutes to hours later. Its
