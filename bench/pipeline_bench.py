@@ -12,7 +12,8 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
 * ``accord``: the real processes, as ``accord demo`` starts them: ``accord relay``, ``accord
   consume --workflow report``, ``accord consume --workflow report_projection`` and
   ``--workers`` x ``accord worker --workflow report --concurrency C`` (``--app
-  accord.demo:app``, ACCORD_DEMO_DRAFT_S=0, relay and worker polls 0.05 s), after ``accord
+  accord.demo:app``, ACCORD_DEMO_DRAFT_S=0, worker polls 0.05 s; the relay at its default
+  poll, as NOTIFY wakes it at each enqueue's commit), after ``accord
   migrate`` and ``accord register``. The bench accepts N submissions through
   ``accord.demo.domain.accept_submission``, each in its own transaction, from
   ``--submitters`` connections, as fast as they go; the clock runs from the first submission
@@ -43,6 +44,11 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
   transaction, a queue with worker concurrency W x C split over 1 or 2 executor processes
   (``--dbos-executors``), polled every 0.05 s. Goal: accord ≥ 2 x the best DBOS
   configuration.
+
+Beside the rates, the bench counts PostgreSQL commits per submission (pg_stat_database's
+``xact_commit`` over the window, the bench's own polls taken out) for accord and raw: a
+count, not a timing, so it does not drift with the machine. Each statement outside a
+transaction block is a commit of its own, as is each pool reset.
 
 Rounds alternate the order of the variants (the machine drifts); each ratio's figure is its
 median over rounds. Prints one JSON document, then a summary.
@@ -239,7 +245,6 @@ def accord_env(
         ACCORD_JOURNAL_DIR=str(work / "journal"),
         ACCORD_OBJECT_DIR=str(work / "objects"),
         ACCORD_LEDGER_PATH=str(work / "authority.ledger"),
-        ACCORD_RELAY_POLL_S=str(POLL_S),
         ACCORD_DEMO_PROVIDER_URL=provider_url,
         ACCORD_DEMO_DRAFT_S="0",
     )
@@ -310,14 +315,33 @@ async def submit_accord(pool: asyncpg.Pool, run_id: str, n: int, submitters: int
             tg.start_soon(one, k)
 
 
-async def wait_count(pool: asyncpg.Pool, query: str, n: int, deadline: float) -> float:
-    """Wait until ``query`` counts n; returns perf_counter at that moment."""
+async def wait_count(
+    pool: asyncpg.Pool, query: str, n: int, deadline: float, polls: list[int]
+) -> float:
+    """Wait until ``query`` counts n; returns perf_counter at that moment. Appends each poll's
+    commits (its query and the pool's reset) to ``polls``."""
     while True:
+        polls.append(2)
         if await pool.fetchval(query) >= n:
             return time.perf_counter()
         if time.perf_counter() > deadline:
             raise TimeoutError(f"{query!r} below {n} at the deadline")
         await anyio.sleep(0.02)
+
+
+async def commits(dsn: str) -> int:
+    """The database's committed transactions so far (pg_stat_database.xact_commit). A backend
+    reports its counts when it ends and, while it lives, at most once a second, so a reading
+    is exact only for backends that ended: the bench reads after the processes stopped, and
+    before the clock after a pause longer than that second."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        count: int = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return count
 
 
 async def bench_accord(
@@ -342,6 +366,9 @@ async def bench_accord(
                 start_processes(accord_argv(opts.workers, opts.concurrency, work), env, work)
             )
             await wait_ready(procs, work / "logs")
+            await anyio.sleep(1.5)  # what the processes did so far is reported (see commits)
+            commits0 = await commits(dsn)
+            polls: list[int] = []
             pool = await asyncpg.create_pool(
                 dsn, min_size=opts.submitters + 1, max_size=opts.submitters + 1
             )
@@ -354,14 +381,19 @@ async def bench_accord(
                 await submit_accord(pool, uuid.uuid4().hex[:6], n, opts.submitters)
                 submitted = time.perf_counter()
                 own1 = time.process_time()
-                done = await wait_count(pool, COUNT_REPORTS, n, start + opts.timeout_s)
+                done = await wait_count(pool, COUNT_REPORTS, n, start + opts.timeout_s, polls)
                 cpu1 = {name: cpu_s(p.pid) for name, p in everyone.items()}
-                projected = await wait_count(pool, COUNT_PROJECTED, n, start + opts.timeout_s)
+                projected = await wait_count(
+                    pool, COUNT_PROJECTED, n, start + opts.timeout_s, polls
+                )
             finally:
                 await pool.close()
         finally:
             stop_processes(procs)
             await delete_broker_names(amqp_url, topology)
+        # The processes' commits from the clock's start to their exit (the projection's tail
+        # and the stop included), less the bench's own polls; the submitters' are the enqueue.
+        committed = await commits(dsn) - commits0 - sum(polls) - 1
     kinds: dict[str, float] = {}
     for name in cpu0:
         kind = "worker" if name.startswith("worker-") else name
@@ -379,6 +411,7 @@ async def bench_accord(
             v for k, v in kinds.items() if k not in ("provider",) and not k.startswith("submitter")
         )
         / n,
+        "commits_per_submission": committed / n,
         "logs": str(work / "logs"),
     }
 
@@ -520,14 +553,21 @@ async def bench_raw(
         finally:
             await amqp.close()
         try:
+            await anyio.sleep(1.5)  # see commits
+            commits0 = await commits(dsn)
             rates = {"enqueue": await raw_enqueue(dsn, n, opts.submitters)}
             rates["relay"] = await raw_relay(dsn, amqp_url, topology.exchange, n)
             rates["consume"] = await raw_consume(dsn, amqp_url, topology.queue("report"), n)
             rates["job"] = await raw_job(dsn, provider.url, n, opts.workers * opts.concurrency)
+            committed = await commits(dsn) - commits0 - 1
         finally:
             await delete_broker_names(amqp_url, topology)
     limit = 1 / sum(1 / r for r in rates.values())
-    return {"stage_per_s": rates, "submissions_per_s": limit}
+    return {
+        "stage_per_s": rates,
+        "submissions_per_s": limit,
+        "commits_per_submission": committed / n,
+    }
 
 
 # -- DBOS: the peer, in its own venv ------------------------------------------------------------
@@ -653,6 +693,10 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
     )
     stages = ", ".join(f"{k} {v:.0f}/s" for k, v in last["raw"]["stage_per_s"].items())
     print(f"raw stages: {stages} -> raw limit {last['raw']['submissions_per_s']:.1f}/s")
+    print(
+        f"PostgreSQL commits per submission: accord {a['commits_per_submission']:.2f},"
+        f" raw {last['raw']['commits_per_submission']:.2f}"
+    )
     for key, goal in (("accord / raw", 0.5), ("accord / best dbos", 2.0)):
         if key in summary:
             s = summary[key]

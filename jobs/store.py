@@ -144,16 +144,24 @@ class Store:
     # -- claiming ------------------------------------------------------------------------
 
     async def claim(
-        self, workflow: str, owner: str, *, lease_s: float, limit: int = 1
+        self,
+        workflow: str,
+        owner: str,
+        *,
+        lease_s: float,
+        limit: int = 1,
+        explain_empty: bool = True,
     ) -> list[Lease]:
         """One short transaction: claims up to ``limit`` due jobs (SKIP LOCKED). Returns []
         when no work is due; raises WorkflowNotRegistered / WorkflowOwnedElsewhere when
-        ``owner`` does not serve ``workflow`` (checked in the claim itself, re-read on empty).
+        ``owner`` does not serve ``workflow`` (checked in the claim itself, which takes no job
+        then, and re-read on empty unless ``explain_empty`` is False: a polling caller asks
+        for the reason now and then, not at every empty poll).
         """
         seconds = _lease_seconds(lease_s)
         async with self._connection() as conn:
             rows = await conn.fetch(sql.CLAIM, workflow, owner, seconds, limit)
-            if not rows:
+            if not rows and explain_empty:
                 await registry.require(conn, workflow, owner)
         return [Lease.from_record(row) for row in rows]
 

@@ -225,15 +225,16 @@ def enqueue_args(event: Event, digest: str, body: bytes, trace_json: str | None)
 
 
 async def claim(tx: Tx, token: uuid.UUID, limit: int, lease_s: float) -> list[OutboxRow]:
-    """Runs in the caller's (short) transaction. Leases up to ``limit`` eligible rows."""
-    require_transaction(tx)
+    """One statement (its own transaction, or the caller's): leases up to ``limit`` eligible
+    rows. The relay runs it alone: a BEGIN and a COMMIT around it would be two round trips
+    that add nothing to a statement that is atomic by itself."""
     records = await tx.fetch(sql.CLAIM, limit, token, lease_s)
     return sorted((OutboxRow.from_record(r) for r in records), key=lambda row: row.id)
 
 
 async def settle(tx: Tx, token: uuid.UUID, outcomes: Sequence[Settlement]) -> int:
-    """Runs in the caller's transaction. Applies outcomes guarded by ``token``; rows settled."""
-    require_transaction(tx)
+    """One statement (its own transaction, or the caller's): applies outcomes guarded by
+    ``token``; returns the rows settled."""
     if not outcomes:
         return 0
     status: str = await tx.execute(

@@ -96,7 +96,8 @@ class RelayConfig:
 class RelayStats:
     """Counters for tests, logs and metrics (process-local, not durable)."""
 
-    cycles: int = 0
+    cycles: int = 0  # claims that found rows, each with its publish and settle
+    claims: int = 0  # every claim, empty or not
     published: int = 0
     held: int = 0
     pruned: int = 0
@@ -116,6 +117,7 @@ class Relay:
         self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))
         # One event per sleeping loop: ``wake()`` and ``stop()`` reach every loop.
         self._waiters: set[anyio.Event] = set()
+        self._missed = False  # a wake-up came while no loop slept: the next one claims at once
         self._stopping = False
         self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
@@ -128,13 +130,20 @@ class Relay:
         """Ask the relay to finish its current batch and return; ``now``: cancel at once (rows
         in flight stay leased until their lease expires, then are published again)."""
         self._stopping = True
-        self.wake()
+        for waiter in self._waiters:
+            waiter.set()
         if now and self._run_scope is not None:
             self._run_scope.cancel()
 
     def wake(self, *_: Any) -> None:
+        """A NOTIFY: wakes one sleeping loop. Its claim takes every eligible row (up to the
+        batch), so waking every loop for one row would cost the others an empty claim each.
+        With none asleep, the next loop about to sleep claims again at once instead."""
         for waiter in self._waiters:
-            waiter.set()
+            if not waiter.is_set():
+                waiter.set()
+                return
+        self._missed = True
 
     async def run(self) -> None:
         """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself."""
@@ -198,6 +207,9 @@ class Relay:
                 next_prune = anyio.current_time() + (0 if full else self.config.prune_every_s)
             claimed = await self.cycle(conn, publisher)
             if claimed < self.config.claim_size and not self._stopping:
+                if self._missed:  # woken while busy: what the wake-up announced may be due
+                    self._missed = False
+                    continue
                 await self._sleep(self.config.poll_s)
 
     async def _sleep(self, seconds: float) -> None:
@@ -226,14 +238,14 @@ class Relay:
     async def cycle(self, conn: asyncpg.Connection, publisher: Publisher) -> int:
         """Claim, publish and settle one batch; returns the number of rows claimed."""
         token = uuid.uuid4()
-        async with conn.transaction():
-            rows = await outbox.claim(conn, token, self.config.claim_size, self.config.lease_s)
+        # Claim and settle are one statement each: their own transactions (no BEGIN/COMMIT).
+        rows = await outbox.claim(conn, token, self.config.claim_size, self.config.lease_s)
+        self.stats.claims += 1
         if not rows:
             return 0
         previous = await self._previous_reasons(conn, rows)
         outcomes = await self._publish_batch(publisher, rows, previous)
-        async with conn.transaction():
-            await outbox.settle(conn, token, outcomes)
+        await outbox.settle(conn, token, outcomes)
         self.stats.cycles += 1
         return len(rows)
 

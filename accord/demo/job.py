@@ -26,9 +26,9 @@ from accord.demo.catalog import ReportAcceptedV1, demo_catalog
 from accord.demo.domain import PUBLISHED
 from accord.demo.provider import ProviderClient, ProviderRefused
 from accord.jobs.models import Registration
+from accord.jobs.runner.config import Handler
 from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.effects import FailedBeforeDispatch, Success
-from accord.jobs.runner.worker import Handler
 from accord.jobs.store import Callback, Store
 from accord.relay import enqueue
 from accord.schemas.db import Tx

@@ -15,6 +15,7 @@ from accord.jobs.errors import (
     ObjectStoreError,
 )
 from accord.jobs.framing import Defect, Journal, JournalScan, Repair, Tail, scan_journal
+from accord.jobs.runner.config import Handler, Registered, WorkerConfig
 from accord.jobs.runner.context import EffectCall, JobContext
 from accord.jobs.runner.effects import (
     EffectOutcomeError,
@@ -23,6 +24,7 @@ from accord.jobs.runner.effects import (
     Success,
     intent_digest,
 )
+from accord.jobs.runner.endings import Ending, Finished, WorkerStats
 from accord.jobs.runner.journal_records import (
     Claim,
     EffectBegin,
@@ -36,15 +38,7 @@ from accord.jobs.runner.journal_records import (
 )
 from accord.jobs.runner.objects import LocalDirStore, ObjectInfo, ObjectStore, collect_garbage
 from accord.jobs.runner.recovery import open_journal, report_unrecorded
-from accord.jobs.runner.worker import (
-    Ending,
-    Finished,
-    Handler,
-    Registered,
-    Worker,
-    WorkerConfig,
-    WorkerStats,
-)
+from accord.jobs.runner.worker import Worker
 
 __all__: list[str] = [
     "Claim",

@@ -12,131 +12,44 @@ fence writes nothing, and SIGTERM stops claiming, lets handlers finish within a 
 period, then cancels them (an interrupted effect is recorded unknown).
 
 Loops of one worker process (each polls; polling is the truth): one claim loop per
-registered workflow class, sharing ``concurrency`` slots; optionally the jobs module's
-rescue, called periodically (rescue itself stays ``Store.rescue``); optionally retention,
-one bounded batch at a time (``jobs.retention.prune``); with a pool, the journal's rotation
-(``jobs.runner.journal``: the live segment sealed once it passes its bound).
+registered workflow class, sharing ``concurrency`` slots, and the upkeep loops beside them
+(jobs.runner.upkeep: rescue, retention, the journal's rotation). What the worker serves and
+its settings are jobs.runner.config; how a job left it, jobs.runner.endings; an attempt's
+span, jobs.runner.attempts.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 from accord import observe
-from accord.jobs import retention
-from accord.jobs.errors import EffectsUnresolved, EffectUndeclared, FenceLost, PruneBlocked
-from accord.jobs.models import EffectState, JobState, Lease
-from accord.jobs.runner import recovery
-from accord.jobs.runner import sql as runner_sql
+from accord.jobs.errors import EffectsUnresolved, EffectUndeclared, FenceLost
+from accord.jobs.models import JobState, Lease
+from accord.jobs.runner import attempts, recovery
+from accord.jobs.runner.config import Handler, Registered, WorkerConfig
 from accord.jobs.runner.context import JobContext
+from accord.jobs.runner.endings import Ending, Finished, WorkerStats, error_reason
 from accord.jobs.runner.journal import RunnerJournal
-from accord.jobs.runner.journal_records import Claim, EffectRef, UnrecordedEffect
+from accord.jobs.runner.journal_records import Claim, UnrecordedEffect
 from accord.jobs.runner.objects import ObjectStore
+from accord.jobs.runner.upkeep import Upkeep
 from accord.jobs.store import Store
-from accord.schemas import telemetry
-from accord.schemas.backoff import Backoff, BackoffPolicy, Reconnect
+from accord.schemas.backoff import Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
+__all__ = ["Ending", "Finished", "Handler", "Registered", "Worker", "WorkerConfig", "WorkerStats"]
+
 log = logging.getLogger("accord.worker")
-_TRACER = telemetry.tracer()
 
-# The reasons jobs.rescue gives a job it takes back from an expired or rotated lease.
-RESCUE_REASONS = frozenset({"lease_expired", "epoch_rotated"})
-
-#: A job handler: does the work of one claimed job through its context.
-Handler = Callable[[JobContext], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    """One workflow class this worker serves: its handler, the handler's timeout, and the
-    effect keys (or prefixes ending in a dot) it may begin (None: not declared, any key)."""
-
-    workflow: str
-    handler: Handler
-    timeout_s: float
-    effects: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """How one worker process runs; built by the composition root."""
-
-    owner: str  # the registered queue owner of the classes served
-    concurrency: int = 4
-    lease_s: float = 60.0
-    claim_batch: int = 16
-    poll_s: float = 1.0
-    rescue_every_s: float | None = 5.0  # None: this process does not host the rescue call
-    rescue_limit: int = 100
-    grace_s: float = 10.0
-    record_timeout_s: float = 10.0
-    # Retention (jobs.retention.prune, needs the worker's pool): None: this process does not
-    # host the prune call. The composition root keeps the retention past the replay horizon.
-    prune_every_s: float | None = None
-    prune_batch: int = 200
-    prune_retention_s: float = 14 * 24 * 3600.0
-    prune_audit_retention_s: float = 90 * 24 * 3600.0
-
-    def __post_init__(self) -> None:
-        if min(self.concurrency, self.claim_batch, self.rescue_limit) < 1:
-            raise ConfigError("worker sizes must be positive", concurrency=self.concurrency)
-        if not (self.lease_s > 0 and self.poll_s > 0 and self.grace_s >= 0):
-            raise ConfigError("worker times must be positive", lease_s=self.lease_s)
-        if self.rescue_every_s is not None and self.rescue_every_s <= 0:
-            raise ConfigError("rescue_every_s must be positive or None")
-        if self.prune_every_s is not None and not self.prune_every_s > 0:
-            raise ConfigError("prune_every_s must be positive or None")
-        retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)
-
-
-class Ending(StrEnum):
-    """How one claimed job left this worker."""
-
-    PUBLISHED = "published"  # the fenced publish committed
-    FAILED = "failed"  # the handler failed; the job went to the state the jobs module chose
-    DEADLINE = "deadline"  # the handler ran out of time; likewise
-    STOPPED = "stopped"  # cancelled by shutdown; likewise
-    FENCE_LOST = "fence_lost"  # the lease was gone: nothing could be written back
-    UNRECORDED = "unrecorded"  # the database did not answer: the lease runs out, rescue acts
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """One claimed job's end as this worker saw it (the database is the truth)."""
-
-    job_id: int
-    generation: int
-    ending: Ending
-    state: JobState | None  # the job's state after our write-back, when we made one
-    reason: str | None
-    unresolved: tuple[tuple[EffectRef, EffectState], ...] = ()
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """Process-local counters for logs, tests and metrics."""
-
-    claimed: int = 0
-    renewals: int = 0
-    endings: Counter[str] = field(default_factory=Counter)
-    rescued: Counter[str] = field(default_factory=Counter)
-    recent: deque[Finished] = field(default_factory=lambda: deque(maxlen=1000))
-    # The latest effects this process left pending or unknown (each also logged).
-    unresolved: deque[tuple[EffectRef, EffectState]] = field(
-        default_factory=lambda: deque(maxlen=1000)
-    )
+#: How often an idle claim loop reads why its claim came back empty (the class's owner).
+OWNER_READ_S = 1.0
 
 
 class Worker:
@@ -234,12 +147,20 @@ class Worker:
             async with anyio.create_task_group() as loops:
                 for registered in self._handlers.values():
                     loops.start_soon(self._claim_loop, registered, jobs)
+                upkeep = Upkeep(
+                    self.config,
+                    store=self._store,
+                    pool=self._pool,
+                    journal=self._journal,
+                    stats=self.stats,
+                    stop=self._stop,
+                )
                 if self.config.rescue_every_s is not None:
-                    loops.start_soon(self._rescue_loop, self.config.rescue_every_s)
+                    loops.start_soon(upkeep.rescue, self.config.rescue_every_s)
                 if self.config.prune_every_s is not None and self._pool is not None:
-                    loops.start_soon(self._prune_loop, self.config.prune_every_s)
+                    loops.start_soon(upkeep.prune, self.config.prune_every_s)
                 if self._pool is not None:
-                    loops.start_soon(self._journal_loop)
+                    loops.start_soon(upkeep.rotate)
                 task_status.started()
             # Stopping: no more claims. Give the jobs in flight their grace, then cancel.
             self._idle = anyio.Event()
@@ -249,9 +170,19 @@ class Worker:
             jobs.cancel_scope.cancel()
 
     async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
+        # The loop's claims share one kept connection (Store.hold): no pool acquire and
+        # release, with its reset round trip, per claim. A failed claim gives it back and the
+        # next takes another, as through the pool.
+        async with self._store.hold() as claims:
+            await self._claims(registered, jobs, claims)
+
+    async def _claims(
+        self, registered: Registered, jobs: anyio.abc.TaskGroup, claims: Store
+    ) -> None:
         reconnect = Reconnect(f"worker claim {registered.workflow}", log)
         wait = self.config.poll_s
         loop = f"worker.claim.{registered.workflow}"
+        owner_read_at = -OWNER_READ_S
         while not self._stopping:
             observe.beat(loop, within_s=max(wait, self.config.poll_s))
             free = self.config.concurrency - self._running
@@ -262,86 +193,36 @@ class Worker:
             # Reserve the slots before the claim: another class's loop must not claim them too.
             self._running += wanted
             started = anyio.current_time()  # before the claim: the local lease clock is early
+            # An empty claim is explained (a transfer of the class ends this worker) at most
+            # every OWNER_READ_S, not at every idle poll: the claim itself never takes a job
+            # of a class this owner does not serve.
+            explain = started - owner_read_at >= OWNER_READ_S
             leases: list[Lease] = []
             try:
-                leases = await self._store.claim(
+                leases = await claims.claim(
                     registered.workflow,
                     self.config.owner,
                     lease_s=self.config.lease_s,
                     limit=wanted,
+                    explain_empty=explain,
                 )
             except DB_CONNECTION_LOST as exc:
                 wait = max(self.config.poll_s, reconnect.lost(exc))
             else:
                 reconnect.up()
                 wait = self.config.poll_s
+                if explain and not leases:
+                    owner_read_at = started
             finally:
                 self._release(wanted - len(leases))
-            seen = await self._attempts_seen(leases)
+            seen = await attempts.seen(self._pool, leases)
             for lease in leases:
                 self.stats.claimed += 1
                 jobs.start_soon(self._run_job, registered, lease, started, seen.get(lease.job_id))
             if len(leases) < wanted:
-                await self._nap(wait)
-
-    async def _rescue_loop(self, every_s: float) -> None:
-        while not self._stopping:
-            observe.beat("worker.rescue", within_s=every_s)
-            try:
-                report = await self._store.rescue(self.config.rescue_limit)
-            except DB_CONNECTION_LOST as exc:
-                log.warning("rescue failed (%s)", type(exc).__name__)
-            else:
-                for rescued in report.rescued:
-                    self.stats.rescued[str(rescued.state)] += 1
-                    observe.rescued(str(rescued.state))
-                    log.info(
-                        "rescued job=%s tenant=%s to %s (generation %s)",
-                        rescued.job_id,
-                        rescued.tenant,
-                        rescued.state,
-                        rescued.generation,
-                    )
-            await self._nap(every_s, stop_only=True)
-
-    async def _prune_loop(self, every_s: float) -> None:
-        """Retention: one short transaction per bounded batch (jobs.retention.prune); while
-        they come back full (a backlog) the next follows after a pause as long as the batch
-        took, so retention takes at most half of this loop's time, else a nap of ``every_s``.
-        A batch another schema's foreign key refuses (PruneBlocked) is logged and tried again
-        after a growing wait, capped at an hour: retention stops there, the jobs never do."""
-        cfg = self.config
-        blocked = Backoff(BackoffPolicy(base_s=every_s, cap_s=max(every_s, 3600.0)))
-        while not self._stopping:
-            wait = every_s
-            started = anyio.current_time()
-            try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    pruned = await retention.prune(
-                        conn,
-                        retention_s=cfg.prune_retention_s,
-                        audit_retention_s=cfg.prune_audit_retention_s,
-                        limit=cfg.prune_batch,
-                    )
-            except PruneBlocked as exc:
-                wait = blocked.next()
-                log.error("retention blocked, retrying in %.0f s: %s", wait, exc)
-            except DB_CONNECTION_LOST as exc:
-                log.warning("prune failed (%s)", type(exc).__name__)
-            else:
-                blocked.reset()
-                if pruned.rows:
-                    log.info(
-                        "pruned jobs=%d effects=%d results=%d audit=%d",
-                        pruned.jobs,
-                        pruned.effects,
-                        pruned.results,
-                        pruned.audit,
-                    )
-                if pruned.full(cfg.prune_batch):
-                    wait = min(every_s, anyio.current_time() - started)
-            observe.beat("worker.prune", within_s=wait)
-            await self._nap(wait, stop_only=True)
+                # Fewer were due than slots were free: a slot freeing meanwhile is no reason
+                # to ask again before the poll (it would cost an empty claim per job).
+                await self._nap(wait, stop_only=True)
 
     async def _nap(self, seconds: float, *, stop_only: bool = False) -> None:
         """Sleep up to ``seconds``; a stop (or, unless ``stop_only``, a freed slot) wakes us."""
@@ -367,89 +248,11 @@ class Worker:
         # returns once the record is durable (the step after it relies on that).
         await self._journal.write(record)
 
-    async def _journal_loop(self) -> None:
-        """Seal the journal's live segment whenever it passes its bound (polling), carrying
-        forward the effects the database has not recorded; a failed try waits and retries."""
-        while not self._stopping:
-            wait = self.config.poll_s
-            if self._journal.rotation_due:
-                try:
-                    await recovery.rotate_journal(self._pool, self._journal)
-                except DB_CONNECTION_LOST as exc:  # OSError too: a write before the switch
-                    # The live segment is whole and still written; only its sealing waits.
-                    wait = max(wait, 5.0)
-                    log.warning("journal rotation failed (%s), retrying", type(exc).__name__)
-            observe.beat("worker.journal", within_s=wait)
-            await self._nap(wait, stop_only=True)
-
-    async def _attempts_seen(self, leases: list[Lease]) -> dict[int, Any]:
-        """For the attempt spans and the submit-to-finish histogram only (none unless tracing
-        or serving metrics): each claimed job's stored trace context, its attempts, how the
-        previous attempt ended and when it was submitted, in one read."""
-        wanted = telemetry.tracing_on() or observe.measuring()
-        if not leases or self._pool is None or not wanted:
-            return {}
-        try:
-            rows = await self._pool.fetch(
-                runner_sql.ATTEMPT_CONTEXT, [lease.job_id for lease in leases]
-            )
-        except DB_CONNECTION_LOST as exc:
-            log.warning("attempt context not read (%s)", type(exc).__name__)
-            return {}
-        return {row["job_id"]: row for row in rows}
-
-    async def _note_trace(self, lease: Lease, span: trace.Span) -> None:
-        """Keep the attempt span's context with the job, so the next attempt can link to it
-        (tracing only; a lost connection only costs the link)."""
-        carrier = telemetry.span_headers(span)
-        if not carrier:
-            return
-        try:
-            await self._store.note_trace(lease, carrier)
-        except DB_CONNECTION_LOST as exc:
-            log.warning("attempt trace not kept (%s)", type(exc).__name__)
-
-    def _attempt_span(self, lease: Lease, seen: Any) -> trace.Span:
-        """The ``attempt`` span of this claim: a child of the ``process`` span that submitted
-        the job (every attempt in the operation's one trace), linked to it, with the attempt
-        number and how the attempt before it ended."""
-        stored = telemetry.carrier_from_json(seen["trace"]) if seen is not None else {}
-        attributes: dict[str, Any] = {
-            telemetry.ATTR_JOB_ID: lease.job_id,
-            telemetry.ATTR_WORKFLOW: lease.workflow,
-            telemetry.ATTR_TENANT: lease.tenant,
-            telemetry.ATTR_OPERATION_ID: lease.operation_id,
-            telemetry.ATTR_ATTEMPT_ID: str(lease.attempt_id),
-            telemetry.ATTR_GENERATION: lease.generation,
-        }
-        previous = None
-        if seen is not None:
-            attributes[telemetry.ATTR_JOB_ATTEMPT] = seen["attempts"]
-            previous = seen["last_error"] if seen["attempts"] > 1 else None
-            if previous is not None:
-                attributes[telemetry.ATTR_JOB_PREVIOUS_REASON] = previous
-        # Linked to the span that submitted the job and, from the second attempt on, to the
-        # attempt before it (its context kept by jobs.note_trace while tracing).
-        before = telemetry.carrier_from_json(seen["attempt_trace"]) if seen is not None else {}
-        span = _TRACER.start_span(
-            f"attempt {lease.workflow}",
-            context=telemetry.parent_from(stored),
-            kind=trace.SpanKind.CONSUMER,
-            links=[
-                *telemetry.links_from(stored, "job"),
-                *telemetry.links_from(before, "previous_attempt"),
-            ],
-            attributes=attributes,
-        )
-        if previous in RESCUE_REASONS:
-            span.add_event(telemetry.EVENT_RESCUED, {telemetry.ATTR_JOB_REASON: previous})
-        return span
-
     async def _run_job(
         self, registered: Registered, lease: Lease, claimed_at: float, seen: Any = None
     ) -> None:
-        span = self._attempt_span(lease, seen)
-        await self._note_trace(lease, span)
+        span = attempts.start_span(lease, seen)
+        await attempts.keep_trace(self._store, lease, span)
         try:
             with trace.use_span(
                 span, end_on_exit=True, record_exception=False, set_status_on_exception=False
@@ -492,7 +295,7 @@ class Worker:
             # Noted before the connection goes back: a shutdown cancelling that await
             # cannot lose how the attempt ended.
             self._note(finished)
-            _end_attempt(span, finished)
+            attempts.end_span(span, finished)
             observe.job_finished(
                 lease.workflow, str(finished.ending), seen["created_at"] if seen else None
             )
@@ -577,7 +380,7 @@ class Worker:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
         # A key the class never declared is the handler's own defect: retrying cannot help.
         retry = not isinstance(error, EffectUndeclared)
-        return await self._give_up(ctx, store, Ending.FAILED, _reason(error), retry=retry)
+        return await self._give_up(ctx, store, Ending.FAILED, error_reason(error), retry=retry)
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""
@@ -587,7 +390,7 @@ class Worker:
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
-            return await self._give_up(ctx, store, Ending.FAILED, _reason(exc))
+            return await self._give_up(ctx, store, Ending.FAILED, error_reason(exc))
         except DB_CONNECTION_LOST as exc:
             log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         if ctx.published:
@@ -645,28 +448,3 @@ class Worker:
                 ref.seq,
                 state,
             )
-
-
-def _reason(error: BaseException) -> str:
-    """The typed reason stored as the job's last error (never a payload or message text)."""
-    reason = getattr(type(error), "reason", None)
-    if isinstance(reason, str):
-        return reason
-    return f"handler:{type(error).__name__}"
-
-
-def _end_attempt(span: trace.Span, finished: Finished) -> None:
-    """How the attempt ended, on its span; an error only when the job's state is terminal."""
-    if not span.is_recording():
-        return
-    span.set_attribute(telemetry.ATTR_JOB_ENDING, str(finished.ending))
-    if finished.state is not None:
-        span.set_attribute(telemetry.ATTR_JOB_STATE, str(finished.state))
-    if finished.reason is not None:
-        span.set_attribute(telemetry.ATTR_JOB_REASON, finished.reason)
-    if finished.ending is Ending.FENCE_LOST:
-        span.add_event(
-            telemetry.EVENT_FENCE_REFUSED, {telemetry.ATTR_JOB_REASON: str(finished.reason)}
-        )
-    if finished.state is not None and str(finished.state) in telemetry.TERMINAL_JOB_STATES:
-        span.set_status(Status(StatusCode.ERROR, finished.reason or str(finished.state)))

@@ -364,3 +364,32 @@ async def test_notify_wakes_the_relay_and_polling_finds_what_no_notify_announced
         relay.stop()
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == {str(e.event_id) for e in (first_silent, loud, second_silent)}
+
+
+@pytest.mark.timeout(60)
+async def test_one_notify_wakes_one_loop_and_costs_one_claim(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    poll_s = 30.0
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s))
+    assert relay.config.loops == 2  # two loops asleep: a NOTIFY could wake either or both
+
+    async def listening() -> bool:
+        return bool(await helpers.pg_value(pg_dsn, LISTENING))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await wait_for(listening, within=20)
+        await anyio.sleep(0.5)  # each loop claimed once at its start, found nothing, sleeps
+        before = relay.stats.claims
+        for n in range(3):
+            started = anyio.current_time()
+            await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n)])
+            # control: the NOTIFY woke a loop, long before the poll
+            await helpers.wait_until_settled(pg_dsn, expect_published=n + 1, within_s=10)
+            assert anyio.current_time() - started < 10
+            await anyio.sleep(0.2)
+        # one claim per NOTIFY: the loop it woke took the row; the other slept on
+        assert relay.stats.claims - before == 3
+        relay.stop()
+    assert relay.stats.published == 3

@@ -18,6 +18,7 @@ from accord.demo import DEFAULT_OWNER, WORKFLOW, accept_submission, register_dem
 from accord.demo.catalog import demo_catalog
 from accord.demo.provider import ProviderClient, ProviderServer
 from accord.jobs import Store, submit
+from accord.jobs.models import Lease
 from accord.jobs.runner import (
     Handler,
     LocalDirStore,
@@ -116,6 +117,22 @@ class Rig:
             worker.register(workflow, handler, timeout_s=timeout_s)
         self.workers.append(worker)
         return worker
+
+
+class CountingStore(Store):
+    """A store that counts its claims (the copies ``Store.hold`` makes count with it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._claims = [0]
+
+    @property
+    def claims(self) -> int:
+        return self._claims[0]
+
+    async def claim(self, *args: Any, **kwargs: Any) -> list[Lease]:
+        self._claims[0] += 1
+        return await super().claim(*args, **kwargs)
 
 
 @contextlib.asynccontextmanager

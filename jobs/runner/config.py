@@ -1,0 +1,57 @@
+"""What one worker process serves and how it runs: the handlers it registered and its settings,
+built by the composition root (accord.commands.worker) or by an application's own code."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from accord.jobs import retention
+from accord.jobs.runner.context import JobContext
+from accord.schemas.errors import ConfigError
+
+#: A job handler: does the work of one claimed job through its context.
+Handler = Callable[[JobContext], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """One workflow class this worker serves: its handler, the handler's timeout, and the
+    effect keys (or prefixes ending in a dot) it may begin (None: not declared, any key)."""
+
+    workflow: str
+    handler: Handler
+    timeout_s: float
+    effects: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process runs; built by the composition root."""
+
+    owner: str  # the registered queue owner of the classes served
+    concurrency: int = 4
+    lease_s: float = 60.0
+    claim_batch: int = 16
+    poll_s: float = 1.0
+    rescue_every_s: float | None = 5.0  # None: this process does not host the rescue call
+    rescue_limit: int = 100
+    grace_s: float = 10.0
+    record_timeout_s: float = 10.0
+    # Retention (jobs.retention.prune, needs the worker's pool): None: this process does not
+    # host the prune call. The composition root keeps the retention past the replay horizon.
+    prune_every_s: float | None = None
+    prune_batch: int = 200
+    prune_retention_s: float = 14 * 24 * 3600.0
+    prune_audit_retention_s: float = 90 * 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if min(self.concurrency, self.claim_batch, self.rescue_limit) < 1:
+            raise ConfigError("worker sizes must be positive", concurrency=self.concurrency)
+        if not (self.lease_s > 0 and self.poll_s > 0 and self.grace_s >= 0):
+            raise ConfigError("worker times must be positive", lease_s=self.lease_s)
+        if self.rescue_every_s is not None and self.rescue_every_s <= 0:
+            raise ConfigError("rescue_every_s must be positive or None")
+        if self.prune_every_s is not None and not self.prune_every_s > 0:
+            raise ConfigError("prune_every_s must be positive or None")
+        retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)

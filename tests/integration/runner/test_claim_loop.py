@@ -1,0 +1,67 @@
+"""The worker's claim loop asks the database only when asking can find work: a slot freed
+while every slot was taken claims at once; a slot freed after a claim that found fewer jobs
+than free slots waits for the poll (no empty claim per finished job)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import JobState
+from accord.jobs.runner import JobContext, Worker, WorkerConfig, open_journal
+from tests.integration.runner.conftest import CountingStore, Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+POLL_S = 3.0
+
+
+async def _done(ctx: JobContext) -> None:
+    await ctx.publish()
+
+
+def _worker(rig: Rig, store: CountingStore, name: str, concurrency: int) -> Worker:
+    worker = Worker(
+        WorkerConfig(
+            owner=DEFAULT_OWNER, concurrency=concurrency, poll_s=POLL_S, rescue_every_s=None
+        ),
+        store=store,
+        journal=open_journal(rig.journal_path(name), name),
+        objects=rig.objects,
+        pool=rig.pool,
+    )
+    worker.register(name, _done, timeout_s=10.0)
+    return worker
+
+
+async def _all_succeeded(rig: Rig, jobs: list[int]) -> bool:
+    return {await rig.state(job) for job in jobs} == {JobState.SUCCEEDED}
+
+
+async def test_a_slot_freed_while_all_were_taken_claims_at_once(rig: Rig) -> None:
+    store = CountingStore(rig.pool)
+    await store.register_workflow("full", DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"full-{i}", "full") for i in range(10)]
+    worker = _worker(rig, store, "full", concurrency=2)
+    started = anyio.current_time()
+    async with running(worker):
+        await wait_for(lambda: _all_succeeded(rig, jobs))
+        elapsed = anyio.current_time() - started
+    # Two slots, ten jobs: each freed slot claimed the next job at once. Waiting for the
+    # poll instead would take four polls (12 s) at least.
+    assert elapsed < POLL_S
+    assert store.claims >= 5
+
+
+async def test_a_slot_freed_after_a_short_claim_waits_for_the_poll(rig: Rig) -> None:
+    store = CountingStore(rig.pool)
+    await store.register_workflow("short", DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"short-{i}", "short") for i in range(4)]
+    worker = _worker(rig, store, "short", concurrency=8)
+    async with running(worker):
+        await wait_for(lambda: _all_succeeded(rig, jobs))
+        await anyio.sleep(0.5)
+        # One claim took all four (fewer than the eight free slots): the four slots they
+        # freed asked nothing more before the poll.
+        assert store.claims == 1
+        assert worker.stats.claimed == 4
