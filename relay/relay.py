@@ -1,12 +1,12 @@
 """The relay: outbox rows → RabbitMQ, never losing a committed event.
 
-Each cycle: claim a batch by state in one short transaction (a fresh lease token per
-batch), publish the batch concurrently *outside* any transaction with confirms, then
-settle it in a second short transaction guarded by the token. Only a confirmed publish
+Each cycle: claim a batch by state in one statement, its own transaction (a fresh lease
+token per batch), publish the batch concurrently *outside* any transaction with confirms,
+then settle it in a second statement guarded by the token. Only a confirmed publish
 marks a row published; nack, return, timeout and a lost connection leave it pending with
 attempts and a typed reason, so duplicates are possible and loss is not. At most
 ``in_flight`` rows are claimed and unsettled at once, which bounds the duplicates a crash
-can cause. LISTEN/NOTIFY only wakes the loop; polling is the truth.
+can cause. LISTEN/NOTIFY only wakes a loop (one per NOTIFY); polling is the truth.
 """
 
 from __future__ import annotations
