@@ -333,6 +333,15 @@ LISTENING = (
 )
 
 
+async def _relay_listens(dsn: str) -> None:
+    """Until a relay's LISTEN connection is up."""
+
+    async def listening() -> bool:
+        return bool(await helpers.pg_value(dsn, LISTENING))
+
+    await wait_for(listening, within=20)
+
+
 @pytest.mark.timeout(60)
 async def test_notify_wakes_the_relay_and_polling_finds_what_no_notify_announced(
     pg_dsn: str, amqp_url: str, topo: Topology
@@ -341,13 +350,10 @@ async def test_notify_wakes_the_relay_and_polling_finds_what_no_notify_announced
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s))
     first_silent, loud, second_silent = (helpers.make_event(n) for n in range(3))
 
-    async def listening() -> bool:
-        return bool(await helpers.pg_value(pg_dsn, LISTENING))
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
         # listening, then idle: found nothing, waits for a NOTIFY or the poll
-        await wait_for(listening, within=20)
+        await _relay_listens(pg_dsn)
         await anyio.sleep(0.5)
         # control: a row without a NOTIFY is not seen before the next poll
         await enqueue_silently(pg_dsn, first_silent)
@@ -374,12 +380,9 @@ async def test_one_notify_wakes_one_loop_and_costs_one_claim(
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s))
     assert relay.config.loops == 2  # two loops asleep: a NOTIFY could wake either or both
 
-    async def listening() -> bool:
-        return bool(await helpers.pg_value(pg_dsn, LISTENING))
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
-        await wait_for(listening, within=20)
+        await _relay_listens(pg_dsn)
         await anyio.sleep(0.5)  # each loop claimed once at its start, found nothing, sleeps
         before = relay.stats.claims
         for n in range(3):

@@ -109,6 +109,10 @@ async def test_a_publish_retried_is_two_publish_attempts_linked_with_the_first_r
     queue, exchange = f"{broker_names.prefix}.wf.report", f"{broker_names.prefix}.events"
     with otlp_receiver() as (endpoint, received):
         env = support.otel_env(endpoint, pg_dsn, amqp_url, broker_names, tmp_path, provider.url)
+        # Unroutable retries, not a hold: the binding comes back after the first failed
+        # attempt's span arrives (exported every 0.2 s), which three attempts 0.2 s and 0.4 s
+        # apart could outrun on a slow machine (the row would be held, never published).
+        env["ACCORD_RELAY_UNROUTABLE_ATTEMPTS"] = "50"
         async with support.process(env, "relay", "relay"):
             # control first: a routable event is published at its first attempt
             await support.produce(env, "acme", "routable")
