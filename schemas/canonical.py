@@ -42,9 +42,11 @@ def _plain(value: Any) -> bool:
     return False  # floats, and anything rfc8785 should judge itself
 
 
-def dumps(value: Any) -> bytes:
-    """The RFC 8785 canonical form of ``value`` (raises what ``rfc8785.dumps`` raises)."""
-    if _plain(value):
+def dumps(value: Any, *, plain: bool | None = None) -> bytes:
+    """The RFC 8785 canonical form of ``value`` (raises what ``rfc8785.dumps`` raises).
+    ``plain=True``: the caller knows ``value`` is plain (``events.check_values`` found it
+    so), and it is not walked again."""
+    if plain or _plain(value):
         return _ENCODER.encode(value).encode("utf-8")
     result: bytes = rfc8785.dumps(value)
     return result

@@ -146,15 +146,26 @@ class Catalog:
 
         First, whatever the model: ``check_values`` (InvalidEvent) and ``check_tenant``
         (TenantConflict), so every catalog type is safe to encode, digest and store."""
+        return self._validate(event, producing=producing)[0]
+
+    def _validate(self, event: Event, *, producing: bool) -> tuple[BaseModel, bool]:
         entry = self.get(event.type, event.version)
-        check_values(event.payload)
+        plain = check_values(event.payload)
         check_tenant(event.payload, event.tenant)
         try:
             extra: Literal["forbid", "ignore"] = "forbid" if producing else "ignore"
-            return entry.model.model_validate(event.payload, extra=extra)
+            return entry.model.model_validate(event.payload, extra=extra), plain
         except ValidationError as exc:
             fields = sorted({".".join(map(str, e["loc"])) for e in exc.errors()})
             raise InvalidEvent(event_type=event.ce_type, fields=fields) from None
+
+    def prepare(self, event: Event, max_payload_bytes: int) -> tuple[bytes, str]:
+        """What producing ``event`` needs, its payload walked once: validated as ``validate``
+        (producing), then its body (``encode_payload``) and its digest. Raises what those
+        raise (UnknownEventType, InvalidEvent, TenantConflict, PayloadTooLarge)."""
+        _, plain = self._validate(event, producing=True)
+        body = encode_payload(event, max_payload_bytes, checked=True)
+        return body, self.digest(event, plain=plain)
 
     def material(self, event: Event) -> dict[str, Any]:
         entry = self.get(event.type, event.version)
@@ -162,8 +173,9 @@ class Catalog:
             return dict(event.payload)
         return {k: event.payload[k] for k in entry.material if k in event.payload}
 
-    def digest(self, event: Event) -> str:
-        """The semantic digest (hex SHA-256 of RFC 8785 JSON); see the module docstring."""
+    def digest(self, event: Event, *, plain: bool = False) -> str:
+        """The semantic digest (hex SHA-256 of RFC 8785 JSON); see the module docstring.
+        ``plain``: ``check_values`` found the payload plain (``Catalog.prepare``)."""
         return semantic_digest(
             tenant=event.tenant,
             operation_id=event.operation_id,
@@ -171,6 +183,7 @@ class Catalog:
             version=event.version,
             authority_epoch=event.authority_epoch,
             material=self.material(event),
+            plain_material=plain,
         )
 
 
@@ -182,7 +195,11 @@ def semantic_digest(
     version: int,
     authority_epoch: int,
     material: Mapping[str, Any],
+    plain_material: bool = False,
 ) -> str:
+    """``plain_material``: ``check_values`` found the material plain, so the document is plain
+    too when its envelope numbers are in the I-JSON range (its keys are ASCII, its other
+    fields text): then the canonical fast path writes it without walking it again."""
     document: dict[str, Any] = {
         "tenant": tenant,
         "operation_id": operation_id,
@@ -192,47 +209,56 @@ def semantic_digest(
         "material": dict(material),
     }
     try:
-        canonical = canonical_json.dumps(document)
+        plain = plain_material and max(version, authority_epoch) <= MAX_SAFE_INTEGER
+        canonical = canonical_json.dumps(document, plain=plain or None)
     except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidEvent(detail=f"payload is not canonical JSON: {exc}") from exc
     return hashlib.sha256(canonical).hexdigest()
 
 
-def check_values(value: Any, path: str = "payload") -> None:
+def check_values(value: Any, path: str = "payload") -> bool:
     """Refuse, with InvalidEvent naming the field, any value the wire format, the digest
     (RFC 8785) or PostgreSQL (jsonb) cannot keep faithfully: text that is not valid UTF-8
     (a lone surrogate) or holds NUL, in values and in keys; an integer outside the I-JSON
     range; NaN or an infinity; a key that is not text (JSON would turn ``1`` into ``"1"``,
     perhaps beside a real ``"1"``); anything that is not JSON (bytes, sets, datetimes, ...);
     nesting deeper than MAX_DEPTH. ``None``, booleans, lists, tuples and dicts are fine.
-    Keys are unique: a dict's keys are distinct text, and JSON text keeps them distinct."""
-    _check(value, path, 0)
+    Keys are unique: a dict's keys are distinct text, and JSON text keeps them distinct.
+
+    Returns whether ``value`` is *plain* (no float, every key ASCII): then its RFC 8785 form
+    is what the canonical fast path writes (``canonical.dumps(..., plain=True)``), and the
+    digest need not walk it again."""
+    return _check(value, path, 0)
 
 
-def _check(value: Any, path: str, depth: int) -> None:
+def _check(value: Any, path: str, depth: int) -> bool:
     if isinstance(value, str):
         _check_text(value, path)
-    elif value is None or isinstance(value, bool):
-        return
-    elif isinstance(value, int):
+        return True
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
         if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
             raise InvalidEvent(detail="integer outside the I-JSON range", field=path)
-    elif isinstance(value, float):
+        return True
+    if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidEvent(detail="non-finite number", field=path)
-    elif isinstance(value, dict | list | tuple):
+        return False
+    if isinstance(value, dict | list | tuple):
         if depth >= MAX_DEPTH:
             raise InvalidEvent(detail="nested too deep", field=path, limit=MAX_DEPTH)
+        plain = True
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str) or _text_problem(key) is not None:
                     raise InvalidEvent(detail="bad object key", field=path)
-                _check(item, f"{path}.{key}", depth + 1)
+                plain = _check(item, f"{path}.{key}", depth + 1) and key.isascii() and plain
         else:
             for index, item in enumerate(value):
-                _check(item, f"{path}[{index}]", depth + 1)
-    else:
-        raise InvalidEvent(detail="not a JSON value", field=path, type=type(value).__name__)
+                plain = _check(item, f"{path}[{index}]", depth + 1) and plain
+        return plain
+    raise InvalidEvent(detail="not a JSON value", field=path, type=type(value).__name__)
 
 
 def _check_text(value: str, path: str) -> None:

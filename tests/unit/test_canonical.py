@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 import rfc8785
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from accord.schemas import canonical
+from accord.schemas.errors import InvalidEvent
+from accord.schemas.events import check_values, semantic_digest
 from tests.support import SOAK
 
 _SAFE_INT = st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
@@ -55,3 +58,44 @@ def test_integers_outside_the_i_json_range_are_refused_as_rfc8785_refuses_them()
             rfc8785.dumps({"n": value})
         with pytest.raises(rfc8785.IntegerDomainError):
             canonical.dumps({"n": value})
+
+
+@settings(max_examples=2000 if SOAK else 300, deadline=None)
+@given(st.dictionaries(_TEXT, _documents(_SCALARS | _FLOATS, _TEXT), max_size=5))
+def test_the_digest_of_a_checked_payload_is_rfc8785_whatever_check_values_found(
+    payload: dict[str, Any],
+) -> None:
+    try:
+        plain = check_values(payload)
+    except InvalidEvent:
+        assume(False)  # refused before any digest (NUL, ...)
+    envelope = {"tenant": "acme", "operation_id": "op-1", "type": "t.x", "version": 1}
+    document = {**envelope, "authority_epoch": 2**53 - 1, "material": payload}
+    expected = hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+    # check_values' finding spares the digest its own walk; it must never change the bytes
+    assert plain == canonical._plain(payload)
+    digest = semantic_digest(
+        tenant="acme",
+        operation_id="op-1",
+        type_="t.x",
+        version=1,
+        authority_epoch=2**53 - 1,
+        material=payload,
+        plain_material=plain,
+    )
+    assert digest == expected
+
+
+def test_a_plain_payload_beside_an_envelope_number_past_i_json_still_refuses() -> None:
+    payload = {"report_id": "r1"}
+    assert check_values(payload)  # control: plain
+    with pytest.raises(InvalidEvent):
+        semantic_digest(
+            tenant="acme",
+            operation_id="op-1",
+            type_="t.x",
+            version=1,
+            authority_epoch=2**53,
+            material=payload,
+            plain_material=True,
+        )
