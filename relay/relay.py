@@ -115,7 +115,7 @@ class Relay:
         self.config = config
         self.stats = RelayStats()
         self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))
-        # One event per sleeping loop: ``wake()`` and ``stop()`` reach every loop.
+        # One event per sleeping loop: ``wake()`` sets one of them, ``stop()`` every one.
         self._waiters: set[anyio.Event] = set()
         self._missed = False  # a wake-up came while no loop slept: the next one claims at once
         self._stopping = False
