@@ -14,7 +14,6 @@ without an exporter runs. Goal (#19): the preparation below ≈ 15 µs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import timeit
@@ -56,7 +55,6 @@ def main() -> None:
     n = parser.parse_args().n
     conn: Any = _Connection()
     event = _event()
-    loop = asyncio.new_event_loop()
 
     def one_enqueue() -> None:
         coro = enqueue(conn, event, catalog=CATALOG)
@@ -75,7 +73,6 @@ def main() -> None:
     }
     floor = _best_us(lambda: hashlib.sha256(json.dumps(PAYLOAD).encode()).hexdigest(), n)
     results = {name: _best_us(call, n) for name, call in parts.items()}
-    loop.close()
     for name, us in results.items():
         print(f"{name:30s} {us:6.2f} µs")
     print(f"{'floor: json.dumps + sha256':30s} {floor:6.2f} µs")

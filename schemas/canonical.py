@@ -42,7 +42,7 @@ def _plain(value: Any) -> bool:
     return False  # floats, and anything rfc8785 should judge itself
 
 
-def dumps(value: Any, *, plain: bool | None = None) -> bytes:
+def dumps(value: Any, *, plain: bool = False) -> bytes:
     """The RFC 8785 canonical form of ``value`` (raises what ``rfc8785.dumps`` raises).
     ``plain=True``: the caller knows ``value`` is plain (``events.check_values`` found it
     so), and it is not walked again."""

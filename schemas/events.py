@@ -210,7 +210,7 @@ def semantic_digest(
     }
     try:
         plain = plain_material and max(version, authority_epoch) <= MAX_SAFE_INTEGER
-        canonical = canonical_json.dumps(document, plain=plain or None)
+        canonical = canonical_json.dumps(document, plain=plain)
     except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidEvent(detail=f"payload is not canonical JSON: {exc}") from exc
     return hashlib.sha256(canonical).hexdigest()
