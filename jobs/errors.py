@@ -24,6 +24,7 @@
         ├── RepairRefused             a repair refused (reason = why: running, not_held, ...)
         ├── LookupUnavailable         a receipt lookup gave no definite answer (reconcile later)
         ├── PruneBlocked              another schema's foreign key forbids removing a finished job
+        ├── ResultMismatch            a publish names one result object, its callback another
         ├── JournalError              a framed file (runner journal, ledger) cannot be used as asked
         │   ├── JournalLocked         another writer holds its lock (refused at once)
         │   ├── JournalHeaderInvalid  not a file this code can read (magic, version, header CRC)
@@ -280,3 +281,10 @@ class PruneBlocked(JobsError):
     """
 
     reason = "prune_blocked"
+
+
+class ResultMismatch(JobsError):
+    """A publish names one result object and its callback recorded another: a job has one
+    result (its jobs.results row). Record the key the publish names, or name none."""
+
+    reason = "result_mismatch"

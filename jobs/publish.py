@@ -16,6 +16,9 @@ from accord.jobs import fence, sql
 from accord.jobs.errors import EffectsUnresolved, JobsError
 from accord.jobs.models import Lease
 
+#: A publish's result object: its key and content digest, for its jobs.results manifest row.
+Result = tuple[str, str]
+
 
 @dataclass(frozen=True, slots=True)
 class BatchPublished:
@@ -32,16 +35,21 @@ def refusal(lease: Lease, status: str) -> JobsError:
     return fence.fence_lost(lease, status)
 
 
-async def _succeed(conn: Any, lease: Lease) -> str | None:
-    status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
+async def _succeed(conn: Any, lease: Lease, result: Result | None = None) -> str | None:
+    if result is None:
+        status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
+    else:
+        status = await conn.fetchval(sql.SUCCEED_WITH_RESULT, *lease.fence_args(), *result)
     return status
 
 
-async def one(conn: Any, lease: Lease) -> None:
+async def one(conn: Any, lease: Lease, result: Result | None = None) -> None:
     """``jobs.succeed`` on ``conn`` (inside the caller's transaction, or as its own): marks the
     job succeeded or raises the refusal, FenceLost or EffectsUnresolved. Raised inside a
-    transaction, it rolls back whatever the transaction wrote before it."""
-    status = await _succeed(conn, lease)
+    transaction, it rolls back whatever the transaction wrote before it. With ``result``
+    (object key, content digest), the same statement writes the job's ``jobs.results``
+    manifest row once the transition passed (``jobs.succeed_with_result``)."""
+    status = await _succeed(conn, lease, result)
     if status is not None:
         raise refusal(lease, status)
 

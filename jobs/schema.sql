@@ -1101,6 +1101,26 @@ BEGIN
 END $$;
 
 --
+-- Name: succeed_with_result(bigint, text, text, text, text, uuid, bigint, bigint, text, text); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_status text;
+BEGIN
+    v_status := jobs.succeed(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
+                             p_attempt_id, p_generation, p_epoch);
+    IF v_status IS NULL THEN
+        INSERT INTO jobs.results (job_id, tenant, object_key, content_digest)
+        VALUES (p_job_id, p_tenant, p_object_key, p_content_digest);
+    END IF;
+    RETURN v_status;
+END $$;
+
+--
 -- Name: unresolved_effects(bigint); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -1944,6 +1964,13 @@ GRANT ALL ON FUNCTION jobs.succeed(p_job_id bigint, p_tenant text, p_workflow te
 
 REVOKE ALL ON FUNCTION jobs.succeed_many(p_job_ids bigint[], p_tenants text[], p_workflows text[], p_operation_ids text[], p_owners text[], p_attempt_ids uuid[], p_generations bigint[], p_epochs bigint[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.succeed_many(p_job_ids bigint[], p_tenants text[], p_workflows text[], p_operation_ids text[], p_owners text[], p_attempt_ids uuid[], p_generations bigint[], p_epochs bigint[]) TO accord_worker;
+
+--
+-- Name: FUNCTION succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text) TO accord_worker;
 
 --
 -- Name: FUNCTION unresolved_effects(p_job_id bigint); Type: ACL; Schema: jobs; Owner: -

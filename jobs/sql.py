@@ -24,6 +24,10 @@ RENEW = "SELECT status, lease_expires_at FROM jobs.renew($1, $2, $3, $4, $5, $6,
 # (jobs.succeed in jobs/schema.sql).
 SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
 
+# The same transition, then (only if it passed) the manifest row naming result object $9
+# (content digest $10): one round trip (jobs.succeed_with_result, migration 0024).
+SUCCEED_WITH_RESULT = "SELECT jobs.succeed_with_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+
 # Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.
 SUCCEED_MANY = (
     "SELECT job_id FROM jobs.succeed_many($1::bigint[], $2::text[], $3::text[], $4::text[],"

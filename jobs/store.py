@@ -44,7 +44,7 @@ from accord.jobs.models import (
     RescueReport,
     Submitted,
 )
-from accord.jobs.publish import BatchPublished
+from accord.jobs.publish import BatchPublished, Result
 from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction
 
@@ -186,20 +186,26 @@ class Store:
             payload=lease.payload,
         )
 
-    async def publish(self, lease: Lease, callback: Callback | None = None) -> None:
+    async def publish(
+        self, lease: Lease, callback: Callback | None = None, *, result: Result | None = None
+    ) -> None:
         """One transaction: fence → database-only ``callback(tx)`` → fence again →
         succeeded. Raises FenceLost (nothing the callback wrote survives) or
         EffectsUnresolved (an effect is pending or unknown). Without a callback the fence
-        and the transition are one statement, which is its own transaction.
+        and the transition are one statement, which is its own transaction. ``result``
+        (object key, content digest) names the job's result object: the fenced transition's
+        own statement writes its ``jobs.results`` manifest row (no ``record_result`` call,
+        no fence of its own), so it is authoritative exactly when the job succeeded.
         """
         async with self._connection() as conn:
             if callback is None:
-                await publish.one(conn, lease)
+                await publish.one(conn, lease, result)
                 return
             async with conn.transaction():
                 await fence.locked(conn, lease)
                 await callback(conn)
-                await publish.one(conn, lease)  # a refusal rolls the callback's writes back
+                # A refusal rolls the callback's writes back.
+                await publish.one(conn, lease, result)
 
     async def publish_many(self, leases: list[Lease]) -> BatchPublished:
         """One statement (its own transaction) publishes a batch of leases without callbacks:

@@ -10,9 +10,10 @@ Steps, each with its own guarantee:
    on its own.
 2. The report body is rendered and stored as an immutable, content-addressed object. It is
    not authoritative yet: a stale worker's object stays unreferenced (``accord gc-objects``).
-3. ``ctx.publish(callback)``: one fenced transaction writes demo.reports, marks the
-   submission published, writes the ``jobs.results`` manifest row and enqueues
-   ``report.published.v1``, or (fence lost) none of them.
+3. ``ctx.publish(callback, object_key=...)``: one fenced transaction writes demo.reports,
+   marks the submission published and enqueues ``report.published.v1`` (one statement,
+   ``enqueue_joined``), and its fenced succeeded statement writes the ``jobs.results``
+   manifest row naming the object; or (fence lost) none of them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from accord.jobs.runner.config import Handler
 from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.effects import FailedBeforeDispatch, Success
 from accord.jobs.store import Callback, Store
-from accord.relay import enqueue
+from accord.relay import enqueue, enqueue_joined
 from accord.schemas.db import Tx
 from accord.schemas.events import Event
 
@@ -74,23 +75,30 @@ def publish_report(
             receipt,
             lease.generation,
         )
-        await tx.execute(sql.MARK_PUBLISHED, lease.tenant, request.report_id)
-        await ctx.record_result(tx, object_key)
-        await enqueue(
+        published = Event(
+            tenant=lease.tenant,
+            operation_id=lease.operation_id,
+            type=PUBLISHED,
+            version=1,
+            payload={
+                "report_id": request.report_id,
+                "object_key": object_key,
+                "provider_receipt": receipt,
+            },
+        )
+        # The submission marked published and the event enqueued in one statement; the
+        # event is enqueued whatever the count says (a job submitted without the demo's
+        # acceptance has no submission row to mark), but then on its own.
+        joined = await enqueue_joined(
             tx,
-            Event(
-                tenant=lease.tenant,
-                operation_id=lease.operation_id,
-                type=PUBLISHED,
-                version=1,
-                payload={
-                    "report_id": request.report_id,
-                    "object_key": object_key,
-                    "provider_receipt": receipt,
-                },
-            ),
+            sql.MARK_PUBLISHED,
+            lease.tenant,
+            request.report_id,
+            event=published,
             catalog=CATALOG,
         )
+        if not joined.rows:
+            await enqueue(tx, published, catalog=CATALOG)
 
     return write
 

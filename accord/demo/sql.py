@@ -21,9 +21,11 @@ INSERT_REPORT = (
     " VALUES ($1, $2, $3, $4, $5, $6)"
 )
 
-# Mark submission $2 of tenant $1 published (same fenced transaction as its report row).
+# Mark submission $2 of tenant $1 published (same fenced transaction as its report row);
+# the report job joins report.published.v1's outbox row to it (relay.enqueue_joined).
 MARK_PUBLISHED = (
     "UPDATE demo.submissions SET state = 'published' WHERE tenant = $1 AND report_id = $2"
+    " RETURNING report_id"
 )
 
 # One published report (for the demo's summary and the tests' oracle).

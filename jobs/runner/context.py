@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
-from accord.jobs.errors import EffectUndeclared, FenceLost
+from accord.jobs.errors import EffectUndeclared, FenceLost, ResultMismatch
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner import effects
 from accord.jobs.runner.effects import (
@@ -37,7 +37,7 @@ from accord.jobs.runner.effects import (
     intent_digest,
 )
 from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
-from accord.jobs.runner.objects import ObjectStore
+from accord.jobs.runner.objects import ObjectStore, check_key
 from accord.jobs.store import Callback, Store
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
@@ -88,6 +88,8 @@ class JobContext:
         self._record_timeout_s = record_timeout_s
         self.trail = EffectTrail()
         self.published = False
+        # The result object key of the publish in flight (record_result reads it).
+        self._publishing: str | None = None
         #: Set by the heartbeat when the lease is lost; the handler's scope is then cancelled.
         self.fence_lost: FenceLost | None = None
 
@@ -320,20 +322,35 @@ class JobContext:
         return key
 
     async def record_result(self, tx: Tx, object_key: str) -> None:
-        """Runs in the publish callback's transaction; never commits. Writes the jobs.results
-        manifest row naming ``object_key`` through the fence (``Store.record_result``): raises
-        FenceLost, and writes nothing, unless this lease still holds the job."""
+        """Runs in the publish callback's transaction; never commits. Makes ``object_key``
+        the job's result: in a ``publish(object_key=...)`` naming the same key, the fenced
+        succeeded statement writes its manifest row (nothing to do here; another key raises
+        ResultMismatch: a job has one result); otherwise it writes the jobs.results manifest
+        row now, through the fence (``Store.record_result``): raises FenceLost, and writes
+        nothing, unless this lease still holds the job."""
         require_transaction(tx)
-        digest = object_key.removeprefix("sha256-")
-        await Store.record_result(tx, self._lease, object_key, digest)
+        if self._publishing is not None:
+            if object_key != self._publishing:
+                raise ResultMismatch(
+                    job_id=self._lease.job_id, published=self._publishing, recorded=object_key
+                )
+            return
+        await Store.record_result(tx, self._lease, object_key, _digest(object_key))
 
     async def publish(
         self, callback: Callback | None = None, *, object_key: str | None = None
     ) -> None:
         """The fenced, database-only publish (see ``Store.publish``), journaled after commit.
 
-        Raises FenceLost (nothing the callback wrote survives) or EffectsUnresolved.
+        ``object_key`` (from ``put_object``) is the job's result: its manifest row is
+        written by the fenced succeeded statement itself, so it is authoritative exactly
+        when the publish commits (a callback's ``record_result`` of the same key adds
+        nothing; a callback writing the row itself through ``Store.record_result`` names
+        no ``object_key``: a job has one result row). Raises ObjectKeyInvalid (not a
+        content address: nothing written), ResultMismatch, FenceLost (nothing the callback
+        wrote survives) or EffectsUnresolved.
         """
+        result = None if object_key is None else (check_key(object_key), _digest(object_key))
         span = _TRACER.start_span(
             f"publish {self._lease.workflow}",
             attributes={
@@ -344,14 +361,17 @@ class JobContext:
         with trace.use_span(
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
+            self._publishing = object_key
             try:
-                await self._store.publish(self._lease, callback)
+                await self._store.publish(self._lease, callback, result=result)
             except FenceLost as exc:
                 span.add_event(
                     telemetry.EVENT_FENCE_REFUSED,
                     {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
                 )
                 raise
+            finally:
+                self._publishing = None
         self.published = True
         await self._journal(Publish(**_claim_fields(self._lease), object_key=object_key))
 
@@ -369,6 +389,11 @@ def _note_outcome(span: trace.Span, outcome: Outcome) -> None:
     span.set_attribute(telemetry.ATTR_EFFECT_OUTCOME, str(outcome.state))
     if outcome.state is EffectState.UNKNOWN:
         span.set_status(Status(StatusCode.ERROR, outcome.detail or "unknown"))
+
+
+def _digest(object_key: str) -> str:
+    """A content address's digest: the hex after ``sha256-``."""
+    return object_key.removeprefix("sha256-")
 
 
 def _claim_fields(lease: Lease) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""A publish's result object (``JobContext.publish(object_key=...)``): its jobs.results
+manifest row is written by the fenced succeeded statement itself (jobs.succeed_with_result),
+so it exists exactly when the job succeeded. The current lease's publish writes it (control);
+a stale lease's writes nothing; a callback recording the same key adds nothing, another key
+is refused (ResultMismatch) and a key that is not a content address is refused before
+anything is written (ObjectKeyInvalid); without ``object_key`` the callback's
+``record_result`` writes the row through its own fence, as before."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import FenceLost, JobState
+from accord.jobs.errors import ObjectKeyInvalid, ResultMismatch
+from accord.jobs.models import Lease
+from accord.jobs.runner import JobContext
+from accord.jobs.runner.objects import key_for
+from accord.schemas.db import Tx
+from tests.integration.runner.conftest import Rig
+
+pytestmark = pytest.mark.timeout(60)
+
+WORKFLOW = "plain"
+
+
+async def _journal(record: object) -> None:
+    return None
+
+
+async def _claimed(rig: Rig, operation_id: str) -> tuple[int, JobContext]:
+    job_id = await rig.submit_job(operation_id, WORKFLOW)
+    [lease] = await rig.store.claim(WORKFLOW, DEFAULT_OWNER, lease_s=30)
+    assert lease.job_id == job_id
+    return job_id, _context(rig, lease)
+
+
+def _context(rig: Rig, lease: Lease) -> JobContext:
+    return JobContext(lease, store=rig.store, objects=rig.objects, journal=_journal)
+
+
+async def _manifest(pool: asyncpg.Pool, job_id: int) -> list[tuple[str, str]]:
+    rows = await pool.fetch(
+        "SELECT object_key, content_digest FROM jobs.results WHERE job_id = $1", job_id
+    )
+    return [(r["object_key"], r["content_digest"]) for r in rows]
+
+
+@pytest.fixture
+async def plain(rig: Rig) -> Rig:
+    await rig.pool.execute("CREATE TABLE public.marks (job_id bigint PRIMARY KEY)")
+    await rig.store.register_workflow(WORKFLOW, DEFAULT_OWNER, effects_enabled=True)
+    return rig
+
+
+def _mark(job_id: int, record: tuple[JobContext, str] | None = None):  # type: ignore[no-untyped-def]
+    """A callback writing a domain row, and recording ``record``'s key through its context."""
+
+    async def callback(tx: Tx) -> None:
+        await tx.execute("INSERT INTO public.marks (job_id) VALUES ($1)", job_id)
+        if record is not None:
+            ctx, key = record
+            await ctx.record_result(tx, key)
+
+    return callback
+
+
+async def test_the_current_lease_s_publish_writes_the_manifest_in_its_succeeded_statement(
+    plain: Rig,
+) -> None:
+    rig = plain
+    key = key_for(b"the report")
+    job_id, ctx = await _claimed(rig, "with-callback")
+    await ctx.publish(_mark(job_id), object_key=key)
+    assert ctx.published and await rig.state(job_id) == JobState.SUCCEEDED
+    assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
+    # no callback: the publish is that one statement, and it writes the row too
+    alone, ctx = await _claimed(rig, "alone")
+    await ctx.publish(object_key=key)
+    assert await rig.state(alone) == JobState.SUCCEEDED
+    assert await _manifest(rig.pool, alone) == [(key, key.removeprefix("sha256-"))]
+    # a callback that records the same key through its context adds no second row
+    same, ctx = await _claimed(rig, "same")
+    await ctx.publish(_mark(same, (ctx, key)), object_key=key)
+    assert await _manifest(rig.pool, same) == [(key, key.removeprefix("sha256-"))]
+
+
+async def test_a_stale_lease_s_publish_writes_no_manifest_and_nothing_of_its_callback(
+    plain: Rig,
+) -> None:
+    rig = plain
+    key = key_for(b"a plausible report")
+    job_id, stale = await _claimed(rig, "stale")
+    await rig.store.cancel(job_id, reason="test")
+    with pytest.raises(FenceLost) as lost:
+        await stale.publish(_mark(job_id), object_key=key)
+    assert lost.value.fields["failed_check"] == "generation"
+    with pytest.raises(FenceLost):
+        await stale.publish(object_key=key)  # the one-statement form, refused alike
+    assert not stale.published
+    assert await _manifest(rig.pool, job_id) == []
+    assert await rig.pool.fetchval("SELECT count(*) FROM public.marks") == 0
+    assert await rig.state(job_id) == JobState.CANCELED
+
+
+async def test_another_key_recorded_in_the_callback_is_refused_and_rolls_back(
+    plain: Rig,
+) -> None:
+    rig = plain
+    named, other = key_for(b"named"), key_for(b"other")
+    job_id, ctx = await _claimed(rig, "mismatch")
+    with pytest.raises(ResultMismatch) as refused:
+        await ctx.publish(_mark(job_id, (ctx, other)), object_key=named)
+    assert refused.value.fields == {"job_id": job_id, "published": named, "recorded": other}
+    assert not ctx.published and await rig.state(job_id) == JobState.RUNNING
+    assert await _manifest(rig.pool, job_id) == []
+    assert await rig.pool.fetchval("SELECT count(*) FROM public.marks") == 0
+    # the lease still holds the job: the corrected publish goes through
+    await ctx.publish(_mark(job_id, (ctx, named)), object_key=named)
+    assert await _manifest(rig.pool, job_id) == [(named, named.removeprefix("sha256-"))]
+
+
+async def test_an_object_key_that_is_not_a_content_address_is_refused_before_any_write(
+    plain: Rig,
+) -> None:
+    rig = plain
+    job_id, ctx = await _claimed(rig, "bad-key")
+    with pytest.raises(ObjectKeyInvalid):
+        await ctx.publish(_mark(job_id), object_key="results/report.json")
+    assert not ctx.published and await rig.state(job_id) == JobState.RUNNING
+    assert await rig.pool.fetchval("SELECT count(*) FROM public.marks") == 0
+
+
+async def test_without_object_key_the_callback_s_record_result_writes_through_its_fence(
+    plain: Rig,
+) -> None:
+    rig = plain
+    key = key_for(b"recorded in the callback")
+    job_id, ctx = await _claimed(rig, "callback-records")
+    await ctx.publish(_mark(job_id, (ctx, key)))
+    assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
+    # and a stale lease's record_result is refused by that fence
+    stale_id, stale = await _claimed(rig, "callback-stale")
+    await rig.store.cancel(stale_id, reason="test")
+    with pytest.raises(FenceLost):
+        await stale.publish(_mark(stale_id, (stale, key)))
+    assert await _manifest(rig.pool, stale_id) == []
