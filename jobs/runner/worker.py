@@ -29,7 +29,13 @@ import anyio.abc
 from opentelemetry import trace
 
 from accord import observe
-from accord.jobs.errors import EffectsUnresolved, EffectUndeclared, FenceLost
+from accord.jobs.errors import (
+    EffectsUnresolved,
+    EffectUndeclared,
+    FenceLost,
+    ObjectKeyInvalid,
+    ResultMismatch,
+)
 from accord.jobs.models import JobState, Lease
 from accord.jobs.runner import attempts, recovery
 from accord.jobs.runner.config import Handler, Registered, WorkerConfig
@@ -378,8 +384,9 @@ class Worker:
             return await self._complete(ctx, store)
         if error is None:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
-        # A key the class never declared is the handler's own defect: retrying cannot help.
-        retry = not isinstance(error, EffectUndeclared)
+        # A key the class never declared, or a result the handler named two ways or not as a
+        # content address, is the handler's own defect: retrying cannot help.
+        retry = not isinstance(error, (EffectUndeclared, ResultMismatch, ObjectKeyInvalid))
         return await self._give_up(ctx, store, Ending.FAILED, error_reason(error), retry=retry)
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:

@@ -15,10 +15,10 @@ from accord.demo import DEFAULT_OWNER
 from accord.jobs import FenceLost, JobState
 from accord.jobs.errors import ObjectKeyInvalid, ResultMismatch
 from accord.jobs.models import Lease
-from accord.jobs.runner import JobContext
+from accord.jobs.runner import Ending, JobContext
 from accord.jobs.runner.objects import key_for
 from accord.schemas.db import Tx
-from tests.integration.runner.conftest import Rig
+from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,3 +146,31 @@ async def test_without_object_key_the_callback_s_record_result_writes_through_it
     with pytest.raises(FenceLost):
         await stale.publish(_mark(stale_id, (stale, key)))
     assert await _manifest(rig.pool, stale_id) == []
+
+
+async def test_the_worker_fails_a_handler_naming_two_results_without_a_retry(plain: Rig) -> None:
+    """A handler defect is permanent: the job fails at once (control: the same handler
+    naming one result succeeds), with nothing of the refused publish written."""
+    rig = plain
+
+    async def handler(ctx: JobContext) -> None:
+        named = key_for(ctx.payload["named"].encode())
+        recorded = key_for(ctx.payload["recorded"].encode())
+        await ctx.publish(_mark(ctx.lease.job_id, (ctx, recorded)), object_key=named)
+
+    good = await rig.submit_job("good", WORKFLOW, named="a", recorded="a")
+    bad = await rig.submit_job("bad", WORKFLOW, named="a", recorded="b")
+    worker = rig.worker({WORKFLOW: (handler, 30.0)})
+    async with running(worker):
+
+        async def settled() -> bool:
+            return {await rig.state(good), await rig.state(bad)} <= {"succeeded", "failed"}
+
+        await wait_for(settled)
+    assert await rig.state(good) == JobState.SUCCEEDED
+    assert await rig.state(bad) == JobState.FAILED
+    job = await rig.job(bad)
+    assert job["attempts"] == 1 and job["last_error"] == "result_mismatch"
+    assert await _manifest(rig.pool, bad) == []
+    assert await rig.pool.fetchval("SELECT array_agg(job_id) FROM public.marks") == [good]
+    assert worker.stats.endings == {str(Ending.PUBLISHED): 1, str(Ending.FAILED): 1}
