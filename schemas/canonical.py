@@ -42,6 +42,13 @@ def _plain(value: Any) -> bool:
     return False  # floats, and anything rfc8785 should judge itself
 
 
+def text(value: Any) -> str:
+    """The fast path's text of a *plain* value (the caller checked it: ``events.check_values``
+    found it plain, or it is a string or an integer in the I-JSON range): its RFC 8785 form."""
+    result: str = _ENCODER.encode(value)
+    return result
+
+
 def dumps(value: Any, *, plain: bool = False) -> bytes:
     """The RFC 8785 canonical form of ``value`` (raises what ``rfc8785.dumps`` raises).
     ``plain=True``: the caller knows ``value`` is plain (``events.check_values`` found it

@@ -168,9 +168,14 @@ class Catalog:
         return body, self.digest(event, plain=plain)
 
     def material(self, event: Event) -> dict[str, Any]:
+        return dict(self._material(event))
+
+    def _material(self, event: Event) -> Mapping[str, Any]:
+        """What the digest covers: the payload itself (not a copy: it is only read) or the
+        fields the type names."""
         entry = self.get(event.type, event.version)
         if entry.material is None:
-            return dict(event.payload)
+            return event.payload
         return {k: event.payload[k] for k in entry.material if k in event.payload}
 
     def digest(self, event: Event, *, plain: bool = False) -> str:
@@ -182,7 +187,7 @@ class Catalog:
             type_=event.type,
             version=event.version,
             authority_epoch=event.authority_epoch,
-            material=self.material(event),
+            material=self._material(event),
             plain_material=plain,
         )
 
@@ -198,22 +203,37 @@ def semantic_digest(
     plain_material: bool = False,
 ) -> str:
     """``plain_material``: ``check_values`` found the material plain, so the document is plain
-    too when its envelope numbers are in the I-JSON range (its keys are ASCII, its other
-    fields text): then the canonical fast path writes it without walking it again."""
-    document: dict[str, Any] = {
-        "tenant": tenant,
-        "operation_id": operation_id,
-        "type": type_,
-        "version": version,
-        "authority_epoch": authority_epoch,
-        "material": dict(material),
-    }
+    too when its envelope numbers are integers in the I-JSON range (its keys are ASCII, its
+    other fields text): then the document is written by the canonical fast path without being
+    built or walked again, its fixed keys in RFC 8785's order."""
     try:
-        plain = plain_material and max(version, authority_epoch) <= MAX_SAFE_INTEGER
-        canonical = canonical_json.dumps(document, plain=plain)
+        fast = plain_material and type(material) is dict
+        if fast and _envelope_int(version) and _envelope_int(authority_epoch):
+            canonical = (
+                f'{{"authority_epoch":{authority_epoch},'
+                f'"material":{canonical_json.text(material)},'
+                f'"operation_id":{canonical_json.text(operation_id)},'
+                f'"tenant":{canonical_json.text(tenant)},'
+                f'"type":{canonical_json.text(type_)},"version":{version}}}'
+            ).encode()
+        else:
+            document: dict[str, Any] = {
+                "tenant": tenant,
+                "operation_id": operation_id,
+                "type": type_,
+                "version": version,
+                "authority_epoch": authority_epoch,
+                "material": dict(material),
+            }
+            canonical = canonical_json.dumps(document)
     except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidEvent(detail=f"payload is not canonical JSON: {exc}") from exc
     return hashlib.sha256(canonical).hexdigest()
+
+
+def _envelope_int(value: Any) -> bool:
+    """An envelope number the fast path writes as RFC 8785 does (a bool is not one)."""
+    return type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
 
 
 def check_values(value: Any, path: str = "payload") -> bool:
