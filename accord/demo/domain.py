@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from accord.demo import sql
 from accord.demo.catalog import demo_catalog
 from accord.demo.errors import SubmissionConflict
-from accord.relay import enqueue
+from accord.relay import enqueue_joined
 from accord.schemas.db import Tx, require_transaction
 from accord.schemas.errors import InvalidEvent
 from accord.schemas.events import Catalog, Event
@@ -94,8 +94,10 @@ async def accept_submission(
     require_transaction(tx)
     catalog = catalog if catalog is not None else demo_catalog()
     event = _accepted_event(tenant, report_id, subject)
-    catalog.validate(event, producing=True)
-    inserted = await tx.fetchval(
+    # The submission and its event's outbox row in one statement (relay.enqueue_joined,
+    # which validates the event before writing): the row only when the submission is new.
+    joined = await enqueue_joined(
+        tx,
         sql.INSERT_SUBMISSION,
         tenant,
         report_id,
@@ -103,9 +105,10 @@ async def accept_submission(
         event.operation_id,
         event.event_id,
         event.occurred_at,
+        event=event,
+        catalog=catalog,
     )
-    if inserted is not None:
-        await enqueue(tx, event, catalog=catalog)
+    if joined.rows:
         return event
     row = await tx.fetchrow(sql.SUBMISSION, tenant, report_id)
     if row["subject"] != subject:

@@ -1,7 +1,8 @@
 """SQL owned by the demo application (schemas ``demo`` and ``demo_projection``). Values only
 as $n parameters; the tables are defined in accord/demo/migrations."""
 
-# Record submission ($1 tenant, $2 report id) unless it exists; returns the row when inserted.
+# Record submission ($1 tenant, $2 report id) unless it exists; returns the row when inserted
+# (accept_submission joins report.accepted.v1's outbox row to it: relay.enqueue_joined).
 INSERT_SUBMISSION = (
     "INSERT INTO demo.submissions (tenant, report_id, subject, operation_id, event_id, accepted_at)"
     " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, report_id) DO NOTHING"

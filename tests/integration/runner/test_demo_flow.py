@@ -97,7 +97,13 @@ async def test_accept_submission_conflict_and_atomicity(rig: Rig) -> None:
                 raise RuntimeError("domain decided otherwise")
         assert await _rows(conn) == (0, 0)
         async with conn.transaction():
-            await accept_submission(conn, TENANT, "r-1", "first")
+            first = await accept_submission(conn, TENANT, "r-1", "first")
+        assert await _rows(conn) == (1, 1)
+        # the same submission again: the joined statement inserts nothing, so no outbox row,
+        # and the original event is returned
+        async with conn.transaction():
+            again = await accept_submission(conn, TENANT, "r-1", "first")
+        assert (again.event_id, again.occurred_at) == (first.event_id, first.occurred_at)
         assert await _rows(conn) == (1, 1)
         with pytest.raises(SubmissionConflict):
             async with conn.transaction():
