@@ -218,11 +218,15 @@ async def _run(
             len(worker.unrecorded),
             extra=logs.READY,
         )
-    stats = worker.stats
+    stats, written = worker.stats, worker.journal.stats
     log.info(
-        "worker stopped: claimed=%d endings=%s renewals=%d unresolved=%d",
+        "worker stopped: claimed=%d endings=%s renewals=%d unresolved=%d"
+        " journal_records=%d journal_groups=%d journal_rotations=%d",
         stats.claimed,
         dict(stats.endings),
         stats.renewals,
         len(stats.unresolved),
+        written.records,
+        written.groups,
+        written.rotations,
     )
