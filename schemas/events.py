@@ -207,7 +207,8 @@ def semantic_digest(
     other fields text): then the document is written by the canonical fast path without being
     built or walked again, its fixed keys in RFC 8785's order."""
     try:
-        fast = plain_material and type(material) is dict
+        texts = type(tenant) is str and type(operation_id) is str and type(type_) is str
+        fast = plain_material and texts and type(material) is dict
         if fast and _envelope_int(version) and _envelope_int(authority_epoch):
             canonical = (
                 f'{{"authority_epoch":{authority_epoch},'
