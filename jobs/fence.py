@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from accord.jobs import sql
 from accord.jobs.errors import FENCE_REASONS, FenceLost
-from accord.jobs.models import Lease, check_object_key
+from accord.jobs.models import Lease
 from accord.schemas.db import Tx, require_transaction
 
 
@@ -42,10 +42,8 @@ async def locked(tx: Tx, lease: Lease) -> None:
 async def record_result(tx: Tx, lease: Lease, object_key: str, content_digest: str) -> None:
     """Runs in the caller's transaction (a publish callback); never commits. Fences again and
     writes the ``jobs.results`` manifest row that makes ``object_key`` authoritative for the
-    lease's job; raises FenceLost (nothing written) unless ``lease`` still holds it, and
-    ObjectKeyInvalid (nothing sent) for a key that is not a content address."""
+    lease's job; raises FenceLost (nothing written) unless ``lease`` still holds it."""
     require_transaction(tx)
-    check_object_key(object_key)
     reason = await tx.fetchval(sql.RECORD_RESULT, *lease.fence_args(), object_key, content_digest)
     if reason is not None:
         raise fence_lost(lease, reason)

@@ -7,26 +7,12 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
-
-from accord.jobs.errors import ObjectKeyInvalid
-
-#: A content address (``sha256-`` and 64 lowercase hex): the only key a result object is
-#: stored under (jobs.runner.objects) and the only one a ``jobs.results`` row may name.
-OBJECT_KEY = re.compile(r"sha256-[0-9a-f]{64}")
-
-
-def check_object_key(key: str) -> str:
-    """``key`` when it is a content address; else ObjectKeyInvalid."""
-    if not isinstance(key, str) or not OBJECT_KEY.fullmatch(key):
-        raise ObjectKeyInvalid(key=key)
-    return key
 
 
 class JobState(StrEnum):

@@ -43,7 +43,6 @@ from accord.jobs.models import (
     Rescued,
     RescueReport,
     Submitted,
-    check_object_key,
 )
 from accord.jobs.publish import BatchPublished, Result
 from accord.schemas import telemetry
@@ -196,11 +195,8 @@ class Store:
         and the transition are one statement, which is its own transaction. ``result``
         (object key, content digest) names the job's result object: the fenced transition's
         own statement writes its ``jobs.results`` manifest row (no ``record_result`` call,
-        no fence of its own), so it is authoritative exactly when the job succeeded; a key
-        that is not a content address raises ObjectKeyInvalid before anything is sent.
+        no fence of its own), so it is authoritative exactly when the job succeeded.
         """
-        if result is not None:
-            check_object_key(result[0])
         async with self._connection() as conn:
             if callback is None:
                 await publish.one(conn, lease, result)

@@ -37,7 +37,7 @@ from accord.jobs.runner.effects import (
     intent_digest,
 )
 from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, Publish
-from accord.jobs.runner.objects import ObjectStore
+from accord.jobs.runner.objects import ObjectStore, check_key
 from accord.jobs.store import Callback, Store
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
@@ -350,9 +350,7 @@ class JobContext:
         content address: nothing written), ResultMismatch, FenceLost (nothing the callback
         wrote survives) or EffectsUnresolved.
         """
-        # A key that is not a content address: ObjectKeyInvalid from the store, before any
-        # statement.
-        result = None if object_key is None else (object_key, _digest(object_key))
+        result = None if object_key is None else (check_key(object_key), _digest(object_key))
         span = _TRACER.start_span(
             f"publish {self._lease.workflow}",
             attributes={

@@ -28,6 +28,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator, Set
@@ -35,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from accord.jobs.errors import ObjectCorrupt, ObjectNotFound
+from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
 from accord.jobs.framing import fsync_dir
-from accord.jobs.models import OBJECT_KEY, check_object_key
 
+_KEY = re.compile(r"sha256-[0-9a-f]{64}")
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 # What open(O_TMPFILE) says where the file system or kernel lacks it.
 _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
@@ -81,6 +82,12 @@ def key_for(data: bytes) -> str:
     return "sha256-" + hashlib.sha256(data).hexdigest()
 
 
+def check_key(key: str) -> str:
+    if not _KEY.fullmatch(key):
+        raise ObjectKeyInvalid(key=key)
+    return key
+
+
 class LocalDirStore:
     """Objects as read-only files under ``root/<2 hex>/<key>``, written crash-safely."""
 
@@ -91,7 +98,7 @@ class LocalDirStore:
         self._tmpfile = _O_TMPFILE != 0 and os.path.isdir("/proc/self/fd")
 
     def _path(self, key: str) -> Path:
-        check_object_key(key)
+        check_key(key)
         return self.root / key[7:9] / key
 
     def put(self, data: bytes) -> str:
@@ -216,7 +223,7 @@ class LocalDirStore:
             if not fan.is_dir():
                 continue
             for entry in sorted(fan.iterdir()):
-                if not OBJECT_KEY.fullmatch(entry.name):
+                if not _KEY.fullmatch(entry.name):
                     continue  # temporary files of puts in progress
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat()

@@ -3,8 +3,8 @@ manifest row is written by the fenced succeeded statement itself (jobs.succeed_w
 so it exists exactly when the job succeeded. The current lease's publish writes it (control);
 a stale lease's writes nothing; a callback recording the same key adds nothing, another key
 is refused (ResultMismatch) and a key that is not a content address is refused before
-anything is written (ObjectKeyInvalid, by the store itself too); without ``object_key`` the
-callback's ``record_result`` writes the row through its own fence, as before."""
+anything is written (ObjectKeyInvalid); without ``object_key`` the callback's
+``record_result`` writes the row through its own fence, as before."""
 
 from __future__ import annotations
 
@@ -130,34 +130,6 @@ async def test_an_object_key_that_is_not_a_content_address_is_refused_before_any
         await ctx.publish(_mark(job_id), object_key="results/report.json")
     assert not ctx.published and await rig.state(job_id) == JobState.RUNNING
     assert await rig.pool.fetchval("SELECT count(*) FROM public.marks") == 0
-
-
-async def test_the_store_refuses_a_result_key_that_is_not_a_content_address_itself(
-    plain: Rig,
-) -> None:
-    # Store.publish(result=...) and Store.record_result, called without a JobContext, check
-    # the key at their own boundary: nothing is sent, the job stays running under its lease.
-    rig = plain
-    job_id, ctx = await _claimed(rig, "store-bad-key")
-    lease, bad = ctx.lease, "results/report.json"
-    with pytest.raises(ObjectKeyInvalid):
-        await rig.store.publish(lease, _mark(job_id), result=(bad, "0" * 64))
-    with pytest.raises(ObjectKeyInvalid):
-        await rig.store.publish(lease, result=(bad, "0" * 64))
-
-    async def records_bad(tx: Tx) -> None:
-        await rig.store.record_result(tx, lease, bad, "0" * 64)
-
-    with pytest.raises(ObjectKeyInvalid):
-        await rig.store.publish(lease, records_bad)
-    assert await rig.state(job_id) == JobState.RUNNING
-    assert await _manifest(rig.pool, job_id) == []
-    assert await rig.pool.fetchval("SELECT count(*) FROM public.marks") == 0
-    # control: the same lease with a content address publishes and writes its row
-    key = key_for(b"stored through the store")
-    await rig.store.publish(lease, _mark(job_id), result=(key, key.removeprefix("sha256-")))
-    assert await rig.state(job_id) == JobState.SUCCEEDED
-    assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
 
 
 async def test_without_object_key_the_callback_s_record_result_writes_through_its_fence(
