@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from accord import logs
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
+from accord.schemas import db
 from accord.schemas.errors import AccordError
 from accord.schemas.settings import Settings, load_settings
 
@@ -70,11 +71,19 @@ def _accord_error(exc: BaseException) -> AccordError | None:
     return None
 
 
+def process_name(args: argparse.Namespace) -> str:
+    """What this process's PostgreSQL connections are named: the command, and the workflow
+    class it serves (``accord worker report``, ``accord consume report_projection``)."""
+    workflow = getattr(args, "workflow", None)
+    return f"accord {args.command}" + (f" {workflow}" if isinstance(workflow, str) else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = _settings()
         logs.configure(settings.log_format, settings.log_level)
+        db.name_connections(process_name(args))
         code: int = args.handler(args, settings)
     except BaseException as exc:
         error = _accord_error(exc)

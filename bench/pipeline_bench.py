@@ -48,7 +48,10 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
 Beside the rates, the bench counts PostgreSQL commits per submission (pg_stat_database's
 ``xact_commit`` over the window, the bench's own polls taken out) for accord and raw: a
 count, not a timing, so it does not drift with the machine. Each statement outside a
-transaction block is a commit of its own, as is each pool reset.
+transaction block is a commit of its own, as is each pool reset. It also splits the
+PostgreSQL backends' CPU over the same window by the process each serves: every accord
+process names its connections (``application_name``: ``accord worker report``, ...), the
+bench's own are unnamed (the server must run on this machine: /proc).
 
 Rounds alternate the order of the variants (the machine drifts); each ratio's figure is its
 median over rounds. Prints one JSON document, then a summary.
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -142,6 +146,30 @@ def cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (/proc/<pid>/stat fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def backends_cpu_s(pool: asyncpg.Pool) -> dict[int, tuple[str, float]]:
+    """Each backend of the pool's database: (its application_name or "bench", its CPU s)."""
+    rows = await pool.fetch(
+        "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+    )
+    found = {}
+    for row in rows:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            found[row["pid"]] = (row["application_name"] or "bench", cpu_s(row["pid"]))
+    return found
+
+
+def backends_by_process(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds the backends spent between the two reads, summed by process name (a
+    backend that started between them counts whole; one that ended is lost)."""
+    spent: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        name = name.removeprefix("accord ")
+        spent[name] = spent.get(name, 0.0) + cpu - before.get(pid, (name, 0.0))[1]
+    return spent
 
 
 class Scratch:
@@ -374,6 +402,7 @@ async def bench_accord(
             try:
                 everyone = {**procs, "provider": provider.process}
                 cpu0 = {name: cpu_s(p.pid) for name, p in everyone.items()}
+                pg0 = await backends_cpu_s(pool)
                 own0 = time.process_time()
                 start = time.perf_counter()
                 await submit_accord(pool, uuid.uuid4().hex[:6], n, opts.submitters)
@@ -381,6 +410,7 @@ async def bench_accord(
                 own1 = time.process_time()
                 done, polls = await wait_count(pool, COUNT_REPORTS, n, start + opts.timeout_s)
                 cpu1 = {name: cpu_s(p.pid) for name, p in everyone.items()}
+                pg1 = await backends_cpu_s(pool)
                 projected, more = await wait_count(pool, COUNT_PROJECTED, n, start + opts.timeout_s)
                 polls += more
             finally:
@@ -409,6 +439,9 @@ async def bench_accord(
         )
         / n,
         "commits_per_submission": committed / n,
+        "postgresql_cpu_ms_per_submission": {
+            k: 1000 * v / n for k, v in sorted(backends_by_process(pg0, pg1).items())
+        },
         "logs": str(work / "logs"),
     }
 
@@ -694,6 +727,10 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
         f"PostgreSQL commits per submission: accord {a['commits_per_submission']:.2f},"
         f" raw {last['raw']['commits_per_submission']:.2f}"
     )
+    served = a["postgresql_cpu_ms_per_submission"]
+    by = ", ".join(f"{k} {v:.2f}" for k, v in served.items())
+    print(f"  PostgreSQL backends' CPU ms per submission, by the process served: {by};"
+          f" in all {sum(served.values()):.2f}")  # fmt: skip
     for key, goal in (("accord / raw", 0.5), ("accord / best dbos", 2.0)):
         if key in summary:
             s = summary[key]

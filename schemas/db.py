@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -75,6 +75,36 @@ DB_SESSION_ENDED: tuple[type[BaseException], ...] = (
 DEFAULT_COMMAND_TIMEOUT_S = 60.0
 
 
+# The name this process's connections give PostgreSQL (pg_stat_activity.application_name,
+# %a in log_line_prefix, pg_stat_statements by application), set once at start by the
+# `accord` command (``accord worker report``, ``accord relay``, ...). A DSN that names one
+# (``?application_name=...``) or a caller's own server_settings keep theirs.
+_application_name: str | None = None
+# PostgreSQL truncates the name to NAMEDATALEN - 1 bytes.
+_NAME_BYTES = 63
+
+
+def name_connections(name: str | None) -> None:
+    """Name every connection this process opens from now on (None: leave them unnamed)."""
+    global _application_name
+    _application_name = (
+        None if name is None else name.encode()[:_NAME_BYTES].decode(errors="ignore")
+    )
+
+
+def _named(dsn: str, kwargs: dict[str, Any]) -> None:
+    if _application_name is None:
+        return
+    try:
+        in_dsn = "application_name" in parse_qs(urlsplit(dsn).query)
+    except ValueError:
+        return  # an unparsable DSN: asyncpg's own error says so (InvalidDsn)
+    settings = dict(kwargs.get("server_settings") or {})
+    if not in_dsn and "application_name" not in settings:
+        settings["application_name"] = _application_name
+        kwargs["server_settings"] = settings
+
+
 def rows_affected(status: str) -> int:
     """The row count of an asyncpg command status such as ``UPDATE 3`` or ``INSERT 0 1``."""
     return int(status.rsplit(" ", 1)[-1])
@@ -138,6 +168,7 @@ async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection: ServiceUnavailable when unreachable (transient), a ServiceRefused
     (InvalidDsn, DatabaseLoginRefused, DatabaseMissing) when retrying cannot help."""
     kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
+    _named(dsn, kwargs)
     with _mapped(dsn, kwargs):
         return await asyncpg.connect(dsn, **kwargs)
 
@@ -171,6 +202,7 @@ async def ensure_database(dsn: str) -> bool:
 async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
     """Open a pool; errors mapped as :func:`connect` maps them."""
     kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
+    _named(dsn, kwargs)
     with _mapped(dsn, kwargs):
         pool = await asyncpg.create_pool(dsn, **kwargs)
     assert pool is not None

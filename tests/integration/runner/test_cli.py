@@ -68,6 +68,13 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
             return await rig.state(job_id) == JobState.SUCCEEDED
 
         await wait_for(succeeded, within=30)
+        # its connections carry its name in PostgreSQL; the test's own pool does not
+        names = await rig.pool.fetch(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        assert "accord worker report" in {row["application_name"] for row in names}
+        mine = await rig.pool.fetchval("SELECT current_setting('application_name')")
+        assert mine != "accord worker report"
     finally:
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
