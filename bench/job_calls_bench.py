@@ -28,15 +28,10 @@ from accord.jobs import Store, sql
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner.objects import key_for
 from bench.jobs_bench import drop_database, fresh_database
+from bench.pipeline_bench import cpu_s
 
 ADMIN_DSN = os.environ.get("ACCORD_PG_DSN_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 WORKFLOW, OWNER = "bench", "bench-owner"
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _backend_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
-    return (int(fields[11]) + int(fields[12])) / _HZ
 
 
 async def _noop(tx: Any) -> None:
@@ -80,11 +75,11 @@ async def measure(dsn: str, n: int) -> None:
         print(f"{head[0]:28s} {head[1]:>8s} {head[2]:>10s} {head[3]:>10s} {head[4]:>18s}")
         floor = None
         for name, call in calls.items():
-            wall, server, client = time.perf_counter(), _backend_cpu_s(backend), time.process_time()
+            wall, server, client = time.perf_counter(), cpu_s(backend), time.process_time()
             for lease in leases:
                 await call(lease)
             wall_us = (time.perf_counter() - wall) / n * 1e6
-            server_us = (_backend_cpu_s(backend) - server) / n * 1e6
+            server_us = (cpu_s(backend) - server) / n * 1e6
             client_us = (time.process_time() - client) / n * 1e6
             floor = floor if floor is not None else max(server_us, 1.0)
             ratio = server_us / floor

@@ -54,6 +54,6 @@ def dumps(value: Any, *, plain: bool = False) -> bytes:
     ``plain=True``: the caller knows ``value`` is plain (``events.check_values`` found it
     so), and it is not walked again."""
     if plain or _plain(value):
-        return _ENCODER.encode(value).encode("utf-8")
+        return text(value).encode("utf-8")
     result: bytes = rfc8785.dumps(value)
     return result
