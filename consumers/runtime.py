@@ -72,6 +72,9 @@ class RuntimeConfig:
     replay_window_s: float = 7 * 24 * 3600.0
     prefetch: int = 64
     batch_max: int = 64
+    # After a batch's first delivery, wait up to this long for more (up to ``batch_max``), so
+    # that they share one transaction and one ack (Kafka's linger.ms). 0: take what is there.
+    batch_linger_s: float = 0.01
     concurrency: int = 2
     drain_timeout_s: float = 30.0
     reconnect_delay_s: float = 5.0  # the cap of the reconnect backoff
@@ -91,6 +94,11 @@ class RuntimeConfig:
             )
         if min(self.prefetch, self.batch_max, self.concurrency) < 1:
             raise ConfigError("prefetch, batch_max and concurrency must be positive")
+        if not 0 <= self.batch_linger_s < self.drain_timeout_s:
+            raise ConfigError(
+                "batch_linger_s must be at least 0 and shorter than the drain timeout",
+                batch_linger_s=self.batch_linger_s,
+            )
         if (
             isinstance(self.max_body_bytes, bool)
             or not isinstance(self.max_body_bytes, int)
@@ -257,13 +265,24 @@ class ConsumerRuntime:
                     batch = [await receive.receive()]
                 except anyio.EndOfStream:
                     return
-                while len(batch) < self.config.batch_max:
-                    try:
-                        batch.append(receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                await self._fill(receive, batch)
                 observe.beat(lane, within_s=self.config.drain_timeout_s)
                 await self._processor.process(conn, batch)
+
+    async def _fill(
+        self, receive: MemoryObjectReceiveStream[Message], batch: list[Message]
+    ) -> None:
+        """Adds to ``batch`` what already arrived, up to ``batch_max``; with ``batch_linger_s``
+        and room left, sleeps that long first. Never a receive that a timeout could cancel: a
+        delivery lost between the stream and the batch would be acked unapplied by the next
+        batch's cumulative ack."""
+        if self.config.batch_linger_s and len(batch) < self.config.batch_max:
+            await anyio.sleep(self.config.batch_linger_s)
+        while len(batch) < self.config.batch_max:
+            try:
+                batch.append(receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
 
     async def _watch(
         self,

@@ -52,6 +52,10 @@ class RelayConfig:
     publish_timeout_s: float = 10.0
     lease_s: float = 30.0
     poll_s: float = 1.0
+    # After a wake-up from idle, wait this long before claiming, so that the events committed
+    # meanwhile share the claim, the pipelined publish and the settle (Kafka's linger.ms).
+    # Each event waits at most this long more; a busy relay never lingers. 0: claim at once.
+    linger_s: float = 0.01
     retention_s: float = 7 * 24 * 3600.0
     # Release audit rows (accord relay release-held) leave after this, once their row is
     # published or gone (the composition root keeps it >= the jobs retention).
@@ -85,6 +89,11 @@ class RelayConfig:
             raise ConfigError("relay sizes must be positive")
         if self.in_flight < self.loops:
             raise ConfigError("in_flight must be at least loops", in_flight=self.in_flight)
+        if not 0 <= self.linger_s < self.lease_s:
+            raise ConfigError(
+                "linger_s must be at least 0 and shorter than the relay lease",
+                linger_s=self.linger_s,
+            )
 
     @property
     def claim_size(self) -> int:
@@ -210,9 +219,11 @@ class Relay:
                 if self._missed:  # woken while busy: what the wake-up announced may be due
                     self._missed = False
                     continue
-                await self._sleep(self.config.poll_s)
+                if await self._sleep(self.config.poll_s) and self.config.linger_s:
+                    await anyio.sleep(self.config.linger_s)
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True when a wake-up (not the timer, not a stop) ended it."""
         waiter = anyio.Event()
         self._waiters.add(waiter)
         try:
@@ -221,6 +232,7 @@ class Relay:
                     await waiter.wait()
         finally:
             self._waiters.discard(waiter)
+        return waiter.is_set() and not self._stopping
 
     async def prune_once(self, conn: asyncpg.Connection) -> int:
         """One bounded batch of published rows past the retention, and one of release audit

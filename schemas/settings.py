@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     relay_publish_timeout_s: float = Field(default=10.0, gt=0)
     relay_lease_s: float = Field(default=30.0, gt=0)
     relay_poll_s: float = Field(default=1.0, gt=0)
+    # After a NOTIFY wakes an idle relay, wait this long so the events committed meanwhile
+    # share one claim, publish and settle (0: claim at once).
+    relay_linger_s: float = Field(default=0.01, ge=0)
     relay_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     relay_prune_batch: int = Field(default=1000, gt=0)
     relay_prune_every_s: float = Field(default=60.0, gt=0)
@@ -44,6 +47,9 @@ class Settings(BaseSettings):
     inbox_replay_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     consumer_prefetch: int = Field(default=64, gt=0)
     consumer_batch: int = Field(default=64, gt=0)
+    # After a batch's first delivery, wait this long for more to share its transaction and ack
+    # (0: take what already arrived).
+    consumer_batch_linger_s: float = Field(default=0.01, ge=0)
     consumer_concurrency: int = Field(default=2, gt=0)
     # The tenants a consumer serves, comma-separated ("*" for all); none means refuse to start.
     consumer_tenants: str = ""

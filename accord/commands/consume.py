@@ -57,6 +57,7 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
         replay_window_s=settings.inbox_replay_window_s,
         prefetch=settings.consumer_prefetch,
         batch_max=settings.consumer_batch,
+        batch_linger_s=settings.consumer_batch_linger_s,
         concurrency=settings.consumer_concurrency,
         max_body_bytes=settings.consumer_max_body_bytes,
         declare=settings.topology_declare,

@@ -156,6 +156,7 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
         publish_timeout_s=settings.relay_publish_timeout_s,
         lease_s=settings.relay_lease_s,
         poll_s=settings.relay_poll_s,
+        linger_s=settings.relay_linger_s,
         retention_s=settings.relay_retention_s,
         audit_retention_s=settings.audit_retention_s,
         prune_batch=settings.relay_prune_batch,

@@ -144,3 +144,12 @@ def test_the_body_bound_must_be_a_positive_number_of_bytes(value: Any) -> None:
     assert RuntimeConfig(workflow="w", tenants=frozenset({"*"}), max_body_bytes=1).max_body_bytes
     with pytest.raises(ConfigError):
         RuntimeConfig(workflow="w", tenants=frozenset({"*"}), max_body_bytes=value)
+
+
+@pytest.mark.parametrize("value", [-0.001, float("nan"), 30.0])
+def test_a_batch_linger_is_a_short_non_negative_wait(value: float) -> None:
+    tenants = frozenset({"*"})
+    assert RuntimeConfig(workflow="w", tenants=tenants).batch_linger_s == 0.01
+    assert RuntimeConfig(workflow="w", tenants=tenants, batch_linger_s=0).batch_linger_s == 0
+    with pytest.raises(ConfigError):
+        RuntimeConfig(workflow="w", tenants=tenants, batch_linger_s=value)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from accord.relay import Relay, RelayConfig
 from accord.relay.errors import Nacked
 from accord.relay.outbox import OutboxRow, OutboxState
+from accord.schemas.errors import ConfigError
 from accord.schemas.events import Event
 
 
@@ -24,3 +27,12 @@ def test_backoff_doubles_then_caps_and_never_overflows() -> None:
     assert delays[3] == delays[4] == config.retry_max_s
     settled = relay._failed(row(10**6), Nacked())
     assert settled.state == OutboxState.PENDING and settled.id == 1
+
+
+@pytest.mark.parametrize("value", [-0.001, float("nan"), 30.0])
+def test_a_relay_linger_is_a_non_negative_wait_shorter_than_its_lease(value: float) -> None:
+    base = {"pg_dsn": "postgresql://x/y", "amqp_url": "amqp://x/", "exchange": "e"}
+    assert RelayConfig(**base).linger_s == 0.01
+    assert RelayConfig(**base, linger_s=0).linger_s == 0
+    with pytest.raises(ConfigError):
+        RelayConfig(**base, linger_s=value)

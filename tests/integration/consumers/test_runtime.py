@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
@@ -9,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import aio_pika
+import anyio
 import asyncpg
 import pytest
 
@@ -378,3 +380,33 @@ async def test_refused_content_is_poisoned_at_once_and_the_consumer_keeps_going(
 
 async def _jobs(pg: asyncpg.Connection, n: int) -> bool:
     return bool(await pg.fetchval("SELECT count(*) FROM jobs.jobs") >= n)
+
+
+async def test_a_lingering_batch_takes_what_arrives_meanwhile_into_one_transaction(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """The control first: without a linger each delivery that finds the lane idle is a batch
+    of its own, so events published 100 ms apart take a commit each. Lingering 1.5 s after a
+    batch's first delivery, they share one transaction and one ack, and each has its effect."""
+    await declare_topology(amqp_url, topo)
+    count = 5
+    for linger_s in (0.0, 1.5):
+        events = [report() for _ in range(count)]
+        runtime = runtime_for(amqp_url, pg_dsn, topo, concurrency=1, batch_linger_s=linger_s)
+        async with running(runtime):
+            for event in events:
+                await publish_events(amqp_url, topo, [event])
+                await anyio.sleep(0.1)
+            await wait_for(functools.partial(_effects_of, effects_pg, events))
+        assert runtime.stats.new == count
+        if linger_s:
+            assert runtime.stats.commits == 1, runtime.stats
+        else:
+            assert runtime.stats.commits > 1, runtime.stats
+    assert await queue_depth(amqp_url, topo.queue("report")) == 0
+
+
+async def _effects_of(pg: asyncpg.Connection, events: list[Event]) -> bool:
+    ids = [e.event_id for e in events]
+    found = await pg.fetchval("SELECT count(*) FROM public.effects WHERE event_id = ANY($1)", ids)
+    return bool(found == len(ids))

@@ -396,3 +396,40 @@ async def test_one_notify_wakes_one_loop_and_costs_one_claim(
         assert relay.stats.claims - before == 3
         relay.stop()
     assert relay.stats.published == 3
+
+
+async def _commit_spaced(pg_dsn: str, events: list[Event], gap_s: float) -> None:
+    """Each event in its own committed transaction, ``gap_s`` apart."""
+    for event in events:
+        await helpers.enqueue_committed(pg_dsn, [event])
+        await anyio.sleep(gap_s)
+
+
+@pytest.mark.timeout(60)
+async def test_a_woken_relay_lingers_so_events_committed_meanwhile_share_one_claim(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """The control first: without a linger, a NOTIFY wakes the relay into a claim at once, so
+    events committed 100 ms apart take more than one. Lingering 1.5 s after the wake-up, the
+    same events share one claim, publish and settle, and none is lost."""
+    gap_s, count = 0.1, 5
+    # poll_s far above the test: only the NOTIFYs wake the relay.
+    for round_, linger_s in enumerate((0.0, 1.5)):
+        relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=30.0, linger_s=linger_s))
+        events = [helpers.make_event(n) for n in range(count)]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            await _relay_listens(pg_dsn)
+            await anyio.sleep(0.5)  # and asleep: found nothing
+            claims_idle = relay.stats.claims
+            await _commit_spaced(pg_dsn, events, gap_s)
+            published = count * (round_ + 1)  # the outbox keeps the earlier round's rows
+            await helpers.wait_until_settled(pg_dsn, expect_published=published, within_s=20)
+            relay.stop()
+        counts = await helpers.drain(amqp_url, topo.queue("report"))
+        assert set(counts) == {str(e.event_id) for e in events}, f"linger {linger_s}"
+        if linger_s:
+            assert relay.stats.cycles == 1, relay.stats
+        else:
+            assert relay.stats.cycles > 1, relay.stats
+        assert relay.stats.claims - claims_idle >= relay.stats.cycles
