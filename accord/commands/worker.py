@@ -220,8 +220,9 @@ async def _run(
         )
     stats, written = worker.stats, worker.journal.stats
     log.info(
-        "worker stopped: claimed=%d endings=%s renewals=%d unresolved=%d"
+        "worker stopped: claims=%d claimed=%d endings=%s renewals=%d unresolved=%d"
         " journal_records=%d journal_groups=%d journal_rotations=%d",
+        stats.claims,
         stats.claimed,
         dict(stats.endings),
         stats.renewals,

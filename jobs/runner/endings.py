@@ -39,6 +39,7 @@ class WorkerStats:
     """Process-local counters for logs, tests and metrics."""
 
     claimed: int = 0
+    claims: int = 0  # claim statements, empty or not
     renewals: int = 0
     endings: Counter[str] = field(default_factory=Counter)
     rescued: Counter[str] = field(default_factory=Counter)

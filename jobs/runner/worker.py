@@ -215,6 +215,7 @@ class Worker:
             except DB_CONNECTION_LOST as exc:
                 wait = max(self.config.poll_s, reconnect.lost(exc))
             else:
+                self.stats.claims += 1
                 reconnect.up()
                 wait = self.config.poll_s
                 if explain and not leases:

@@ -51,6 +51,7 @@ async def test_a_slot_freed_while_all_were_taken_claims_at_once(rig: Rig) -> Non
     # poll instead would take four polls (12 s) at least.
     assert elapsed < POLL_S
     assert store.claims >= 5
+    assert worker.stats.claims == store.claims
 
 
 async def test_a_slot_freed_after_a_short_claim_waits_for_the_poll(rig: Rig) -> None:
@@ -65,3 +66,4 @@ async def test_a_slot_freed_after_a_short_claim_waits_for_the_poll(rig: Rig) -> 
         # freed asked nothing more before the poll.
         assert store.claims == 1
         assert worker.stats.claimed == 4
+        assert worker.stats.claims == 1  # the count on the worker's stop line
