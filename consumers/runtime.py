@@ -232,7 +232,7 @@ class ConsumerRuntime:
                 tg.start_soon(self._prune_loop, pool)
                 async with anyio.create_task_group() as workers:
                     for lane in lanes:
-                        workers.start_soon(self._work, pool, lane.receive)
+                        workers.start_soon(self._work, pool, lane)
                         await lane.start()
                     self.consuming.set()
                     await self._stopping.wait()
@@ -256,33 +256,55 @@ class ConsumerRuntime:
         streams.enter_context(receive)
         return _Lane(channel=channel, queue=queue, send=send, receive=receive)
 
-    async def _work(self, pool: Any, receive: MemoryObjectReceiveStream[Message]) -> None:
-        lane = f"consumer.lane.{self.config.workflow}"
-        async with receive, pool.acquire() as conn:
+    async def _work(self, pool: Any, lane: _Lane) -> None:
+        name = f"consumer.lane.{self.config.workflow}"
+        async with lane.receive, pool.acquire() as conn:
             while True:
-                observe.idle(lane)  # waiting for deliveries is not being stuck
+                observe.idle(name)  # waiting for deliveries is not being stuck
                 try:
-                    batch = [await receive.receive()]
+                    batch = [lane.receive.receive_nowait()]
+                    idle = False
+                except anyio.WouldBlock:
+                    try:
+                        batch = [await lane.receive.receive()]
+                    except anyio.EndOfStream:
+                        return
+                    idle = True
                 except anyio.EndOfStream:
                     return
-                await self._fill(receive, batch)
-                observe.beat(lane, within_s=self.config.drain_timeout_s)
+                await self._fill(lane, batch, linger=idle)
+                observe.beat(name, within_s=self.config.drain_timeout_s)
                 await self._processor.process(conn, batch)
 
-    async def _fill(
-        self, receive: MemoryObjectReceiveStream[Message], batch: list[Message]
-    ) -> None:
-        """Adds to ``batch`` what already arrived, up to ``batch_max``; with ``batch_linger_s``
-        and room left, sleeps that long first. Never a receive that a timeout could cancel: a
-        delivery lost between the stream and the batch would be acked unapplied by the next
-        batch's cumulative ack."""
-        if self.config.batch_linger_s and len(batch) < self.config.batch_max:
-            await anyio.sleep(self.config.batch_linger_s)
-        while len(batch) < self.config.batch_max:
-            try:
-                batch.append(receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                return
+    async def _fill(self, lane: _Lane, batch: list[Message], *, linger: bool) -> None:
+        """Adds to ``batch`` what already arrived, up to ``batch_max``; then, when ``linger``
+        (the lane was idle: a busy one never lingers) and ``batch_linger_s``, what arrives
+        within it, until the batch is full or holds the channel's whole prefetch window
+        (nothing more can come before its ack). It waits on the feeder's signal, never in a
+        receive that a timeout could cancel: a delivery lost between the stream and the batch
+        would be acked unapplied by the next cumulative ack."""
+        cfg = self.config
+        full = min(cfg.batch_max, cfg.prefetch)
+        wait_s = cfg.batch_linger_s if linger else 0.0
+        with anyio.move_on_after(wait_s) as lingered:
+            while True:
+                while len(batch) < cfg.batch_max:
+                    try:
+                        batch.append(lane.receive.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                    except anyio.EndOfStream:
+                        return
+                if len(batch) >= full or not wait_s:
+                    return
+                lane.arrived = anyio.Event()
+                await lane.arrived.wait()
+        if lingered.cancelled_caught:  # what arrived as the linger ended
+            while len(batch) < cfg.batch_max:
+                try:
+                    batch.append(lane.receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    return
 
     async def _watch(
         self,
@@ -330,26 +352,27 @@ class _Lane:
     send: MemoryObjectSendStream[Message]
     receive: MemoryObjectReceiveStream[Message]
     tag: str | None = None
+    # Set by the feeder at each delivery it hands over (a lingering batch waits on it).
+    arrived: anyio.Event = field(default_factory=anyio.Event)
 
     async def start(self) -> None:
-        self.tag = await self.queue.consume(_feeder(self.send), no_ack=False)
+        self.tag = await self.queue.consume(self._feed, no_ack=False)
+
+    async def _feed(self, message: Message) -> None:
+        try:
+            # Never blocks: the stream holds ``prefetch`` messages, the broker sends no more.
+            self.send.send_nowait(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
+            await message.nack(requeue=True)  # draining: give it back untouched
+            return
+        self.arrived.set()
 
     async def stop(self) -> None:
         """Stop consuming; the worker finishes what its stream holds, then ends."""
         if self.tag is not None:
             await self.queue.cancel(self.tag)
         self.send.close()
-
-
-def _feeder(send: MemoryObjectSendStream[Message]) -> Any:
-    async def on_message(message: Message) -> None:
-        try:
-            # Never blocks: the stream holds ``prefetch`` messages, the broker sends no more.
-            send.send_nowait(message)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
-            await message.nack(requeue=True)  # draining: give it back untouched
-
-    return on_message
+        self.arrived.set()  # a lingering batch ends now
 
 
 def _leaves(exc: BaseException) -> Sequence[BaseException]:

@@ -410,3 +410,28 @@ async def _effects_of(pg: asyncpg.Connection, events: list[Event]) -> bool:
     ids = [e.event_id for e in events]
     found = await pg.fetchval("SELECT count(*) FROM public.effects WHERE event_id = ANY($1)", ids)
     return bool(found == len(ids))
+
+
+async def test_a_batch_holding_the_whole_prefetch_window_stops_lingering(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """Four deliveries queued before the consumer starts. The control first: with room left
+    in the prefetch window, the batch lingers its full 3 s. With a window of four, the batch
+    holds every delivery the broker may send before its ack, so it goes at once."""
+    await declare_topology(amqp_url, topo)
+    linger_s = 3.0
+    for prefetch in (64, 4):
+        events = [report() for _ in range(4)]
+        await publish_events(amqp_url, topo, events)
+        runtime = runtime_for(
+            amqp_url, pg_dsn, topo, concurrency=1, prefetch=prefetch, batch_linger_s=linger_s
+        )
+        async with running(runtime):
+            started = anyio.current_time()
+            await wait_for(functools.partial(_effects_of, effects_pg, events))
+            elapsed = anyio.current_time() - started
+        assert runtime.stats.commits == 1, runtime.stats
+        if prefetch == 64:
+            assert elapsed >= linger_s - 0.5, elapsed
+        else:
+            assert elapsed < linger_s - 1.0, elapsed
