@@ -29,6 +29,7 @@ from typing import Any
 import rfc8785
 
 from accord.jobs.models import EffectState, Lease
+from accord.schemas import canonical
 from accord.schemas.errors import AccordError
 
 
@@ -76,10 +77,11 @@ def intent_digest(lease: Lease, effect_key: str, intent: Mapping[str, Any]) -> s
         "intent": dict(intent),
     }
     try:
-        canonical = rfc8785.dumps(document)
+        # The fast path for plain values (rfc8785's bytes exactly: schemas.canonical).
+        text = canonical.dumps(document)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise ValueError(f"the effect intent is not canonical JSON: {exc}") from exc
-    return hashlib.sha256(canonical).hexdigest()
+    return hashlib.sha256(text).hexdigest()
 
 
 def idempotency_key(lease: Lease, effect_key: str) -> str:
@@ -87,8 +89,8 @@ def idempotency_key(lease: Lease, effect_key: str) -> str:
 
     Hashed so that no separator inside an identifier can make two triples collide.
     """
-    canonical = rfc8785.dumps([lease.tenant, lease.workflow, lease.operation_id, effect_key])
-    return "accord-" + hashlib.sha256(canonical).hexdigest()[:40]
+    text = canonical.dumps([lease.tenant, lease.workflow, lease.operation_id, effect_key])
+    return "accord-" + hashlib.sha256(text).hexdigest()[:40]
 
 
 def classify_result(result: object) -> Outcome:

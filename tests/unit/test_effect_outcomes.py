@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner.effects import (
@@ -63,3 +68,34 @@ def test_idempotency_key_is_stable_and_unambiguous() -> None:
     assert idempotency_key(lease(operation_id="a:b"), "c") != idempotency_key(
         lease(operation_id="a"), "b:c"
     )
+
+
+_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=("Cs",))),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(), _VALUES, max_size=5), st.text(min_size=1))
+def test_intent_digests_and_keys_are_rfc8785s_bytes(intent: dict[str, Any], key: str) -> None:
+    """The digests and keys written by earlier versions (rfc8785.dumps) still match: a
+    resumed job compares its intent digest with the recorded one, and a provider dedupes on
+    the key."""
+    held = lease(operation_id="op:é")
+    document = {
+        "tenant": held.tenant,
+        "workflow": held.workflow,
+        "operation_id": held.operation_id,
+        "effect_key": key,
+        "intent": intent,
+    }
+    assert intent_digest(held, key, intent) == hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+    triple = [held.tenant, held.workflow, held.operation_id, key]
+    expected = "accord-" + hashlib.sha256(rfc8785.dumps(triple)).hexdigest()[:40]
+    assert idempotency_key(held, key) == expected
