@@ -72,8 +72,9 @@ class RuntimeConfig:
     replay_window_s: float = 7 * 24 * 3600.0
     prefetch: int = 64
     batch_max: int = 64
-    # After a batch's first delivery, wait up to this long for more (up to ``batch_max``), so
-    # that they share one transaction and one ack (Kafka's linger.ms). 0: take what is there.
+    # A lane that was idle waits up to this long after a batch's first delivery for more (until
+    # the batch is full or holds the whole prefetch window), so that they share one transaction
+    # and one ack (Kafka's linger.ms); a busy lane never lingers. 0: take what is there.
     batch_linger_s: float = 0.01
     concurrency: int = 2
     drain_timeout_s: float = 30.0
