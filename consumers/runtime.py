@@ -288,24 +288,22 @@ class ConsumerRuntime:
         full = min(cfg.batch_max, cfg.prefetch)
         wait_s = cfg.batch_linger_s if linger else 0.0
         with anyio.move_on_after(wait_s) as lingered:
-            while True:
-                while len(batch) < cfg.batch_max:
-                    try:
-                        batch.append(lane.receive.receive_nowait())
-                    except anyio.WouldBlock:
-                        break
-                    except anyio.EndOfStream:
-                        return
-                if len(batch) >= full or not wait_s:
-                    return
+            while self._take(lane, batch) and len(batch) < full and wait_s:
                 lane.arrived = anyio.Event()
                 await lane.arrived.wait()
         if lingered.cancelled_caught:  # what arrived as the linger ended
-            while len(batch) < cfg.batch_max:
-                try:
-                    batch.append(lane.receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    return
+            self._take(lane, batch)
+
+    def _take(self, lane: _Lane, batch: list[Message]) -> bool:
+        """Adds what the stream holds now, up to ``batch_max``; False once it has ended."""
+        while len(batch) < self.config.batch_max:
+            try:
+                batch.append(lane.receive.receive_nowait())
+            except anyio.WouldBlock:
+                return True
+            except anyio.EndOfStream:
+                return False
+        return True
 
     async def _watch(
         self,
