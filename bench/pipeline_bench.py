@@ -289,22 +289,22 @@ def accord_env(
     return env
 
 
-PROJECTION = [sys.executable, "-m", "accord", "consume", "--workflow", "report_projection"]
+ACCORD = [sys.executable, "-m", "accord"]
+PROJECTION = [*ACCORD, "consume", "--workflow", "report_projection"]
 
 
 def accord_argv(
     workers: int, concurrency: int, work: Path, *, projection: bool
 ) -> dict[str, list[str]]:
-    accord = [sys.executable, "-m", "accord"]
     argv = {
-        "relay": [*accord, "relay"],
-        "consumer": [*accord, "consume", "--workflow", "report"],
+        "relay": [*ACCORD, "relay"],
+        "consumer": [*ACCORD, "consume", "--workflow", "report"],
     }
     if projection:
         argv["projection"] = PROJECTION
     for k in range(1, workers + 1):
         argv[f"worker-{k}"] = [
-            *accord, "worker", "--workflow", "report", "--concurrency", str(concurrency),
+            *ACCORD, "worker", "--workflow", "report", "--concurrency", str(concurrency),
             "--poll-s", str(POLL_S), "--journal", str(work / "journal" / f"w{k}.journal"),
         ]  # fmt: skip
     return argv
@@ -323,9 +323,7 @@ def start_processes(
 
 
 def accord_command(env: dict[str, str], *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "accord", *args], env=env, capture_output=True, check=False
-    )
+    done = subprocess.run([*ACCORD, *args], env=env, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"accord {args[0]} failed: {done.stderr.decode()[-800:]}")
 

@@ -262,15 +262,9 @@ class ConsumerRuntime:
         async with lane.receive, pool.acquire() as conn:
             while True:
                 observe.idle(name)  # waiting for deliveries is not being stuck
+                idle = not lane.receive.statistics().current_buffer_used  # nothing waiting
                 try:
-                    batch = [lane.receive.receive_nowait()]
-                    idle = False
-                except anyio.WouldBlock:
-                    try:
-                        batch = [await lane.receive.receive()]
-                    except anyio.EndOfStream:
-                        return
-                    idle = True
+                    batch = [await lane.receive.receive()]
                 except anyio.EndOfStream:
                     return
                 await self._fill(lane, batch, linger=idle)
@@ -286,11 +280,14 @@ class ConsumerRuntime:
         would be acked unapplied by the next cumulative ack."""
         cfg = self.config
         full = min(cfg.batch_max, cfg.prefetch)
-        wait_s = cfg.batch_linger_s if linger else 0.0
-        with anyio.move_on_after(wait_s) as lingered:
-            while self._take(lane, batch) and len(batch) < full and wait_s:
+        if not (self._take(lane, batch) and linger and cfg.batch_linger_s):
+            return
+        with anyio.move_on_after(cfg.batch_linger_s) as lingered:
+            while len(batch) < full:
                 lane.arrived = anyio.Event()
                 await lane.arrived.wait()
+                if not self._take(lane, batch):
+                    return
         if lingered.cancelled_caught:  # what arrived as the linger ended
             self._take(lane, batch)
 
