@@ -55,6 +55,10 @@ class JournalWriter(Protocol):
     async def __call__(self, record: Any) -> None: ...
 
 
+#: Queues one record no later step relies on, without waiting (RunnerJournal.note).
+JournalNote = Callable[[Any], None]
+
+
 @dataclass(slots=True)
 class EffectTrail:
     """What this attempt did with its effects (process-local; the database is the truth)."""
@@ -76,6 +80,7 @@ class JobContext:
         store: Store,
         objects: ObjectStore,
         journal: JournalWriter,
+        note: JournalNote | None = None,
         record_timeout_s: float = 10.0,
         effects: Sequence[str] | None = None,
     ) -> None:
@@ -85,6 +90,7 @@ class JobContext:
         self._store = store
         self._objects = objects
         self._journal = journal
+        self._note = note
         self._record_timeout_s = record_timeout_s
         self.trail = EffectTrail()
         self.published = False
@@ -205,7 +211,7 @@ class JobContext:
     async def _reuse(self, ref: EffectRef, receipt: str | None) -> Success:
         """An earlier attempt's recorded success: journal that it was reused, dispatch nothing."""
         self.trail.reused.append(ref)
-        await self._journal(
+        await self._trace(
             EffectOutcome(
                 **_claim_fields(self._lease),
                 effect_key=ref.effect_key,
@@ -254,12 +260,14 @@ class JobContext:
     async def _record(self, ref: EffectRef, outcome: Outcome) -> None:
         """Record the outcome (fenced) and journal it, shielded: cancellation is usually why
         we are here. A refused or failed record leaves the pending row as the evidence; the
-        journal keeps what the call returned (a receipt included) either way."""
+        journal keeps what the call returned (a receipt included) either way: written before
+        this returns when the database did not record it, noted when it did."""
         _note_outcome(trace.get_current_span(), outcome)
         lease = self._lease
         observe.effect(lease.workflow, str(outcome.state))
+        recorded = False
         with anyio.move_on_after(self._record_timeout_s, shield=True) as scope:
-            await self._finish_effect(lease, ref, outcome)
+            recorded = await self._finish_effect(lease, ref, outcome)
         if scope.cancelled_caught:
             log.warning(
                 "recording effect outcome timed out, pending row remains: job=%s key=%s seq=%s",
@@ -267,19 +275,31 @@ class JobContext:
                 ref.effect_key,
                 ref.seq,
             )
+        record = EffectOutcome(
+            **_claim_fields(lease),
+            effect_key=ref.effect_key,
+            seq=ref.seq,
+            outcome=outcome.state,
+            receipt=outcome.receipt,
+            detail=outcome.detail,
+        )
         with anyio.CancelScope(shield=True):
-            await self._journal(
-                EffectOutcome(
-                    **_claim_fields(lease),
-                    effect_key=ref.effect_key,
-                    seq=ref.seq,
-                    outcome=outcome.state,
-                    receipt=outcome.receipt,
-                    detail=outcome.detail,
-                )
-            )
+            if recorded:  # the database holds the outcome: the journal's record is its trace
+                await self._trace(record)
+            else:  # the journal's record is the only evidence of what the call returned
+                await self._journal(record)
 
-    async def _finish_effect(self, lease: Lease, ref: EffectRef, outcome: Outcome) -> None:
+    async def _trace(self, record: Any) -> None:
+        """Journal a record that the database already holds: noted (it rides the next group,
+        nothing waits for it) when the worker gave a ``note``, else written."""
+        if self._note is None:
+            await self._journal(record)
+        else:
+            self._note(record)
+
+    async def _finish_effect(self, lease: Lease, ref: EffectRef, outcome: Outcome) -> bool:
+        """Whether the database recorded ``outcome`` (a refusal or a lost database is logged:
+        the pending row remains)."""
         try:
             await self._store.finish_effect(
                 lease, ref.effect_key, outcome.state, receipt=outcome.receipt
@@ -306,6 +326,8 @@ class JobContext:
             )
         else:
             self._recorded(ref, outcome.state)
+            return True
+        return False
 
     def _recorded(self, ref: EffectRef, state: EffectState) -> None:
         if state is EffectState.UNKNOWN:
@@ -373,7 +395,7 @@ class JobContext:
             finally:
                 self._publishing = None
         self.published = True
-        await self._journal(Publish(**_claim_fields(self._lease), object_key=object_key))
+        await self._trace(Publish(**_claim_fields(self._lease), object_key=object_key))
 
 
 def declares(declared: Sequence[str], key: str) -> bool:

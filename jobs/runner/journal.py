@@ -24,12 +24,22 @@ segment. A crash at any moment leaves the old segment or the new one, each compl
 reads one segment: what was carried (unresolved work) and what was written since (at most about
 the size bound), never the history before it.
 
+Noted records. A record that no step waits on (a claim, a publish or an effect outcome the
+database already holds: the database is their truth, the journal their local trace) is
+*noted*: queued without waiting, it rides the next group a ``write`` flushes, or the one
+:meth:`RunnerJournal.flush_noted` flushes ``linger_s`` after it, or the last one at
+:meth:`RunnerJournal.close`. Only a noted record can be lost by a crash (a kill before that
+group, a power cut before its fsync), and it is then already in the database. Order on disk
+follows the queue within a group, not across the two groups that may be in flight: what needs
+an order has it by waiting (an effect's outcome is noted only after its begin was written).
+
 A journal written by 0.2 (a version-1 file) opens and is read as it is; its appends are fsynced
 one frame at a time until its first rotation rewrites it as a version-2 segment.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Collection, Mapping
@@ -52,12 +62,16 @@ from accord.jobs.framing import (
 from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, RecordType
 from accord.schemas.errors import ConfigError
 
+log = logging.getLogger("accord.worker")
+
 #: Seal the live segment once this much was written to it since it began (and at least as
 #: much as it carried, so that carrying costs at most as much again as what was written).
 DEFAULT_SEGMENT_BYTES = 8 * 1024 * 1024
 #: ... or once it is this old with anything written since, so that the database is asked about
 #: its effects while their rows still exist (retention removes resolved ones after days).
 DEFAULT_SEGMENT_S = 3600.0
+#: A noted record is flushed within about this long when no write carries it first.
+DEFAULT_NOTE_LINGER_S = 0.05
 _BEGIN = RecordType.EFFECT_BEGIN.value
 _EFFECTS = frozenset({_BEGIN, RecordType.EFFECT_OUTCOME.value})
 
@@ -79,6 +93,7 @@ class JournalStats:
     records: int = 0
     groups: int = 0
     rotations: int = 0
+    noted: int = 0  # records queued by note() (counted in records once written)
 
 
 @dataclass(slots=True, eq=False)
@@ -126,6 +141,7 @@ class RunnerJournal:
         self._groups = anyio.Semaphore(2)
         self._rotating = anyio.Lock()
         self._queue: list[_Queued] = []
+        self._noted = anyio.Event()  # set while a noted record may wait in the queue
         self.stats = JournalStats()
         self._reset(live.scan)
 
@@ -224,6 +240,40 @@ class RunnerJournal:
             raise JournalBroken(path=str(self.path), detail=str(error)) from error
         await anyio.lowlevel.checkpoint_if_cancelled()
 
+    def note(self, record: Mapping[str, Any] | BaseModel) -> None:
+        """Queue ``record`` without waiting for it (see "Noted records" in the module
+        docstring): for a record no later step relies on. Raises JournalRecordInvalid (nothing
+        queued); a failure to write it later is logged by whoever flushed its group, and the
+        journal is then broken for every write after it."""
+        self._queue.append(_Queued(encode_payload(record), *_effect_of(record)))
+        self.stats.noted += 1
+        self._noted.set()
+
+    async def flush_noted(self, linger_s: float = DEFAULT_NOTE_LINGER_S) -> None:
+        """Until cancelled: write what was noted and is still queued ``linger_s`` after it was
+        noted (one group), and once more when cancelled. A worker runs it beside its jobs;
+        under load the jobs' own writes carry noted records first and this finds nothing."""
+        try:
+            while True:
+                await self._noted.wait()
+                await anyio.sleep(linger_s)
+                self._noted = anyio.Event()
+                await self._flush_queued()
+        finally:
+            await self._flush_queued()
+
+    async def _flush_queued(self) -> None:
+        with anyio.CancelScope(shield=True):
+            async with self._groups:
+                batch, self._queue = self._queue, []
+                for entry in batch:
+                    entry.taken = True
+                if batch:
+                    await self._flush(batch)
+        failed = next((entry.error for entry in batch if entry.error is not None), None)
+        if failed is not None:
+            log.error("journal %s: noted records not written: %s", self.path, failed)
+
     async def _flush(self, batch: list[_Queued]) -> None:
         """Write ``batch`` as one group (the caller holds a group slot) and settle each entry.
 
@@ -310,7 +360,18 @@ class RunnerJournal:
         return repair
 
     def close(self) -> None:
-        self._live.close()
+        """Write what is still noted (blocking: no group is in flight once the worker's tasks
+        ended), then release the file."""
+        queued, self._queue = self._queue, []
+        try:
+            if queued:
+                self._live.append_payloads([entry.payload for entry in queued])
+                self.stats.records += len(queued)
+                self.stats.groups += 1
+        except JournalError as exc:
+            log.error("journal %s: noted records not written at close: %s", self.path, exc)
+        finally:
+            self._live.close()
 
     def __enter__(self) -> RunnerJournal:
         return self

@@ -150,6 +150,9 @@ class Worker:
             await recovery.seal_at_start(self._journal, self.unrecorded)
         async with anyio.create_task_group() as jobs:
             self._jobs_scope = jobs.cancel_scope
+            # Beside the jobs (it ends with them): what they noted reaches the disk within
+            # its linger when no write of theirs carried it first; the rest at close.
+            jobs.start_soon(self._journal.flush_noted)
             async with anyio.create_task_group() as loops:
                 for registered in self._handlers.values():
                     loops.start_soon(self._claim_loop, registered, jobs)
@@ -276,7 +279,8 @@ class Worker:
         span: trace.Span,
         seen: Any = None,
     ) -> None:
-        await self._append(
+        # Noted, not waited for: the database holds the claim (RunnerJournal.note).
+        self._journal.note(
             Claim(
                 tenant=lease.tenant,
                 job_id=lease.job_id,
@@ -295,6 +299,7 @@ class Worker:
                 store=store,
                 objects=self._objects,
                 journal=self._append,
+                note=self._journal.note,
                 record_timeout_s=self.config.record_timeout_s,
                 effects=registered.effects,
             )

@@ -28,6 +28,7 @@ from accord.jobs.framing import Defect, Journal, Tail, scan_bytes, scan_journal
 from accord.jobs.framing import file as framing_file
 from accord.jobs.runner.journal import RunnerJournal
 from accord.jobs.runner.journal_records import EffectRef
+from tests.support import wait_for
 
 RUNNER = "runner-1"
 
@@ -530,6 +531,80 @@ async def test_a_writer_cancelled_meanwhile_has_its_record_written_then_cancelle
 async def _cancel_soon(scope: anyio.CancelScope) -> None:
     await anyio.sleep(0.05)
     scope.cancel()
+
+
+# -- noted records: queued without waiting, carried by the next group --------------------------
+
+
+async def test_a_noted_record_rides_the_next_write_in_queue_order(tmp_path: Path) -> None:
+    path = tmp_path / "w.journal"
+    with RunnerJournal.open(path, RUNNER) as j:
+        await j.write({"n": 0})  # control: a write is on disk when it returns
+        assert scan_journal(path).records == ({"n": 0},)
+        j.note({"n": 1})
+        assert scan_journal(path).records == ({"n": 0},)  # noted: nothing waited for it
+        await j.write({"n": 2})  # one group carries both, the noted one first
+        assert scan_journal(path).records == ({"n": 0}, {"n": 1}, {"n": 2})
+        assert (j.stats.records, j.stats.groups, j.stats.noted) == (3, 2, 1)
+        with pytest.raises(JournalRecordInvalid):
+            j.note({"bad": float("nan")})  # refused when noted, nothing queued
+        await j.write({"n": 3})
+    assert scan_journal(path).records[-1] == {"n": 3} and len(scan_journal(path).records) == 4
+
+
+async def test_flush_noted_writes_what_nothing_else_carried_within_its_linger(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.journal"
+    with RunnerJournal.open(path, RUNNER) as j:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(j.flush_noted, 0.05)
+            await anyio.sleep(0.2)
+            assert j.stats.groups == 0  # nothing noted: no group, however long it waits
+            j.note({"n": 1})
+            j.note({"n": 2})
+            assert scan_journal(path).records == ()
+
+            async def both_on_disk() -> bool:
+                return len(scan_journal(path).records) == 2
+
+            await wait_for(both_on_disk, within=2, every=0.01)
+            assert j.stats.groups == 1  # one group for both
+            j.note({"n": 3})
+            tg.cancel_scope.cancel()  # ending, it writes what is still noted
+        assert scan_journal(path).records == ({"n": 1}, {"n": 2}, {"n": 3})
+
+
+async def test_close_writes_what_is_still_noted(tmp_path: Path) -> None:
+    path = tmp_path / "w.journal"
+    with RunnerJournal.open(path, RUNNER) as j:
+        j.note({"n": 1})
+        assert scan_journal(path).records == ()
+    assert scan_journal(path).records == ({"n": 1},)  # written and fsynced by close
+
+
+async def test_a_noted_record_lost_to_a_failed_group_breaks_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    j = RunnerJournal.open(tmp_path / "w.journal", RUNNER)
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "simulated fsync failure")
+
+    j.note({"n": 1})
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(j.flush_noted, 0.01)
+
+        async def logged() -> bool:  # the flusher says so: nobody waits for a noted record
+            return "noted records not written" in caplog.text
+
+        await wait_for(logged, within=2, every=0.01)
+        tg.cancel_scope.cancel()
+    monkeypatch.undo()
+    with pytest.raises(JournalBroken):  # no write after it pretends the journal is whole
+        await j.write({"n": 2})
+    j.close()
 
 
 async def test_rotation_carries_the_unrecorded_effects_and_drops_the_rest(tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""Which journal records a job waits for (jobs.runner.context): the effect's begin always,
+before the call is dispatched; its outcome only when the database did not record it (the
+journal is then the only evidence of what the call returned); a claim, a recorded outcome and
+a publish are noted (RunnerJournal.note), since the database already holds them. Each case
+with its control, against real PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import EffectState
+from accord.jobs.runner import JobContext, Success
+from tests.integration.runner.conftest import Rig
+
+pytestmark = pytest.mark.timeout(60)
+
+WORKFLOW = "timed"
+
+
+class Journal:
+    """What the context wrote and how: ``written`` (durable before the call returned) or
+    ``noted`` (queued, nothing waited)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    async def write(self, record: Any) -> None:
+        self.calls.append(("written", str(record.type), getattr(record, "outcome", None)))
+
+    def note(self, record: Any) -> None:
+        self.calls.append(("noted", str(record.type), getattr(record, "outcome", None)))
+
+
+async def _context(rig: Rig, operation_id: str, journal: Journal) -> JobContext:
+    await rig.submit_job(operation_id, WORKFLOW)
+    [lease] = await rig.store.claim(WORKFLOW, DEFAULT_OWNER, lease_s=30)
+    return JobContext(
+        lease, store=rig.store, objects=rig.objects, journal=journal.write, note=journal.note
+    )
+
+
+@pytest.fixture
+async def timed(rig: Rig) -> Rig:
+    await rig.store.register_workflow(WORKFLOW, DEFAULT_OWNER, effects_enabled=True)
+    return rig
+
+
+async def test_a_recorded_outcome_is_noted_and_the_begin_is_written_before_dispatch(
+    timed: Rig,
+) -> None:
+    journal = Journal()
+    ctx = await _context(timed, "recorded", journal)
+
+    async def call() -> Success:
+        # dispatched only once the begin was written (durable), never on a noted one
+        assert journal.calls == [("written", "effect_begin", None)]
+        return Success("receipt-1")
+
+    assert (await ctx.effect("mail.send", {"to": "a"}, call)).receipt == "receipt-1"
+    await ctx.publish()
+    assert journal.calls == [
+        ("written", "effect_begin", None),
+        ("noted", "effect_outcome", EffectState.SUCCEEDED),  # the database holds it
+        ("noted", "publish", None),
+    ]
+    assert [(e.effect_key, e.state) for e in (await timed.store.job(ctx.lease.job_id)).effects] == [
+        ("mail.send", EffectState.SUCCEEDED)
+    ]
+
+
+async def test_an_outcome_the_database_refused_is_written_before_the_effect_returns(
+    timed: Rig,
+) -> None:
+    journal = Journal()
+    ctx = await _context(timed, "refused", journal)
+
+    async def call() -> Success:
+        # The lease is lost while the call runs: finish_effect's fence refuses the outcome.
+        await timed.store.cancel(ctx.lease.job_id, reason="operator")
+        return Success("receipt-2")
+
+    await ctx.effect("mail.send", {"to": "b"}, call)
+    assert journal.calls == [
+        ("written", "effect_begin", None),
+        # the pending row is the database's only trace: the receipt is on disk, waited for
+        ("written", "effect_outcome", EffectState.SUCCEEDED),
+    ]
+    view = await timed.store.job(ctx.lease.job_id)
+    assert [(e.effect_key, e.state) for e in view.effects] == [("mail.send", EffectState.PENDING)]
