@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # A consumer poisons a message body larger than this (typed reason too_large), unread.
     consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
     job_lease_s: float = Field(default=60.0, gt=0)
+    # Once all of a worker's slots were taken, a freed slot waits this long before its claim,
+    # so that the slots freeing meanwhile share one claim (0: claim at once).
+    worker_claim_linger_s: float = Field(default=0.01, ge=0)
     # Retention, tied to the replay horizon (inbox_replay_window_s + the inbox's prune margin):
     # finished, resolved jobs with their keys, effects and results, after jobs_retention_s;
     # repair audit rows after audit_retention_s (at least the jobs retention); consumers'

@@ -103,6 +103,7 @@ def options_from(args: argparse.Namespace, settings: Settings, app: App) -> Work
         concurrency=args.concurrency,
         lease_s=lease_s,
         poll_s=args.poll_s,
+        claim_linger_s=settings.worker_claim_linger_s,
         rescue_every_s=args.rescue_every_s or None,
         grace_s=args.grace_s,
         prune_every_s=_prune_every_s(getattr(args, "prune_every_s", None), settings),

@@ -34,6 +34,9 @@ class WorkerConfig:
     lease_s: float = 60.0
     claim_batch: int = 16
     poll_s: float = 1.0
+    # Once every slot was taken, a freed slot waits this long before its claim, so that the
+    # slots freeing meanwhile share that claim (0: claim at once).
+    claim_linger_s: float = 0.01
     rescue_every_s: float | None = 5.0  # None: this process does not host the rescue call
     rescue_limit: int = 100
     grace_s: float = 10.0
@@ -50,6 +53,11 @@ class WorkerConfig:
             raise ConfigError("worker sizes must be positive", concurrency=self.concurrency)
         if not (self.lease_s > 0 and self.poll_s > 0 and self.grace_s >= 0):
             raise ConfigError("worker times must be positive", lease_s=self.lease_s)
+        if not 0 <= self.claim_linger_s < self.lease_s:
+            raise ConfigError(
+                "claim_linger_s must be at least 0 and shorter than the lease",
+                claim_linger_s=self.claim_linger_s,
+            )
         if self.rescue_every_s is not None and self.rescue_every_s <= 0:
             raise ConfigError("rescue_every_s must be positive or None")
         if self.prune_every_s is not None and not self.prune_every_s > 0:

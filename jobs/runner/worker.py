@@ -197,6 +197,9 @@ class Worker:
             free = self.config.concurrency - self._running
             if free <= 0:
                 await self._nap(self.config.poll_s)
+                if self.config.claim_linger_s and self._running < self.config.concurrency:
+                    # A slot freed: the slots freeing in the linger share its claim.
+                    await self._nap(self.config.claim_linger_s, stop_only=True)
                 continue
             wanted = min(free, self.config.claim_batch)
             # Reserve the slots before the claim: another class's loop must not claim them too.

@@ -120,19 +120,21 @@ class Rig:
 
 
 class CountingStore(Store):
-    """A store that counts its claims (the copies ``Store.hold`` makes count with it)."""
+    """A store that counts its claims and the jobs each took (the copies ``Store.hold``
+    makes count with it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._claims = [0]
+        self.sizes: list[int] = []
 
     @property
     def claims(self) -> int:
-        return self._claims[0]
+        return len(self.sizes)
 
     async def claim(self, *args: Any, **kwargs: Any) -> list[Lease]:
-        self._claims[0] += 1
-        return await super().claim(*args, **kwargs)
+        leases = await super().claim(*args, **kwargs)
+        self.sizes.append(len(leases))
+        return leases
 
 
 @contextlib.asynccontextmanager

@@ -1,6 +1,7 @@
 """The worker's claim loop asks the database only when asking can find work: a slot freed
-while every slot was taken claims at once; a slot freed after a claim that found fewer jobs
-than free slots waits for the poll (no empty claim per finished job)."""
+while every slot was taken claims at once (or, with a claim linger, after it: the slots
+freeing meanwhile share that claim); a slot freed after a claim that found fewer jobs than
+free slots waits for the poll (no empty claim per finished job)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import JobState
-from accord.jobs.runner import JobContext, Worker, WorkerConfig, open_journal
+from accord.jobs.runner import Handler, JobContext, Worker, WorkerConfig, open_journal
 from tests.integration.runner.conftest import CountingStore, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,17 +21,34 @@ async def _done(ctx: JobContext) -> None:
     await ctx.publish()
 
 
-def _worker(rig: Rig, store: CountingStore, name: str, concurrency: int) -> Worker:
+async def _staggered(ctx: JobContext) -> None:
+    """Job k of each four finishes k * 50 ms after its claim."""
+    await anyio.sleep(ctx.payload["k"] % 4 * 0.05)
+    await ctx.publish()
+
+
+def _worker(
+    rig: Rig,
+    store: CountingStore,
+    name: str,
+    concurrency: int,
+    linger_s: float = 0.0,
+    handler: Handler = _done,
+) -> Worker:
     worker = Worker(
         WorkerConfig(
-            owner=DEFAULT_OWNER, concurrency=concurrency, poll_s=POLL_S, rescue_every_s=None
+            owner=DEFAULT_OWNER,
+            concurrency=concurrency,
+            poll_s=POLL_S,
+            claim_linger_s=linger_s,
+            rescue_every_s=None,
         ),
         store=store,
         journal=open_journal(rig.journal_path(name), name),
         objects=rig.objects,
         pool=rig.pool,
     )
-    worker.register(name, _done, timeout_s=10.0)
+    worker.register(name, handler, timeout_s=10.0)
     return worker
 
 
@@ -67,3 +85,25 @@ async def test_a_slot_freed_after_a_short_claim_waits_for_the_poll(rig: Rig) -> 
         assert store.claims == 1
         assert worker.stats.claimed == 4
         assert worker.stats.claims == 1  # the count on the worker's stop line
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 0.3])
+async def test_with_a_claim_linger_the_slots_freeing_meanwhile_share_one_claim(
+    rig: Rig, linger_s: float
+) -> None:
+    store = CountingStore(rig.pool)
+    name = "staggered"
+    await store.register_workflow(name, DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"staggered-{k}", name, k=k) for k in range(12)]
+    worker = _worker(rig, store, name, concurrency=4, linger_s=linger_s, handler=_staggered)
+    async with running(worker):
+        await wait_for(lambda: _all_succeeded(rig, jobs))
+    assert worker.stats.claimed == 12
+    took = [size for size in store.sizes if size]
+    if linger_s:
+        # Four at a time: each claim after the first waited out the linger (0.3 s), by which
+        # time the four slots of the jobs before (done within 0.15 s) were all free.
+        assert took == [4, 4, 4]
+    else:
+        # Control: each slot freed while all were taken claimed at once, mostly one job.
+        assert took[0] == 4 and len(took) >= 8
