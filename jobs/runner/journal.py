@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,8 @@ class _Queued:
     kind: str | None
     ref: EffectRef | None
     taken: bool = False  # in a group on its way to the disk
-    done: anyio.Event = field(default_factory=anyio.Event)  # written and fsynced, or failed
+    # Set once written and fsynced, or failed; None for a noted record (nobody waits for it).
+    done: anyio.Event | None = None
     error: Exception | None = None
 
 
@@ -222,7 +223,8 @@ class RunnerJournal:
         JournalRecordInvalid (this record alone, nothing written), JournalTornTail before a
         repair, JournalBroken when its group's write or fsync failed.
         """
-        queued = _Queued(encode_payload(record), *_effect_of(record))
+        done = anyio.Event()
+        queued = _Queued(encode_payload(record), *_effect_of(record), done=done)
         await anyio.lowlevel.checkpoint_if_cancelled()
         with anyio.CancelScope(shield=True):
             self._queue.append(queued)
@@ -232,7 +234,7 @@ class RunnerJournal:
                     for entry in batch:
                         entry.taken = True
                     await self._flush(batch)
-            await queued.done.wait()
+            await done.wait()
         if queued.error is not None:
             error = queued.error
             if isinstance(error, JournalError):
@@ -286,11 +288,13 @@ class RunnerJournal:
         except Exception as exc:  # noqa: BLE001 - handed to each writer of the group
             for queued in batch:
                 queued.error = exc
-                queued.done.set()
+                if queued.done is not None:
+                    queued.done.set()
             return
         for queued, offset in zip(batch, offsets, strict=True):
             self._note(queued.kind, queued.ref, offset)
-            queued.done.set()
+            if queued.done is not None:
+                queued.done.set()
         self.stats.records += len(batch)
         self.stats.groups += 1
 
