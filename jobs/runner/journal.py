@@ -230,10 +230,7 @@ class RunnerJournal:
             self._queue.append(queued)
             async with self._groups:
                 if not queued.taken:  # nobody took it into a group yet: take every queued one
-                    batch, self._queue = self._queue, []
-                    for entry in batch:
-                        entry.taken = True
-                    await self._flush(batch)
+                    await self._flush(self._take())
             await done.wait()
         if queued.error is not None:
             error = queued.error
@@ -267,14 +264,19 @@ class RunnerJournal:
     async def _flush_queued(self) -> None:
         with anyio.CancelScope(shield=True):
             async with self._groups:
-                batch, self._queue = self._queue, []
-                for entry in batch:
-                    entry.taken = True
+                batch = self._take()
                 if batch:
                     await self._flush(batch)
         failed = next((entry.error for entry in batch if entry.error is not None), None)
         if failed is not None:
             log.error("journal %s: noted records not written: %s", self.path, failed)
+
+    def _take(self) -> list[_Queued]:
+        """Every queued record, as the next group (the caller holds a group slot)."""
+        batch, self._queue = self._queue, []
+        for entry in batch:
+            entry.taken = True
+        return batch
 
     async def _flush(self, batch: list[_Queued]) -> None:
         """Write ``batch`` as one group (the caller holds a group slot) and settle each entry.
@@ -366,7 +368,7 @@ class RunnerJournal:
     def close(self) -> None:
         """Write what is still noted (blocking: no group is in flight once the worker's tasks
         ended), then release the file."""
-        queued, self._queue = self._queue, []
+        queued = self._take()
         try:
             if queued:
                 self._live.append_payloads([entry.payload for entry in queued])
