@@ -197,8 +197,10 @@ class Worker:
             free = self.config.concurrency - self._running
             if free <= 0:
                 await self._nap(self.config.poll_s)
-                if self.config.claim_linger_s and self._running < self.config.concurrency:
-                    # A slot freed: the slots freeing in the linger share its claim.
+                free = self.config.concurrency - self._running
+                if self.config.claim_linger_s and 0 < free < self._claim_size:
+                    # A slot freed and more could: the slots freeing in the linger share its
+                    # claim. (One slot in all, or a claim already full, gains nothing by it.)
                     await self._nap(self.config.claim_linger_s, stop_only=True)
                 continue
             wanted = min(free, self.config.claim_batch)
@@ -236,6 +238,11 @@ class Worker:
                 # Fewer were due than slots were free: a slot freeing meanwhile is no reason
                 # to ask again before the poll (it would cost an empty claim per job).
                 await self._nap(wait, stop_only=True)
+
+    @property
+    def _claim_size(self) -> int:
+        """The most one claim takes: every slot, up to the claim batch."""
+        return min(self.config.concurrency, self.config.claim_batch)
 
     async def _nap(self, seconds: float, *, stop_only: bool = False) -> None:
         """Sleep up to ``seconds``; a stop (or, unless ``stop_only``, a freed slot) wakes us."""

@@ -107,3 +107,18 @@ async def test_with_a_claim_linger_the_slots_freeing_meanwhile_share_one_claim(
     else:
         # Control: each slot freed while all were taken claimed at once, mostly one job.
         assert took[0] == 4 and len(took) >= 8
+
+
+async def test_one_slot_never_lingers(rig: Rig) -> None:
+    """With one slot nothing else can free during a linger: each job is claimed as soon as
+    the one before it ended, whatever the linger (here 1 s: five jobs would take 4 s more)."""
+    store = CountingStore(rig.pool)
+    await store.register_workflow("single", DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"single-{i}", "single") for i in range(5)]
+    worker = _worker(rig, store, "single", concurrency=1, linger_s=1.0)
+    started = anyio.current_time()
+    async with running(worker):
+        await wait_for(lambda: _all_succeeded(rig, jobs))
+        elapsed = anyio.current_time() - started
+    assert elapsed < 2.0, elapsed
+    assert [size for size in store.sizes if size] == [1, 1, 1, 1, 1]
