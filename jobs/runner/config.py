@@ -34,8 +34,9 @@ class WorkerConfig:
     lease_s: float = 60.0
     claim_batch: int = 16
     poll_s: float = 1.0
-    # Once every slot was taken, a freed slot waits this long before its claim, so that the
-    # slots freeing meanwhile share that claim (0: claim at once). Never with one slot.
+    # Once every slot was taken, a freed slot waits up to this long before its claim, so that
+    # the slots freeing meanwhile share that claim (0: claim at once). Never with one slot,
+    # and never more than a tenth of how long an attempt takes (worker.LINGER_SHARE).
     claim_linger_s: float = 0.01
     rescue_every_s: float | None = 5.0  # None: this process does not host the rescue call
     rescue_limit: int = 100

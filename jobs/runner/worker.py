@@ -56,6 +56,11 @@ log = logging.getLogger("accord.worker")
 
 #: How often an idle claim loop reads why its claim came back empty (the class's owner).
 OWNER_READ_S = 1.0
+#: A freed slot's claim linger is at most this share of how long an attempt takes here (a
+#: moving average, each attempt weighing JOB_S_WEIGHT), so that short jobs lose at most
+#: about a tenth of their slots' time to it, and a second-long job waits the whole linger.
+LINGER_SHARE = 0.1
+JOB_S_WEIGHT = 0.2
 
 
 class Worker:
@@ -80,6 +85,7 @@ class Worker:
         self._pool = pool
         self._handlers: dict[str, Registered] = {}
         self._running = 0
+        self._job_s = 0.0  # how long an attempt takes here, recently (a moving average)
         self._stopping = False
         self._stop = anyio.Event()
         self._wake = anyio.Event()
@@ -198,10 +204,11 @@ class Worker:
             if free <= 0:
                 await self._nap(self.config.poll_s)
                 free = self.config.concurrency - self._running
-                if self.config.claim_linger_s and 0 < free < self._claim_size:
+                linger = min(self.config.claim_linger_s, LINGER_SHARE * self._job_s)
+                if linger > 0 and 0 < free < self._claim_size:
                     # A slot freed and more could: the slots freeing in the linger share its
                     # claim. (One slot in all, or a claim already full, gains nothing by it.)
-                    await self._nap(self.config.claim_linger_s, stop_only=True)
+                    await self._nap(linger, stop_only=True)
                 continue
             wanted = min(free, self.config.claim_batch)
             # Reserve the slots before the claim: another class's loop must not claim them too.
@@ -279,6 +286,8 @@ class Worker:
             ):
                 await self._attempt(registered, lease, claimed_at, span, seen)
         finally:
+            took = anyio.current_time() - claimed_at
+            self._job_s += (took - self._job_s) * (JOB_S_WEIGHT if self._job_s else 1.0)
             self._release(1)
 
     async def _attempt(

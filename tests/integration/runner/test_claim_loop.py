@@ -22,8 +22,8 @@ async def _done(ctx: JobContext) -> None:
 
 
 async def _staggered(ctx: JobContext) -> None:
-    """Job k of each four finishes k * 50 ms after its claim."""
-    await anyio.sleep(ctx.payload["k"] % 4 * 0.05)
+    """Job k of each four finishes 1 s + k * 20 ms after its claim."""
+    await anyio.sleep(1.0 + ctx.payload["k"] % 4 * 0.02)
     await ctx.publish()
 
 
@@ -101,8 +101,9 @@ async def test_with_a_claim_linger_the_slots_freeing_meanwhile_share_one_claim(
     assert worker.stats.claimed == 12
     took = [size for size in store.sizes if size]
     if linger_s:
-        # Four at a time: each claim after the first waited out the linger (0.3 s), by which
-        # time the four slots of the jobs before (done within 0.15 s) were all free.
+        # Four at a time: each claim after the first waited out the linger (a tenth of the
+        # jobs' 1 s: 0.1 s), by which time the slots of the four jobs before (done within
+        # 60 ms of each other) were all free.
         assert took == [4, 4, 4]
     else:
         # Control: each slot freed while all were taken claimed at once, mostly one job.
@@ -122,3 +123,17 @@ async def test_one_slot_never_lingers(rig: Rig) -> None:
         elapsed = anyio.current_time() - started
     assert elapsed < 2.0, elapsed
     assert [size for size in store.sizes if size] == [1, 1, 1, 1, 1]
+
+
+async def test_short_jobs_linger_a_tenth_of_their_time_at_most(rig: Rig) -> None:
+    """A linger of 1 s, but jobs that take milliseconds: a freed slot waits a tenth of that at
+    most, so 24 jobs on 4 slots take well under the 5 s that five whole lingers would."""
+    store = CountingStore(rig.pool)
+    await store.register_workflow("brief", DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"brief-{i}", "brief") for i in range(24)]
+    worker = _worker(rig, store, "brief", concurrency=4, linger_s=1.0)
+    started = anyio.current_time()
+    async with running(worker):
+        await wait_for(lambda: _all_succeeded(rig, jobs))
+        elapsed = anyio.current_time() - started
+    assert elapsed < 2.5, elapsed
