@@ -110,17 +110,24 @@ async def test_with_a_claim_linger_the_slots_freeing_meanwhile_share_one_claim(
         assert took[0] == 4 and len(took) >= 8
 
 
-async def test_one_slot_never_lingers(rig: Rig) -> None:
-    """With one slot nothing else can free during a linger: each job is claimed as soon as
-    the one before it ended, whatever the linger (here 1 s: five jobs would take 4 s more)."""
+async def _drain(
+    rig: Rig, name: str, n: int, *, concurrency: int, linger_s: float
+) -> tuple[float, CountingStore]:
+    """N no-op jobs of class ``name`` through one worker: the seconds it took, its store."""
     store = CountingStore(rig.pool)
-    await store.register_workflow("single", DEFAULT_OWNER, effects_enabled=True)
-    jobs = [await rig.submit_job(f"single-{i}", "single") for i in range(5)]
-    worker = _worker(rig, store, "single", concurrency=1, linger_s=1.0)
+    await store.register_workflow(name, DEFAULT_OWNER, effects_enabled=True)
+    jobs = [await rig.submit_job(f"{name}-{i}", name) for i in range(n)]
+    worker = _worker(rig, store, name, concurrency=concurrency, linger_s=linger_s)
     started = anyio.current_time()
     async with running(worker):
         await wait_for(lambda: _all_succeeded(rig, jobs))
-        elapsed = anyio.current_time() - started
+        return anyio.current_time() - started, store
+
+
+async def test_one_slot_never_lingers(rig: Rig) -> None:
+    """With one slot nothing else can free during a linger: each job is claimed as soon as
+    the one before it ended, whatever the linger (here 1 s: five jobs would take 4 s more)."""
+    elapsed, store = await _drain(rig, "single", 5, concurrency=1, linger_s=1.0)
     assert elapsed < 2.0, elapsed
     assert [size for size in store.sizes if size] == [1, 1, 1, 1, 1]
 
@@ -128,12 +135,5 @@ async def test_one_slot_never_lingers(rig: Rig) -> None:
 async def test_short_jobs_linger_a_tenth_of_their_time_at_most(rig: Rig) -> None:
     """A linger of 1 s, but jobs that take milliseconds: a freed slot waits a tenth of that at
     most, so 24 jobs on 4 slots take well under the 5 s that five whole lingers would."""
-    store = CountingStore(rig.pool)
-    await store.register_workflow("brief", DEFAULT_OWNER, effects_enabled=True)
-    jobs = [await rig.submit_job(f"brief-{i}", "brief") for i in range(24)]
-    worker = _worker(rig, store, "brief", concurrency=4, linger_s=1.0)
-    started = anyio.current_time()
-    async with running(worker):
-        await wait_for(lambda: _all_succeeded(rig, jobs))
-        elapsed = anyio.current_time() - started
+    elapsed, _ = await _drain(rig, "brief", 24, concurrency=4, linger_s=1.0)
     assert elapsed < 2.5, elapsed
