@@ -169,6 +169,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_s() -> tuple[float, float]:
+    """The machine's (busy, idle) core-seconds so far (/proc/stat; as pipeline_bench's, this
+    file runs in DBOS's venv and imports nothing of accord's)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
+
+
 def submit_all(dsn: str, run: str, n: int, submitters: int) -> None:
     """N submissions without pacing, from ``submitters`` threads, each in its own transaction
     that inserts the row and enqueues its workflow."""
@@ -233,6 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError("a DBOS executor did not start")
         cpu0 = [cpu_s(p.pid) for p in procs]
+        machine0 = machine_s()
         start = time.perf_counter()
         submit_all(args.dsn, args.run, args.n, args.submitters)
         submitted = time.perf_counter() - start
@@ -245,6 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
+        busy, idle = (b - a for a, b in zip(machine0, machine_s(), strict=True))
         cpu = [cpu_s(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
     finally:
         for p in procs:
@@ -267,6 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "elapsed_s": elapsed,
         "submit_s": submitted,
         "executor_cpu_s": cpu,
+        "machine_busy_s": busy,
+        "machine_busy": busy / (busy + idle),
     }
 
 
