@@ -47,12 +47,19 @@ class Session:
     fresh one. A held connection found closed between calls is replaced before use, as the
     pool replaces one. One call at a time runs on it: a call made while another is in flight
     (a handler's concurrent effects) takes its own pool connection for that call.
+
+    With ``spares`` (``Store.keeping``), the first call takes a kept connection before the
+    pool's, and a session that ends clean keeps its connection there, unreset: on such a
+    store each publish callback ends in ``jobs.clean_session``, which resets the session's
+    server state as the pool's reset query would. What a callback might add on the Python
+    side (a log listener on ``tx``) is outside the callback's contract (database writes).
     """
 
-    __slots__ = ("_busy", "_conn", "_pool")
+    __slots__ = ("_busy", "_conn", "_pool", "_spares")
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, spares: list[Any] | None = None) -> None:
         self._pool = pool
+        self._spares = spares
         self._conn: Any = None
         self._busy = False
 
@@ -67,7 +74,7 @@ class Session:
             if self._conn is not None and not clean(self._conn):
                 await self.close()
             if self._conn is None:
-                self._conn = await self._pool.acquire()
+                self._conn = await self._take()
         except BaseException:
             self._busy = False
             raise
@@ -78,16 +85,33 @@ class Session:
         if exc is not None or not clean(self._conn):
             await self.close()
 
-    async def close(self) -> None:
-        """Give the connection back to the pool (none held: nothing to do). Never raises a
-        lost connection: the pool's reset found it dead and discarded it, and the pool opens
-        another when asked; what the calls on it did, they already reported."""
+    async def _take(self) -> Any:
+        while self._spares:
+            conn = self._spares.pop()
+            if clean(conn):
+                return conn
+            await give_back(self._pool, conn)
+        return await self._pool.acquire()
+
+    async def close(self, *, keep: bool = False) -> None:
+        """Give the connection back to the pool (none held: nothing to do); with ``keep``,
+        one that is clean goes to the spares instead, when there are spares."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        # asyncpg shields the release: a cancellation here cannot lose the connection.
-        with contextlib.suppress(*DB_CONNECTION_LOST):
-            await self._pool.release(conn)
+        if keep and self._spares is not None and clean(conn):
+            self._spares.append(conn)
+            return
+        await give_back(self._pool, conn)
+
+
+async def give_back(pool: asyncpg.Pool, conn: Any) -> None:
+    """Release ``conn`` to ``pool``, which resets it. Never raises a lost connection: the
+    pool's reset found it dead and discarded it, and the pool opens another when asked; what
+    the calls on it did, they already reported."""
+    # asyncpg shields the release: a cancellation here cannot lose the connection.
+    with contextlib.suppress(*DB_CONNECTION_LOST):
+        await pool.release(conn)
 
 
 class Mapped:

@@ -35,21 +35,29 @@ def refusal(lease: Lease, status: str) -> JobsError:
     return fence.fence_lost(lease, status)
 
 
-async def _succeed(conn: Any, lease: Lease, result: Result | None = None) -> str | None:
+async def _succeed(
+    conn: Any, lease: Lease, result: Result | None = None, *, clean: bool = False
+) -> str | None:
     if result is None:
-        status: str | None = await conn.fetchval(sql.SUCCEED, *lease.fence_args())
+        query = sql.SUCCEED_CLEAN if clean else sql.SUCCEED
+        status: str | None = await conn.fetchval(query, *lease.fence_args())
     else:
-        status = await conn.fetchval(sql.SUCCEED_WITH_RESULT, *lease.fence_args(), *result)
+        query = sql.SUCCEED_WITH_RESULT_CLEAN if clean else sql.SUCCEED_WITH_RESULT
+        status = await conn.fetchval(query, *lease.fence_args(), *result)
     return status
 
 
-async def one(conn: Any, lease: Lease, result: Result | None = None) -> None:
+async def one(
+    conn: Any, lease: Lease, result: Result | None = None, *, clean: bool = False
+) -> None:
     """``jobs.succeed`` on ``conn`` (inside the caller's transaction, or as its own): marks the
     job succeeded or raises the refusal, FenceLost or EffectsUnresolved. Raised inside a
     transaction, it rolls back whatever the transaction wrote before it. With ``result``
     (object key, content digest), the same statement writes the job's ``jobs.results``
-    manifest row once the transition passed (``jobs.succeed_with_result``)."""
-    status = await _succeed(conn, lease, result)
+    manifest row once the transition passed (``jobs.succeed_with_result``). With ``clean``,
+    the same statement then resets the session state a callback may have left
+    (``jobs.clean_session``): for a connection that goes on serving jobs unreset."""
+    status = await _succeed(conn, lease, result, clean=clean)
     if status is not None:
         raise refusal(lease, status)
 

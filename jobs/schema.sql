@@ -271,6 +271,20 @@ BEGIN
 END $$;
 
 --
+-- Name: clean_session(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.clean_session() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_unlock_all();
+    EXECUTE 'CLOSE ALL';
+    EXECUTE 'UNLISTEN *';
+    EXECUTE 'RESET ALL';
+END $$;
+
+--
 -- Name: drain_fences(text); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -1778,6 +1792,13 @@ GRANT ALL ON FUNCTION jobs.cancel(p_job_id bigint, p_reason text) TO accord_work
 
 REVOKE ALL ON FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double precision, p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double precision, p_limit integer) TO accord_worker;
+
+--
+-- Name: FUNCTION clean_session(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.clean_session() FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.clean_session() TO accord_worker;
 
 --
 -- Name: FUNCTION drain_fences(p_tenant text); Type: ACL; Schema: jobs; Owner: -

@@ -28,6 +28,14 @@ SUCCEED = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8)"
 # (content digest $10): one round trip (jobs.succeed_with_result, migration 0024).
 SUCCEED_WITH_RESULT = "SELECT jobs.succeed_with_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
+# Either transition as a publish callback's last statement on a connection the worker keeps
+# between jobs: the same status, then the session reset the pool would otherwise run in its
+# own round trip when the connection goes back (jobs.clean_session, migration 0025).
+SUCCEED_CLEAN = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8), jobs.clean_session()"
+SUCCEED_WITH_RESULT_CLEAN = (
+    "SELECT jobs.succeed_with_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10), jobs.clean_session()"
+)
+
 # Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.
 SUCCEED_MANY = (
     "SELECT job_id FROM jobs.succeed_many($1::bigint[], $2::text[], $3::text[], $4::text[],"

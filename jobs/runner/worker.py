@@ -80,6 +80,8 @@ class Worker:
         #: The journal's unrecorded effects found when ``run`` started (needs ``pool``).
         self.unrecorded: list[UnrecordedEffect] = []
         self._store = store
+        # The attempts' store while ``run`` runs: their held connections kept between jobs.
+        self._attempts = store
         self._journal = journal
         self._objects = objects
         self._pool = pool
@@ -154,7 +156,9 @@ class Worker:
             self.unrecorded = await recovery.report_unrecorded(self._pool, self._journal)
             # This run begins on a new segment carrying exactly those (0.2's file migrates).
             await recovery.seal_at_start(self._journal, self.unrecorded)
-        async with anyio.create_task_group() as jobs:
+        # The attempts keep their connections between jobs (Store.keeping): no pool release,
+        # with its reset round trip, and no acquire per job; all go back when the jobs end.
+        async with self._store.keeping() as self._attempts, anyio.create_task_group() as jobs:
             self._jobs_scope = jobs.cancel_scope
             # Beside the jobs (it ends with them): what they noted reaches the disk within
             # its linger when no write of theirs carried it first; the rest at close.
@@ -308,11 +312,12 @@ class Worker:
             )
         )
         # The attempt's fenced calls (begin/finish effect, publish, fail) share one held
-        # connection: no pool acquire and release (with its reset round trip) per call. A
-        # call that fails gives it back and the next takes a fresh one (Store.hold), so a
-        # lost connection ends the attempt exactly as it did through the pool. The heartbeat
+        # connection, kept for the next attempt when it ends clean (see run): no pool
+        # acquire and release (with its reset round trip) per call or per job. A call that
+        # fails gives it back and the next takes a fresh one (Store.hold), so a lost
+        # connection ends the attempt exactly as it did through the pool. The heartbeat
         # does not use it (see _heartbeat).
-        async with self._store.hold() as store:
+        async with self._attempts.hold() as store:
             ctx = JobContext(
                 lease,
                 store=store,

@@ -1,8 +1,11 @@
 """The attempt's held connection (``Store.hold``): a job's fenced calls share one pool
 connection; a call that fails gives it back (reset, or discarded) so the next call starts
 clean; a connection cut between calls is replaced, one cut in a call is ConnectionLost at the
-seam; concurrent calls do not queue behind it; the worker pays one pool round trip per job,
-not one per call."""
+seam; concurrent calls do not queue behind it. Each of those holds for a hold on the pool's
+store and on a store that keeps its connections between holds (``Store.keeping``), whose
+publishes reset what their callback left on the session (``jobs.clean_session``), so that
+no session state crosses from one job to the next. The worker keeps them: it pays no pool
+round trip per job (one per call before held connections, one per job before keeping)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from opentelemetry import trace
 from accord import observe
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import JobState, Store
+from accord.jobs import publish as publish_module
 from accord.jobs.models import Lease
 from accord.jobs.runner import JobContext, Success, Worker, WorkerConfig, open_journal
 from accord.jobs.runner import attempts as attempts_module
@@ -29,6 +33,7 @@ from tests.integration.runner.conftest import CountingStore, Rig, running, wait_
 
 pytestmark = pytest.mark.timeout(60)
 PLAIN = "plain"
+WORKER_SLOTS = 3
 
 
 async def _leases(rig: Rig, n: int, workflow: str = PLAIN) -> list[Lease]:
@@ -50,7 +55,19 @@ class _Pids:
         self.seen.append(await tx.fetchval("SELECT pg_backend_pid()"))
 
 
-async def test_calls_share_one_connection_and_a_failed_call_gives_it_back(rig: Rig) -> None:
+@pytest.fixture(params=["pool", "kept"])
+async def source(request: pytest.FixtureRequest, rig: Rig) -> AsyncIterator[Store]:
+    """The store whose holds a test takes: the pool's, or one keeping connections."""
+    if request.param == "pool":
+        yield rig.store
+        return
+    async with rig.store.keeping() as kept:
+        yield kept
+
+
+async def test_calls_share_one_connection_and_a_failed_call_gives_it_back(
+    rig: Rig, source: Store
+) -> None:
     first, second, third = await _leases(rig, 3)
     pids = _Pids()
 
@@ -58,7 +75,7 @@ async def test_calls_share_one_connection_and_a_failed_call_gives_it_back(rig: R
         await pids(tx)
         raise ValueError("the callback failed")
 
-    async with rig.store.hold() as held:
+    async with source.hold() as held:
         await held.publish(first, pids)
         await held.renew(second, 30)
         await held.publish(second, pids)
@@ -72,7 +89,7 @@ async def test_calls_share_one_connection_and_a_failed_call_gives_it_back(rig: R
 
 
 async def test_a_call_cancelled_in_its_transaction_leaves_no_lock_and_no_aborted_tx(
-    rig: Rig,
+    rig: Rig, source: Store
 ) -> None:
     # Control: a bare connection cancelled inside a transaction is left in the aborted
     # transaction; reused as it is, its next statement fails.
@@ -91,7 +108,7 @@ async def test_a_call_cancelled_in_its_transaction_leaves_no_lock_and_no_aborted
     async def stuck(tx: Any) -> None:
         await tx.execute("SELECT pg_sleep(5)")  # inside the fenced transaction: row locked
 
-    async with rig.store.hold() as held:
+    async with source.hold() as held:
         with anyio.move_on_after(0.3) as scope:
             await held.publish(lease, stuck)
         assert scope.cancelled_caught
@@ -103,7 +120,7 @@ async def test_a_call_cancelled_in_its_transaction_leaves_no_lock_and_no_aborted
 
 
 async def test_a_cut_between_calls_is_replaced_a_cut_in_a_call_is_connection_lost(
-    rig: Rig,
+    rig: Rig, source: Store
 ) -> None:
     # Control: a store over one bare connection whose backend is cut: ConnectionLost.
     bare = await asyncpg.connect(rig.pg_dsn)
@@ -120,7 +137,7 @@ async def test_a_cut_between_calls_is_replaced_a_cut_in_a_call_is_connection_los
     async def cut_myself(tx: Any) -> None:
         await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
-    async with rig.store.hold() as held:
+    async with source.hold() as held:
         await held.publish(first, pids)
         await rig.pool.execute("SELECT pg_terminate_backend($1)", pids.seen[0])
         await anyio.sleep(0.3)  # the client reads the server's goodbye
@@ -134,7 +151,9 @@ async def test_a_cut_between_calls_is_replaced_a_cut_in_a_call_is_connection_los
     ] * 3
 
 
-async def test_concurrent_calls_do_not_queue_behind_the_held_connection(rig: Rig) -> None:
+async def test_concurrent_calls_do_not_queue_behind_the_held_connection(
+    rig: Rig, source: Store
+) -> None:
     leases = await _leases(rig, 2)
     pids = _Pids()
 
@@ -142,7 +161,7 @@ async def test_concurrent_calls_do_not_queue_behind_the_held_connection(rig: Rig
         await pids(tx)
         await tx.execute("SELECT pg_sleep(0.5)")
 
-    async with rig.store.hold() as held:
+    async with source.hold() as held:
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             for lease in leases:
@@ -150,6 +169,111 @@ async def test_concurrent_calls_do_not_queue_behind_the_held_connection(rig: Rig
         elapsed = time.monotonic() - started
     assert len(set(pids.seen)) == 2  # the second call took its own pool connection
     assert elapsed < 0.9  # side by side, not one after the other
+
+
+# -- connections kept between holds ---------------------------------------------------------
+
+
+class _Dirty:
+    """A publish callback that leaves session state behind (it commits with the publish):
+    a setting, a session advisory lock, a LISTEN and a cursor WITH HOLD."""
+
+    async def __call__(self, tx: Any) -> None:
+        await tx.execute("SET work_mem = '7MB'")
+        await tx.execute("SELECT pg_advisory_lock(4242)")
+        await tx.execute("LISTEN accord_left_behind")
+        await tx.execute("DECLARE left_behind CURSOR WITH HOLD FOR SELECT 1")
+
+
+class _Session:
+    """A publish callback that reads its session: backend, setting, locks, LISTENs, cursors."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, int, int, int]] = []
+
+    async def __call__(self, tx: Any) -> None:
+        row = await tx.fetchrow(
+            "SELECT pg_backend_pid() AS pid, current_setting('work_mem') AS work_mem,"
+            " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            "  AND pid = pg_backend_pid()) AS locks,"
+            " (SELECT count(*) FROM pg_listening_channels()) AS listens,"
+            " (SELECT count(*) FROM pg_cursors WHERE name <> '') AS cursors"
+        )
+        self.seen.append(tuple(row.values()))  # type: ignore[arg-type]
+
+
+async def _dirty_then_read(
+    store: Store, rig: Rig, workflow: str
+) -> tuple[int, tuple[int, str, int, int, int]]:
+    """One hold publishes with the dirty callback, the next reads its session: the first
+    hold's backend and what the second saw."""
+    first, second = await _leases(rig, 2, workflow)
+    pids, read = _Pids(), _Session()
+
+    async def dirty(tx: Any) -> None:
+        await pids(tx)
+        await _Dirty()(tx)
+
+    async with store.hold() as held:
+        await held.publish(first, dirty)
+    async with store.hold() as held:
+        await held.publish(second, read)
+    return pids.seen[0], read.seen[0]
+
+
+async def test_a_kept_connection_carries_no_session_state_to_the_next_job(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Control: kept without the reset in the publish's last statement, the next hold gets
+    # the same backend with everything the first job's callback left.
+    plain = publish_module.one
+
+    async def unclean(conn: Any, lease: Lease, result: Any = None, *, clean: bool = False) -> None:
+        await plain(conn, lease, result)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(publish_module, "one", unclean)
+        async with rig.store.keeping() as kept:
+            found = await _dirty_then_read(kept, rig, "unclean")
+    pid, (again, work_mem, locks, listens, cursors) = found
+    assert again == pid
+    assert (work_mem, locks, listens, cursors) == ("7MB", 1, 1, 1)
+
+    # The same backend serves the next job, and it starts as a fresh pool connection would.
+    async with rig.store.keeping() as kept:
+        pid, (again, work_mem, locks, listens, cursors) = await _dirty_then_read(kept, rig, "clean")
+    assert again == pid  # kept: no release, no reset round trip
+    assert (work_mem, locks, listens, cursors) == ("4MB", 0, 0, 0)
+
+
+async def test_keeping_gives_every_connection_back_and_a_failed_publish_keeps_none(
+    rig: Rig,
+) -> None:
+    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=4)
+    assert pool is not None
+    try:
+        store = Store(pool)
+        first, second = await _leases(rig, 2)
+        pids = _Pids()
+
+        async def dirty_then_fail(tx: Any) -> None:
+            await pids(tx)
+            await _Dirty()(tx)
+            raise ValueError("the callback failed")
+
+        async with store.keeping() as kept:
+            async with kept.hold() as held:
+                with pytest.raises(ValueError):
+                    await held.publish(first, dirty_then_fail)
+            # the failed call's connection went back to the pool (rolled back and reset)
+            assert pool.get_idle_size() == pool.get_size()
+            async with kept.hold() as held:
+                await held.publish(second, pids)
+            # the clean one is kept, out of the pool, until the store is left
+            assert pool.get_idle_size() == pool.get_size() - 1
+        assert pool.get_idle_size() == pool.get_size()
+    finally:
+        await pool.close()
 
 
 # -- the worker ---------------------------------------------------------------------------
@@ -163,7 +287,19 @@ class _Pooled(Store):
         yield self
 
 
+class _Unkept(Store):
+    """Control: the store before kept connections (each hold gives its connection back)."""
+
+    @contextlib.asynccontextmanager
+    async def keeping(self) -> AsyncIterator[Store]:
+        yield self
+
+
 class _CountedPooled(CountingStore, _Pooled):
+    pass
+
+
+class _CountedUnkept(CountingStore, _Unkept):
     pass
 
 
@@ -192,7 +328,13 @@ async def _resets(rig: Rig, store_class: type[CountingStore], name: str, n: int)
             await ctx.publish()
 
         worker = Worker(
-            WorkerConfig(owner=DEFAULT_OWNER, lease_s=30.0, poll_s=0.05, rescue_every_s=None),
+            WorkerConfig(
+                owner=DEFAULT_OWNER,
+                lease_s=30.0,
+                poll_s=0.05,
+                rescue_every_s=None,
+                concurrency=WORKER_SLOTS,
+            ),
             store=store,
             journal=open_journal(rig.journal_path(name), name),
             objects=rig.objects,
@@ -212,7 +354,7 @@ async def _resets(rig: Rig, store_class: type[CountingStore], name: str, n: int)
         await pool.close()
 
 
-async def test_the_worker_pays_one_pool_round_trip_per_job_not_one_per_call(
+async def test_the_worker_pays_no_pool_round_trip_per_job(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Counted without the reads that run only while tracing or serving metrics (an earlier
@@ -223,10 +365,14 @@ async def test_the_worker_pays_one_pool_round_trip_per_job_not_one_per_call(
     monkeypatch.setattr(observe, "measuring", lambda: False)
     n = 12
     pooled, pooled_claims = await _resets(rig, _CountedPooled, "pooled", n)
-    held, held_claims = await _resets(rig, CountingStore, "held", n)
+    held, held_claims = await _resets(rig, _CountedUnkept, "held", n)
+    kept, kept_claims = await _resets(rig, CountingStore, "kept", n)
     # control: every fenced call and every claim took and reset a pool connection
     assert (pooled - pooled_claims) / n >= 3.0
-    # one hold per attempt, given back once; the claim loop keeps one connection for all of
-    # its claims and gives it back once, at the stop
+    # control: one hold per attempt, given back once; the claim loop keeps one connection
+    # for all of its claims and gives it back once, at the stop
     assert held_claims > 1
-    assert (held - 1) / n <= 1.0
+    assert n <= held - 1 <= n + 1
+    # kept between attempts: given back at the stop only, one per slot at most, whatever n
+    assert kept_claims > 1
+    assert kept - 1 <= WORKER_SLOTS < n
