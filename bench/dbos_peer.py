@@ -169,13 +169,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def machine_s() -> tuple[float, float]:
-    """The machine's (busy, idle) core-seconds so far (/proc/stat; as pipeline_bench's, this
-    file runs in DBOS's venv and imports nothing of accord's)."""
+def machine_s() -> tuple[float, float, float]:
+    """The machine's (busy, idle, steal) core-seconds so far (/proc/stat; as pipeline_bench's,
+    this file runs in DBOS's venv and imports nothing of accord's)."""
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, idle, iowait, irq, softirq, steal = ticks
     hz = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
+    return (user + nice + system + irq + softirq) / hz, (idle + iowait) / hz, steal / hz
 
 
 def submit_all(dsn: str, run: str, n: int, submitters: int) -> None:
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
-        busy, idle = (b - a for a, b in zip(machine0, machine_s(), strict=True))
+        busy, idle, steal = (b - a for a, b in zip(machine0, machine_s(), strict=True))
         cpu = [cpu_s(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
     finally:
         for p in procs:
@@ -279,7 +279,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "submit_s": submitted,
         "executor_cpu_s": cpu,
         "machine_busy_s": busy,
-        "machine_busy": busy / (busy + idle),
+        "machine_busy": busy / (busy + idle + steal),
+        "machine_steal": steal / (busy + idle + steal),
     }
 
 

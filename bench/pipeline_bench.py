@@ -63,7 +63,9 @@ PostgreSQL backends' CPU over the same window by the process each serves: every 
 process names its connections (``application_name``: ``accord worker report``, ...), the
 bench's own are unnamed (the server must run on this machine: /proc). And it reads the
 whole machine's CPU over the window (/proc/stat: every process, RabbitMQ and the kernel
-included) with how busy the cores were, for accord and for DBOS: once the cores are busy,
+included) with how busy the cores were and how much of their time the virtual machine's host
+took (steal: neither busy nor idle, and never counted as a cost), for accord and for DBOS:
+once the cores are busy,
 throughput is what a submission costs the machine, and the report sets accord's cost
 beside what 0.5 x raw would allow at the same busyness.
 
@@ -162,19 +164,27 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def machine_s() -> tuple[float, float]:
+def machine_s() -> tuple[float, float, float]:
     """The whole machine's CPU so far, every process and the kernel's own work included
-    (/proc/stat): (busy, idle) core-seconds; idle counts iowait."""
+    (/proc/stat): (busy, idle, steal) core-seconds; idle counts iowait. Steal is time the
+    virtual machine's host ran something else on its cores: no work of this machine's, so
+    not busy; it is reported on its own, as the share of the cores' time it took."""
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, idle, iowait, irq, softirq, steal = ticks
     hz = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
+    return (user + nice + system + irq + softirq) / hz, (idle + iowait) / hz, steal / hz
 
 
-def machine_spent(before: tuple[float, float], n: int) -> dict[str, float]:
-    """Since ``before``: the machine's CPU per item in ms, and how busy it was (0..1)."""
-    busy, idle = (b - a for a, b in zip(before, machine_s(), strict=True))
-    return {"machine_cpu_ms_per_item": 1000 * busy / n, "machine_busy": busy / (busy + idle)}
+def machine_spent(before: tuple[float, float, float], n: int) -> dict[str, float]:
+    """Since ``before``: the machine's CPU per item in ms, how busy its cores were and how
+    much of their time the host stole (0..1 of the cores' time)."""
+    busy, idle, steal = (b - a for a, b in zip(before, machine_s(), strict=True))
+    total = busy + idle + steal
+    return {
+        "machine_cpu_ms_per_item": 1000 * busy / n,
+        "machine_busy": busy / total,
+        "machine_steal": steal / total,
+    }
 
 
 async def backends_cpu_s(pool: asyncpg.Pool) -> dict[int, tuple[str, float]]:
@@ -481,6 +491,7 @@ async def bench_accord(
         "commits_per_submission": committed / n,
         "machine_cpu_ms_per_submission": machine["machine_cpu_ms_per_item"],
         "machine_busy": machine["machine_busy"],
+        "machine_steal": machine["machine_steal"],
         "postgresql_cpu_ms_per_submission": {
             k: 1000 * v / n for k, v in sorted(backends_by_process(pg0, pg1).items())
         },
@@ -784,8 +795,8 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
     rest = machine - sum(a["cpu_ms_per_submission"].values()) - sum(served.values())
     print(
         f"  the whole machine's CPU per submission: {machine:.2f} ms ({a['machine_busy']:.0%}"
-        f" of its {os.cpu_count()} cores busy; RabbitMQ, the kernel and the rest {rest:.2f});"
-        f" 0.5 x raw ({goal_rate:.0f}/s) allows"
+        f" of its {os.cpu_count()} cores busy, {a['machine_steal']:.0%} stolen by the host;"
+        f" RabbitMQ, the kernel and the rest {rest:.2f}); 0.5 x raw ({goal_rate:.0f}/s) allows"
         f" {1000 * (os.cpu_count() or 1) * a['machine_busy'] / goal_rate:.2f} ms"
     )
     by = ", ".join(f"{k} {v:.2f}" for k, v in served.items())
@@ -815,7 +826,8 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
             print(
                 f"  {k}: {v['submissions_per_s']:.1f}/s, executors' CPU"
                 f" {v['executor_cpu_ms_per_submission']:.2f} ms/submission, the whole machine's"
-                f" {v['machine_cpu_ms_per_submission']:.2f} ({v['machine_busy']:.0%} busy),"
+                f" {v['machine_cpu_ms_per_submission']:.2f} ({v['machine_busy']:.0%} busy,"
+                f" {v['machine_steal']:.0%} stolen),"
                 f" accord / {k} {summary[f'accord / {k}']['median']:.2f}"
             )
         print(f"  best-tuned DBOS configuration: {best}")
