@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import anyio
 import asyncpg
 
 from accord.schemas.db import DB_CONNECTION_LOST
@@ -49,15 +50,12 @@ class Session:
     (a handler's concurrent effects) takes its own pool connection for that call.
 
     With ``spares`` (``Store.keeping``), the first call takes a kept connection before the
-    pool's, and a session that ends clean keeps its connection there, unreset: on such a
-    store each publish callback ends in ``jobs.clean_session``, which resets the session's
-    server state as the pool's reset query would. What a callback might add on the Python
-    side (a log listener on ``tx``) is outside the callback's contract (database writes).
+    pool's, and a session that ends clean keeps its connection there, unreset (see Spares).
     """
 
     __slots__ = ("_busy", "_conn", "_pool", "_spares")
 
-    def __init__(self, pool: asyncpg.Pool, spares: list[Any] | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, spares: Spares | None = None) -> None:
         self._pool = pool
         self._spares = spares
         self._conn: Any = None
@@ -86,12 +84,8 @@ class Session:
             await self.close()
 
     async def _take(self) -> Any:
-        while self._spares:
-            conn = self._spares.pop()
-            if clean(conn):
-                return conn
-            await give_back(self._pool, conn)
-        return await self._pool.acquire()
+        conn = None if self._spares is None else await self._spares.take()
+        return conn if conn is not None else await self._pool.acquire()
 
     async def close(self, *, keep: bool = False) -> None:
         """Give the connection back to the pool (none held: nothing to do); with ``keep``,
@@ -100,9 +94,52 @@ class Session:
         if conn is None:
             return
         if keep and self._spares is not None and clean(conn):
-            self._spares.append(conn)
+            await self._spares.keep(conn)
             return
         await give_back(self._pool, conn)
+
+
+class Spares:
+    """The connections a keeping store's holds ended with (``Store.keeping``), kept unreset
+    for the next hold: on such a store each publish callback, the only application code
+    that runs on them, ends in ``jobs.clean_session``, which resets the session's server
+    state as the pool's reset query would. What a callback might add on the Python side (a
+    log listener on ``tx``) is outside its contract (database writes).
+
+    The most recently kept is taken first, and one kept longer than ``idle_s`` goes back to
+    the pool, so after a burst the pool's own idle limit closes what is no longer needed.
+    """
+
+    __slots__ = ("_idle_s", "_kept", "_pool")
+
+    def __init__(self, pool: asyncpg.Pool, idle_s: float) -> None:
+        self._pool = pool
+        self._idle_s = idle_s
+        self._kept: list[tuple[Any, float]] = []  # (connection, kept at), oldest first
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    async def take(self) -> Any:
+        """The most recently kept clean connection, or None."""
+        while self._kept:
+            conn, _ = self._kept.pop()
+            if clean(conn):
+                return conn
+            await give_back(self._pool, conn)
+        return None
+
+    async def keep(self, conn: Any) -> None:
+        now = anyio.current_time()
+        self._kept.append((conn, now))
+        while self._kept[0][1] < now - self._idle_s:
+            await give_back(self._pool, self._kept.pop(0)[0])
+
+    async def give_all(self) -> None:
+        """Every kept connection back to the pool; shielded: it runs at shutdown too."""
+        with anyio.CancelScope(shield=True):
+            while self._kept:
+                await give_back(self._pool, self._kept.pop()[0])
 
 
 async def give_back(pool: asyncpg.Pool, conn: Any) -> None:

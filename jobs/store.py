@@ -17,11 +17,10 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import anyio
 import asyncpg
 
 from accord.jobs import fence, publish, registry, sql
-from accord.jobs.connections import Held, Mapped, Session, give_back
+from accord.jobs.connections import Held, Mapped, Session, Spares
 from accord.jobs.errors import (
     EffectAlreadyBegun,
     EffectConflict,
@@ -48,11 +47,14 @@ from accord.jobs.models import (
 from accord.jobs.publish import BatchPublished, Result
 from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction
+from accord.schemas.errors import ConfigError
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
 Callback = Callable[[Tx], Awaitable[None]]
 
 MAX_LEASE_S = 86_400.0
+#: How long a keeping store keeps an unused connection before the pool gets it back.
+KEPT_IDLE_S = 60.0
 
 
 def _lease_seconds(lease_s: float) -> float:
@@ -114,7 +116,7 @@ class Store:
         self._source: Held | Session | None = None if isinstance(db, asyncpg.Pool) else Held(db)
         self._backoff = (backoff_base_s, backoff_max_s)
         # The connections held ones end with, kept unreset for the next hold (``keeping``).
-        self._spares: list[Any] | None = None
+        self._spares: Spares | None = None
 
     def _connection(self) -> Any:
         """An async context manager for one call's connection: the pool's acquire, or the
@@ -145,27 +147,29 @@ class Store:
             await session.close(keep=True)
 
     @contextlib.asynccontextmanager
-    async def keeping(self) -> AsyncIterator[Store]:
+    async def keeping(self, *, idle_s: float = KEPT_IDLE_S) -> AsyncIterator[Store]:
         """A store like this one whose holds (``hold``) keep their connection for the next
         hold when they end clean (open, outside any transaction) instead of giving it back
         to the pool, and so skip the pool's reset round trip per hold: every publish
         callback on such a connection (the only application code that runs on it) ends in
         a statement that resets the session as the pool would (``jobs.clean_session``), and
-        any call that fails gives its connection back to the pool as before. Every kept
-        connection goes back on exit. A worker's attempts use it: one reset less per job.
-        A store over one connection yields itself."""
+        any call that fails gives its connection back to the pool as before. A connection
+        kept longer than ``idle_s`` unused goes back to the pool, and every one on exit. A
+        worker's attempts use it: one reset less per job. A store over one connection
+        yields itself."""
+        if not (math.isfinite(idle_s) and idle_s >= 0):
+            raise ConfigError(
+                "a kept connection's idle limit must be finite and >= 0 s", idle_s=idle_s
+            )
         if not isinstance(self._db, asyncpg.Pool):
             yield self
             return
         store = copy.copy(self)
-        spares: list[Any] = []
-        store._spares = spares
+        store._spares = spares = Spares(self._db, idle_s)
         try:
             yield store
         finally:
-            with anyio.CancelScope(shield=True):
-                while spares:
-                    await give_back(self._db, spares.pop())
+            await spares.give_all()
 
     # -- claiming ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from accord.jobs.runner import JobContext, Success, Worker, WorkerConfig, open_j
 from accord.jobs.runner import attempts as attempts_module
 from accord.jobs.runner import context as context_module
 from accord.schemas import telemetry
-from accord.schemas.errors import ConnectionLost
+from accord.schemas.errors import ConfigError, ConnectionLost
 from tests.integration.runner.conftest import CountingStore, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -274,6 +274,46 @@ async def test_keeping_gives_every_connection_back_and_a_failed_publish_keeps_no
         assert pool.get_idle_size() == pool.get_size()
     finally:
         await pool.close()
+
+
+async def test_a_kept_connection_idle_past_the_limit_goes_back_to_the_pool(rig: Rig) -> None:
+    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=4)
+    assert pool is not None
+    leases = iter(await _leases(rig, 6))
+
+    async def publish_one(kept: Store) -> None:
+        async with kept.hold() as held:
+            await held.publish(next(leases), _Pids())
+
+    async def kept_after_a_pause(idle_s: float) -> int:
+        """Two holds side by side (two kept), a pause of 0.3 s, one more hold: how many
+        connections the store keeps out of the pool then."""
+        store = Store(pool)
+        async with store.keeping(idle_s=idle_s) as kept:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(publish_one, kept)
+                tg.start_soon(publish_one, kept)
+            assert pool.get_size() - pool.get_idle_size() == 2
+            await anyio.sleep(0.3)
+            await publish_one(kept)  # takes the newer, keeps it again
+            out = pool.get_size() - pool.get_idle_size()
+        assert pool.get_idle_size() == pool.get_size()  # every one back on exit
+        return out
+
+    try:
+        assert await kept_after_a_pause(60.0) == 2  # control: within the limit, both kept
+        assert await kept_after_a_pause(0.2) == 1  # past it, the unused one went back
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("idle_s", [-1.0, float("nan"), float("inf")])
+async def test_a_bad_idle_limit_is_refused_before_anything_is_kept(rig: Rig, idle_s: float) -> None:
+    async with rig.store.keeping(idle_s=0.0):  # control: zero keeps nothing idle, and works
+        pass
+    with pytest.raises(ConfigError, match="idle limit"):
+        async with rig.store.keeping(idle_s=idle_s):
+            pass
 
 
 # -- the worker ---------------------------------------------------------------------------
