@@ -117,9 +117,6 @@ class Spares:
         self._idle_s = idle_s
         self._kept: list[tuple[Any, float]] = []  # (connection, kept at), oldest first
 
-    def __len__(self) -> int:
-        return len(self._kept)
-
     async def take(self) -> Any:
         """The most recently kept clean connection, or None."""
         while self._kept:
