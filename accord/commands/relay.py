@@ -199,5 +199,12 @@ async def _main(settings: Settings, app: App) -> int:
         log.info("relay ready: exchange=%s", config.exchange)
         await relay.run()
         tg.cancel_scope.cancel()
-    log.info("relay stopped: published=%d held=%d", relay.stats.published, relay.stats.held)
+    stats = relay.stats
+    log.info(
+        "relay stopped: published=%d held=%d claims=%d cycles=%d",
+        stats.published,
+        stats.held,
+        stats.claims,
+        stats.cycles,
+    )
     return 0
