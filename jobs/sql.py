@@ -45,6 +45,14 @@ SUCCEED_MANY = (
 # The fenced manifest row naming result object $9 (content digest $10) for the lease's job.
 RECORD_RESULT = "SELECT jobs.record_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
+# Each claimed job's stored trace context, its attempts (this claim included), how the
+# previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
+# it) and when it was submitted: for attempt spans and metrics only (Store.attempt_context).
+ATTEMPT_CONTEXT = (
+    "SELECT job_id, trace, attempt_trace, attempts, last_error, created_at FROM jobs.jobs"
+    " WHERE job_id = ANY($1::bigint[])"
+)
+
 # Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
 FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 

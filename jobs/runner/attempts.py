@@ -14,7 +14,6 @@ from opentelemetry.trace import Status, StatusCode
 
 from accord import observe
 from accord.jobs.models import Lease
-from accord.jobs.runner import sql as runner_sql
 from accord.jobs.runner.endings import Ending, Finished
 from accord.jobs.store import Store
 from accord.schemas import telemetry
@@ -27,19 +26,20 @@ _TRACER = telemetry.tracer()
 RESCUE_REASONS = frozenset({"lease_expired", "epoch_rotated"})
 
 
-async def seen(pool: Any, leases: list[Lease]) -> dict[int, Any]:
+async def seen(store: Store | None, leases: list[Lease]) -> dict[int, Any]:
     """For the attempt spans and the submit-to-finish histogram only (none unless tracing
     or serving metrics): each claimed job's stored trace context, its attempts, how the
-    previous attempt ended and when it was submitted, in one read."""
+    previous attempt ended and when it was submitted, in one read on ``store`` (the claim
+    loop's held connection: no pool acquire, release and reset per claim). None: a worker
+    without a pool, whose one connection its jobs share, reads nothing."""
     wanted = telemetry.tracing_on() or observe.measuring()
-    if not leases or pool is None or not wanted:
+    if not leases or store is None or not wanted:
         return {}
     try:
-        rows = await pool.fetch(runner_sql.ATTEMPT_CONTEXT, [lease.job_id for lease in leases])
+        return await store.attempt_context([lease.job_id for lease in leases])
     except DB_CONNECTION_LOST as exc:
         log.warning("attempt context not read (%s)", type(exc).__name__)
         return {}
-    return {row["job_id"]: row for row in rows}
 
 
 async def keep_trace(store: Store, lease: Lease, span: trace.Span) -> None:

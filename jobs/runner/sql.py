@@ -10,11 +10,3 @@ RECORDED_EFFECTS = (
     "SELECT job_id, effect_key, seq FROM jobs.effects"
     " WHERE job_id = ANY($1::bigint[]) AND state <> 'pending'"
 )
-
-# Each claimed job's stored trace context, its attempts (this claim included) and how the
-# previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
-# it), for the attempt spans only.
-ATTEMPT_CONTEXT = (
-    "SELECT job_id, trace, attempt_trace, attempts, last_error, created_at FROM jobs.jobs"
-    " WHERE job_id = ANY($1::bigint[])"
-)

@@ -345,9 +345,12 @@ class _CountedUnkept(CountingStore, _Unkept):
     pass
 
 
-async def _resets(rig: Rig, store_class: type[CountingStore], name: str, n: int) -> tuple[int, int]:
-    """Pool releases (each one a reset round trip), the start's excluded, and claims, for
-    ``n`` jobs of three fenced calls each (begin, finish effect, publish)."""
+async def _resets(
+    rig: Rig, store_class: type[CountingStore], name: str, n: int
+) -> tuple[int, int, int]:
+    """Pool releases (each one a reset round trip), the start's excluded, claims, and the
+    claims that took jobs, for ``n`` jobs of three fenced calls each (begin, finish effect,
+    publish)."""
     resets = 0
 
     async def counting_reset(conn: Any) -> None:
@@ -391,7 +394,7 @@ async def _resets(rig: Rig, store_class: type[CountingStore], name: str, n: int)
 
             await wait_for(done)
         # 2: the registration and its check at the worker's start (an empty journal: no read)
-        return resets - 2, store.claims
+        return resets - 2, store.claims, sum(1 for size in store.sizes if size)
     finally:
         await pool.close()
 
@@ -406,9 +409,9 @@ async def test_the_worker_pays_no_pool_round_trip_per_job(
     monkeypatch.setattr(telemetry, "tracing_on", lambda: False)
     monkeypatch.setattr(observe, "measuring", lambda: False)
     n = 12
-    pooled, pooled_claims = await _resets(rig, _CountedPooled, "pooled", n)
-    held, held_claims = await _resets(rig, _CountedUnkept, "held", n)
-    kept, kept_claims = await _resets(rig, CountingStore, "kept", n)
+    pooled, pooled_claims, _ = await _resets(rig, _CountedPooled, "pooled", n)
+    held, held_claims, _ = await _resets(rig, _CountedUnkept, "held", n)
+    kept, kept_claims, _ = await _resets(rig, CountingStore, "kept", n)
     # control: every fenced call and every claim took and reset a pool connection
     assert (pooled - pooled_claims) / n >= 3.0
     # control: one hold per attempt, given back once; the claim loop keeps one connection
@@ -418,3 +421,30 @@ async def test_the_worker_pays_no_pool_round_trip_per_job(
     # kept between attempts: given back at the stop only, one per slot at most, whatever n
     assert kept_claims > 1
     assert kept - 1 <= WORKER_SLOTS < n
+
+
+class _ContextThroughPool(CountingStore):
+    """Control: the attempt context read as before, through the pool (an acquire, a release
+    and its reset per claim that took jobs)."""
+
+    async def attempt_context(self, job_ids: list[int]) -> dict[int, Any]:
+        return await Store(self._db).attempt_context(job_ids)
+
+
+async def test_while_measuring_the_claim_loop_reads_on_its_own_connection(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Serving metrics: each claim that took jobs reads their attempt context (submit times).
+    for module in (attempts_module, context_module):
+        monkeypatch.setattr(module, "_TRACER", trace.NoOpTracer())
+    monkeypatch.setattr(telemetry, "tracing_on", lambda: False)
+    monkeypatch.setattr(observe, "measuring", lambda: True)
+    n = 15  # at least five claims take jobs (three slots), more than the slots' releases
+    pooled, _, pooled_took = await _resets(rig, _ContextThroughPool, "context_pooled", n)
+    held, held_claims, held_took = await _resets(rig, CountingStore, "context_held", n)
+    # control: one pool reset per claim that took jobs, beside what the slots give back
+    assert pooled_took > WORKER_SLOTS
+    assert pooled - 1 >= pooled_took
+    # on the claim loop's connection: the slots' connections at the stop, nothing per claim
+    assert held_took > 1 and held_claims > 1
+    assert held - 1 <= WORKER_SLOTS < n
