@@ -399,15 +399,20 @@ async def _resets(
         await pool.close()
 
 
-async def test_the_worker_pays_no_pool_round_trip_per_job(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Counted without the reads that run only while tracing or serving metrics (an earlier
-    # test in the same process may have installed a tracer provider or a metrics server).
+def _untraced(monkeypatch: pytest.MonkeyPatch, *, measuring: bool) -> None:
+    """No tracing (an earlier test in the same process may have installed a tracer
+    provider), and metrics served or not, whatever an earlier test left."""
     for module in (attempts_module, context_module):
         monkeypatch.setattr(module, "_TRACER", trace.NoOpTracer())
     monkeypatch.setattr(telemetry, "tracing_on", lambda: False)
-    monkeypatch.setattr(observe, "measuring", lambda: False)
+    monkeypatch.setattr(observe, "measuring", lambda: measuring)
+
+
+async def test_the_worker_pays_no_pool_round_trip_per_job(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Counted without the reads that run only while tracing or serving metrics.
+    _untraced(monkeypatch, measuring=False)
     n = 12
     pooled, pooled_claims, _ = await _resets(rig, _CountedPooled, "pooled", n)
     held, held_claims, _ = await _resets(rig, _CountedUnkept, "held", n)
@@ -435,10 +440,7 @@ async def test_while_measuring_the_claim_loop_reads_on_its_own_connection(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Serving metrics: each claim that took jobs reads their attempt context (submit times).
-    for module in (attempts_module, context_module):
-        monkeypatch.setattr(module, "_TRACER", trace.NoOpTracer())
-    monkeypatch.setattr(telemetry, "tracing_on", lambda: False)
-    monkeypatch.setattr(observe, "measuring", lambda: True)
+    _untraced(monkeypatch, measuring=True)
     n = 15  # at least five claims take jobs (three slots), more than the slots' releases
     pooled, _, pooled_took = await _resets(rig, _ContextThroughPool, "context_pooled", n)
     held, held_claims, held_took = await _resets(rig, CountingStore, "context_held", n)
