@@ -65,9 +65,8 @@ bench's own are unnamed (the server must run on this machine: /proc). And it rea
 whole machine's CPU over the window (/proc/stat: every process, RabbitMQ and the kernel
 included) with how busy the cores were and how much of their time the virtual machine's host
 took (steal: neither busy nor idle, and never counted as a cost), for accord and for DBOS:
-once the cores are busy,
-throughput is what a submission costs the machine, and the report sets accord's cost
-beside what 0.5 x raw would allow at the same busyness.
+once the cores are busy, throughput is what a submission costs the machine, and the report
+sets accord's cost beside what 0.5 x raw would allow at the same busyness.
 
 Rounds alternate the order of the variants (the machine drifts); each ratio's figure is its
 median over rounds. Prints one JSON document, then a summary.

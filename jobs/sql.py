@@ -31,10 +31,8 @@ SUCCEED_WITH_RESULT = "SELECT jobs.succeed_with_result($1, $2, $3, $4, $5, $6, $
 # Either transition as a publish callback's last statement on a connection the worker keeps
 # between jobs: the same status, then the session reset the pool would otherwise run in its
 # own round trip when the connection goes back (jobs.clean_session, migration 0025).
-SUCCEED_CLEAN = "SELECT jobs.succeed($1, $2, $3, $4, $5, $6, $7, $8), jobs.clean_session()"
-SUCCEED_WITH_RESULT_CLEAN = (
-    "SELECT jobs.succeed_with_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10), jobs.clean_session()"
-)
+SUCCEED_CLEAN = f"{SUCCEED}, jobs.clean_session()"
+SUCCEED_WITH_RESULT_CLEAN = f"{SUCCEED_WITH_RESULT}, jobs.clean_session()"
 
 # Publish a batch of leases without callbacks (arrays of the eight fence fields); the ids done.
 SUCCEED_MANY = (

@@ -126,8 +126,9 @@ class Store:
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[Store]:
         """A store like this one whose calls share one pool connection, taken at its first
-        call and given back on exit: no acquire and release (asyncpg's reset is a round trip)
-        per call. A call that fails gives it back and the next call takes another (see
+        call and given back on exit (on a ``keeping`` store: kept for the next hold, when it
+        ends clean): no acquire and release (asyncpg's reset is a round trip) per call. A
+        call that fails gives it back and the next call takes another (see
         ``connections.Session``), so each call fails or succeeds exactly as it would through
         the pool.
         A store over one connection yields itself.
