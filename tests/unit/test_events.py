@@ -6,8 +6,10 @@ import hashlib
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import BaseModel
 
@@ -269,6 +271,26 @@ def test_json_values_within_range_pass_the_check() -> None:
         "data": {**payload["data"], "nested": [[{"a": []}]]},
     }
     assert len(LOOSE.digest(event)) == 64
+
+
+class Address(StrEnum):
+    CITY = "city"
+    ZIP = "zip"
+
+
+def test_str_subclass_keys_take_the_stdlib_encoder_and_keep_the_bytes() -> None:
+    """orjson (the fast encoder of bodies and digests) refuses a key that is a str subclass,
+    such as a StrEnum member; such a payload takes the stdlib encoder instead, and its body
+    and digest are those of the same payload written with plain strings."""
+    with pytest.raises(TypeError):  # control: orjson alone refuses the key
+        orjson.dumps({Address.CITY: "x"})
+    enum_keys = noted({"data": {Address.ZIP: "1000", Address.CITY: Address.CITY}})
+    plain_keys = noted({"data": {"zip": "1000", "city": "city"}})
+    assert encode_payload(enum_keys) == encode_payload(plain_keys)
+    assert encode_payload(enum_keys) == b'{"data":{"zip":"1000","city":"city"}}'
+    assert LOOSE.digest(enum_keys) == LOOSE.digest(plain_keys)
+    body, digest = LOOSE.prepare(enum_keys, 1024)
+    assert (body, digest) == LOOSE.prepare(plain_keys, 1024)
 
 
 def test_nesting_is_bounded() -> None:
