@@ -5,12 +5,12 @@ are mostly made of, ``orjson`` with sorted keys writes exactly the same bytes (a
 key that is a subclass of ``str``, which orjson refuses, the C-accelerated ``json.dumps``
 with sorted keys, no whitespace and UTF-8 output):
 
-* strings: both escape exactly ``"``, ``\\`` and U+0000-U+001F (``\\b \\f \\n \\r \\t``, else
-  ``\\u00xx`` in lower case) and write everything else as UTF-8 (lone surrogates never get
+* strings: each escapes exactly ``"``, ``\\`` and U+0000-U+001F (``\\b \\f \\n \\r \\t``, else
+  ``\\u00xx`` in lower case) and writes everything else as UTF-8 (lone surrogates never get
   here: ``check_values`` refuses them);
 * integers, ``true``, ``false``, ``null``, arrays: the same text;
-* object keys: RFC 8785 sorts by UTF-16 code units, Python by code points; the two orders
-  agree on ASCII keys.
+* object keys: RFC 8785 sorts by UTF-16 code units, orjson and Python by code points (as
+  UTF-8 bytes sort); the orders agree on ASCII keys.
 
 Floats (ECMAScript number formatting: ``1.0`` is ``1``, ``1e21`` is ``1e+21``) and non-ASCII
 keys take ``rfc8785.dumps``. tests/unit/test_canonical.py checks the fast path against
