@@ -95,7 +95,7 @@ def test_the_digest_of_a_checked_payload_is_rfc8785_whatever_check_values_found(
     _SAFE_INT | st.booleans(),
     st.dictionaries(st.text(st.characters(max_codepoint=127)), _documents(_SCALARS, _TEXT)),
 )
-def test_the_digest_written_without_building_the_document_is_rfc8785(
+def test_the_digest_written_by_the_fast_path_is_rfc8785(
     tenant: str, operation_id: str, type_: str, version: int, epoch: int, payload: dict[str, Any]
 ) -> None:
     # Every envelope field arbitrary (a bool where a number belongs, or a float or None
