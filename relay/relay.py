@@ -127,6 +127,7 @@ class Relay:
         # One event per sleeping loop: ``wake()`` sets one of them, ``stop()`` every one.
         self._waiters: set[anyio.Event] = set()
         self._missed = False  # a wake-up came while no loop slept: the next one claims at once
+        self._lingering = 0  # loops woken and lingering: their claims are still to come
         self._stopping = False
         self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
@@ -147,7 +148,11 @@ class Relay:
     def wake(self, *_: Any) -> None:
         """A NOTIFY: wakes one sleeping loop. Its claim takes every eligible row (up to the
         batch), so waking every loop for one row would cost the others an empty claim each.
-        With none asleep, the next loop about to sleep claims again at once instead."""
+        While a woken loop lingers, nothing: its claim, still to come, sees every row whose
+        commit this NOTIFY announced (a full claim is followed by another at once). With none
+        asleep, the next loop about to sleep claims again at once instead."""
+        if self._lingering:
+            return
         for waiter in self._waiters:
             if not waiter.is_set():
                 waiter.set()
@@ -220,7 +225,11 @@ class Relay:
                     self._missed = False
                     continue
                 if await self._sleep(self.config.poll_s) and self.config.linger_s:
-                    await anyio.sleep(self.config.linger_s)
+                    self._lingering += 1
+                    try:
+                        await anyio.sleep(self.config.linger_s)
+                    finally:
+                        self._lingering -= 1
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a wake-up (not the timer, not a stop) ended it."""

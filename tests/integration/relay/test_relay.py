@@ -433,3 +433,33 @@ async def test_a_woken_relay_lingers_so_events_committed_meanwhile_share_one_cla
         else:
             assert relay.stats.cycles > 1, relay.stats
         assert relay.stats.claims - claims_idle >= relay.stats.cycles
+
+
+@pytest.mark.timeout(60)
+async def test_notifies_during_a_linger_ride_the_lingering_claim(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """Five events committed one after another, each with its NOTIFY, while the loop the
+    first one woke lingers: that loop's one claim, after the linger, takes all five, and the
+    other loop sleeps on (woken, it would linger and claim what the first had taken or would
+    take). Control: the first NOTIFY wakes a loop long before the poll. Without the rule the
+    later NOTIFYs cost three claims more (measured when it was written)."""
+    poll_s, linger_s = 30.0, 1.0
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, linger_s=linger_s))
+    assert relay.config.loops == 2
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await _relay_listens(pg_dsn)
+        await anyio.sleep(0.5)  # each loop claimed once at its start, found nothing, sleeps
+        before = relay.stats.claims
+        started = anyio.current_time()
+        await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(5)])
+        assert anyio.current_time() - started < linger_s / 2  # all five within the linger
+        await helpers.wait_until_settled(pg_dsn, expect_published=5, within_s=10)
+        assert anyio.current_time() - started < 10  # control: woken, not polled
+        await anyio.sleep(0.2)
+        assert relay.stats.claims - before == 1
+        assert relay.stats.cycles == 1
+        relay.stop()
+    assert relay.stats.published == 5
