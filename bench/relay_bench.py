@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.relay_bench [--rows 20000] [--rounds 2] [--tx 1000]
                                           [--latency-rounds 3] [--latency-only]
+    .venv/bin/python -m bench.relay_bench --trickle 250 [--rows 2500]
 
 1. Throughput: outbox rows → confirmed in a quorum queue, 1 KiB payloads. The relay
    (``relay.Relay``) against the raw limit of the same work written directly with asyncpg
@@ -13,6 +14,16 @@
    60 bytes of payload), which tells the row's size from the row's existence. All kinds of
    transaction are interleaved so drift hits them equally; each figure is the median over
    rounds of that round's percentile. Also the WAL each statement writes.
+3. ``--trickle RATE`` (alone): what the relay's CPU per event is at a steady trickle, the way
+   a service's events reach it, against the same relay draining a backlog of as many rows
+   in the same run. Another process commits ``--rows`` events at RATE a second, one
+   transaction and one NOTIFY each (the demo's ~60-byte payload); the relay runs in this
+   process with its defaults (two loops, 10 ms linger), so its CPU is this process's
+   (utime + stime) from the first event to the last publish. Also printed: events per
+   claim that found rows (cycle), claims per event, and the publish lag (``published_at -
+   enqueued_at``, the database clock) at p50 and p99. Per event, a cycle's fixed part (the
+   wake-up, two statements and their commits) is shared by the few events a linger
+   gathers at a trickle and by a whole batch in a backlog.
 
 Needs PostgreSQL and RabbitMQ (ACCORD_PG_DSN's server, ACCORD_AMQP_URL); creates and
 drops its own database and broker names.
@@ -23,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import resource
 import statistics
 import time
 import uuid
@@ -89,10 +102,10 @@ def event(n: int, subject: str = "x" * 990) -> Event:
     )
 
 
-async def fill(conn: asyncpg.Connection, rows: int) -> None:
+async def fill(conn: asyncpg.Connection, rows: int, subject: str | None = None) -> None:
     records = []
     for n in range(rows):
-        e = event(n)
+        e = event(n) if subject is None else event(n, subject)
         records.append(
             (
                 e.event_id,
@@ -190,6 +203,88 @@ async def accord_relay(dsn: str, url: str, exchange_name: str, total: int) -> fl
         relay.stop()
     await conn.close()
     return total / elapsed
+
+
+TRICKLE_LAG = """
+SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM published_at - enqueued_at))
+FROM relay.outbox WHERE state = 'published'
+"""
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _enqueue_steadily(dsn: str, rate: float, n: int) -> None:
+    """(Another process.) Commit ``n`` demo-sized events at ``rate`` a second, each alone."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        start = time.perf_counter()
+        for i in range(n):
+            async with conn.transaction():
+                await enqueue(conn, event(10**8 + i, SUBJECT), catalog=CATALOG)
+            await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.perf_counter()))
+        await conn.close()
+
+    runtime.run(go)
+
+
+async def _relay_cpu(dsn: str, url: str, exchange: str, n: int, rate: float) -> dict[str, float]:
+    """One relay, until it has published ``n`` events: filled up front (``rate`` 0) or
+    trickled in by another process."""
+    relay = Relay(RelayConfig(pg_dsn=dsn, amqp_url=url, exchange=exchange))
+    conn = await asyncpg.connect(dsn)
+    feeder = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            await anyio.sleep(1.0)  # connected, listening, found nothing
+            if not rate:
+                await fill(conn, n, SUBJECT)
+                relay.wake()
+            else:
+                feeder = multiprocessing.get_context("spawn").Process(
+                    target=_enqueue_steadily, args=(dsn, rate, n)
+                )
+                feeder.start()
+            cpu, claims, cycles = _cpu_s(), relay.stats.claims, relay.stats.cycles
+            while relay.stats.published < n:  # noqa: ASYNC110 (the relay task's counter)
+                await anyio.sleep(0.01)
+            cpu = _cpu_s() - cpu
+            claims, cycles = relay.stats.claims - claims, relay.stats.cycles - cycles
+            relay.stop()
+        p50, p99 = await conn.fetchval(TRICKLE_LAG)
+        await conn.execute("DELETE FROM relay.outbox")
+    finally:
+        await conn.close()
+        if feeder is not None:
+            feeder.join()
+    return {
+        "cpu_us_per_event": cpu / n * 1e6,
+        "events_per_cycle": n / cycles,
+        "claims_per_event": claims / n,
+        "lag_p50_ms": p50 * 1e3,
+        "lag_p99_ms": p99 * 1e3,
+    }
+
+
+async def trickle(dsn: str, url: str, topo: Topology, rate: float, n: int) -> dict[str, Any]:
+    """The relay's CPU per event at a steady ``rate`` and draining a backlog of ``n``."""
+    channel = await (amqp := await aio_pika.connect(url)).channel()
+    queues = await declare(channel, topo)
+    results: dict[str, Any] = {"trickle_rate": rate, "trickle_events": n}
+    for label, r in (("backlog", 0.0), ("trickle", rate)):
+        for key, value in (await _relay_cpu(dsn, url, topo.exchange, n, r)).items():
+            results[f"{label}_{key}"] = value
+        await queues["report"].purge()
+    await amqp.close()
+    results["trickle_cpu_ratio"] = (
+        results["trickle_cpu_us_per_event"] / results["backlog_cpu_us_per_event"]
+    )
+    return results
 
 
 DOMAINS = {
@@ -377,7 +472,13 @@ async def throughput(
 
 
 async def main(
-    rows: int, rounds: int, tx: int, latency_rounds: int, latency_only: bool, backlog: int
+    rows: int,
+    rounds: int,
+    tx: int,
+    latency_rounds: int,
+    latency_only: bool,
+    backlog: int,
+    trickle_rate: float = 0.0,
 ) -> Any:
     settings = load_settings()
     name = f"accord_bench_{uuid.uuid4().hex[:8]}"
@@ -392,6 +493,10 @@ async def main(
     try:
         conn = await asyncpg.connect(dsn)
         await migrate.migrate(conn)
+        if trickle_rate:
+            await conn.close()
+            results.update(await trickle(dsn, settings.amqp_url, topo, trickle_rate, rows))
+            return results
         if not latency_only:
             results.update(
                 await throughput(conn, dsn, settings.amqp_url, topo, rows, rounds, backlog)
@@ -399,7 +504,7 @@ async def main(
         await conn.close()
         results.update(await enqueue_latency(dsn, tx, latency_rounds))
     finally:
-        if not latency_only:
+        if not latency_only or trickle_rate:
             amqp = await aio_pika.connect(settings.amqp_url)
             channel = await amqp.channel()
             exchanges, names = topo.names()
@@ -414,6 +519,19 @@ async def main(
 
 
 def report(r: dict[str, Any]) -> None:
+    if "trickle_cpu_ratio" in r:
+        for label, what in (
+            ("backlog", f"draining a backlog of {r['trickle_events']}"),
+            ("trickle", f"at a steady {r['trickle_rate']:.0f} events/s"),
+        ):
+            print(
+                f"relay {what}: {r[label + '_cpu_us_per_event']:.0f} µs of CPU per event,"
+                f" {r[label + '_events_per_cycle']:.1f} events per cycle,"
+                f" {r[label + '_claims_per_event']:.2f} claims per event; publish lag p50"
+                f" {r[label + '_lag_p50_ms']:.1f} ms, p99 {r[label + '_lag_p99_ms']:.1f} ms"
+            )
+        print(f"trickle / backlog, CPU per event: {r['trickle_cpu_ratio']:.2f}")
+        return
     if "backlog_ratio" in r:
         print(
             f"relay beside {r['backlog_rows']} rows in backoff / empty: {r['backlog_ratio']:.2f}"
@@ -470,9 +588,23 @@ def cli() -> None:
     parser.add_argument(
         "--backlog", type=int, default=0, help="also run beside this many rows in backoff"
     )
+    parser.add_argument(
+        "--trickle",
+        type=float,
+        default=0.0,
+        help="only: the relay's CPU per event at this steady rate (--rows events) and draining"
+        " a backlog of as many",
+    )
     args = parser.parse_args()
     results = runtime.run(
-        main, args.rows, args.rounds, args.tx, args.latency_rounds, args.latency_only, args.backlog
+        main,
+        args.rows,
+        args.rounds,
+        args.tx,
+        args.latency_rounds,
+        args.latency_only,
+        args.backlog,
+        args.trickle,
     )
     print(json.dumps(results, indent=2))
     report(results)
