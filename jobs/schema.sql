@@ -1020,10 +1020,6 @@ BEGIN
         ON CONFLICT (tenant, workflow, operation_id) DO NOTHING
         RETURNING o.job_id INTO v_job_id;
         IF v_job_id IS NOT NULL THEN
-            -- Wakes the workers that LISTEN when the caller commits (a hint; their poll is
-            -- the truth). One per class and transaction: PostgreSQL folds the same
-            -- notification within a transaction into one.
-            PERFORM pg_notify('jobs_submitted', p_workflow);
             RETURN QUERY
                 INSERT INTO jobs.jobs AS j
                     (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace)

@@ -5,11 +5,6 @@ specs in tests/isolation run the very statements the store runs. Fence parameter
 the eight lease fields in ``Lease.fence_args()`` order ($1..$8).
 """
 
-# The LISTEN/NOTIFY channel on which jobs.submit names the class of each job it creates, at
-# its caller's commit (0026): it wakes the workers waiting for that class (a hint only; their
-# poll is the truth).
-SUBMITTED_CHANNEL = "jobs_submitted"
-
 # Submit one operation idempotently (tenant row upserted); returns the job and its digest.
 SUBMIT = "SELECT job_id, created, state, digest FROM jobs.submit($1, $2, $3, $4, $5::jsonb, $6)"
 

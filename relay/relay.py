@@ -31,7 +31,7 @@ from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, close_quietly, connect
+from accord.schemas.db import DB_CONNECTION_LOST, connect
 from accord.schemas.errors import ConfigError
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
@@ -207,7 +207,7 @@ class Relay:
             except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, reconnect))
             finally:
-                await close_quietly(conn)
+                await _close(conn)
 
     async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, prunes: bool) -> None:
         """Cycle while there is work; wait for a wake-up or the poll interval otherwise."""
@@ -403,7 +403,7 @@ class Relay:
             except DB_CONNECTION_LOST:
                 pass  # the poll keeps the relay correct until LISTEN is back
             finally:
-                await close_quietly(conn)
+                await _close(conn)
             await anyio.sleep(self.config.poll_s)
 
     async def _listen(self, conn: asyncpg.Connection) -> None:
@@ -412,3 +412,12 @@ class Relay:
         await conn.add_listener(sql.NOTIFY_CHANNEL, self.wake)
         observe.idle("relay.listen")  # waiting for notifications is not being stuck
         await lost.wait()
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    # Shielded and bounded: it runs during shutdown, and the server may already be gone.
+    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+        try:
+            await conn.close()
+        except DB_CONNECTION_LOST:
+            conn.terminate()

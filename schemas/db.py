@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-import anyio
 import asyncpg
 
 from accord.schemas.errors import (
@@ -208,13 +207,3 @@ async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
         pool = await asyncpg.create_pool(dsn, **kwargs)
     assert pool is not None
     return pool
-
-
-async def close_quietly(conn: asyncpg.Connection) -> None:
-    """Close ``conn``, shielded and bounded (it runs during shutdown too, and the server may
-    already be gone: then the socket is dropped)."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-        try:
-            await conn.close()
-        except DB_CONNECTION_LOST:
-            conn.terminate()

@@ -35,7 +35,7 @@ from accord.jobs.authority import authority_watch, require_authority
 from accord.jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
 from accord.ops import checks
 from accord.schemas import migrate
-from accord.schemas.db import connect, create_pool
+from accord.schemas.db import create_pool
 from accord.schemas.errors import ConfigError
 from accord.schemas.settings import Settings
 
@@ -187,9 +187,6 @@ async def serve(
                 journal=journal,
                 objects=LocalDirStore(settings.object_dir),
                 pool=pool,
-                # Its own connection, outside the pool: a job submitted to the class wakes
-                # the claim loop at once (the poll stays the truth).
-                listen=partial(connect, settings.pg_dsn, **role),
             )
             worker.register_all(chosen)
             watch = partial(authority_watch, pool, ledger, settings.authority_check_s)

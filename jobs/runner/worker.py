@@ -13,9 +13,7 @@ period, then cancels them (an interrupted effect is recorded unknown).
 
 Loops of one worker process (each polls; polling is the truth): one claim loop per
 registered workflow class, sharing ``concurrency`` slots, and the upkeep loops beside them
-(jobs.runner.upkeep: rescue, retention, the journal's rotation). Given a ``listen``
-connection, a LISTEN on ``jobs_submitted`` wakes the claim loop of a class at once when a job
-of that class is created, instead of at its next poll. What the worker serves and
+(jobs.runner.upkeep: rescue, retention, the journal's rotation). What the worker serves and
 its settings are jobs.runner.config; how a job left it, jobs.runner.endings; an attempt's
 span, jobs.runner.attempts.
 """
@@ -23,16 +21,14 @@ span, jobs.runner.attempts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
-import asyncpg
 from opentelemetry import trace
 
 from accord import observe
-from accord.jobs import sql
 from accord.jobs.errors import (
     EffectsUnresolved,
     EffectUndeclared,
@@ -51,7 +47,7 @@ from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.runner.upkeep import Upkeep
 from accord.jobs.store import Store
 from accord.schemas.backoff import Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, close_quietly
+from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
 
 __all__ = ["Ending", "Finished", "Handler", "Registered", "Worker", "WorkerConfig", "WorkerStats"]
@@ -78,10 +74,7 @@ class Worker:
         journal: RunnerJournal,
         objects: ObjectStore,
         pool: Any = None,
-        listen: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
     ) -> None:
-        """``listen`` opens the connection on which the worker LISTENs for the jobs submitted
-        to its classes (None: it finds them at its polls only)."""
         self.config = config
         self.stats = WorkerStats()
         #: The journal's unrecorded effects found when ``run`` started (needs ``pool``).
@@ -100,10 +93,6 @@ class Worker:
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._jobs_scope: anyio.CancelScope | None = None
-        self._listen = listen
-        # Per class, while its claim loop waits for the poll after a claim that found fewer
-        # jobs than free slots: set by a NOTIFY that a job of the class was submitted.
-        self._submitted: dict[str, anyio.Event] = {}
 
     # -- registration and control ---------------------------------------------------------
 
@@ -148,8 +137,6 @@ class Worker:
         self._stopping = True
         self._stop.set()
         self._wake.set()
-        for submitted in self._submitted.values():
-            submitted.set()
         if now and self._jobs_scope is not None:
             self._jobs_scope.cancel()
 
@@ -193,8 +180,6 @@ class Worker:
                     loops.start_soon(upkeep.prune, self.config.prune_every_s)
                 if self._pool is not None:
                     loops.start_soon(upkeep.rotate)
-                if self._listen is not None:
-                    loops.start_soon(self._listen_loop)
                 task_status.started()
             # Stopping: no more claims. Give the jobs in flight their grace, then cancel.
             self._idle = anyio.Event()
@@ -230,9 +215,6 @@ class Worker:
                     await self._nap(linger, stop_only=True)
                 continue
             wanted = min(free, self.config.claim_batch)
-            # Before the claim: a job submitted from here on is either in the claim's snapshot
-            # or announced to the wait below.
-            submitted = self._submitted[registered.workflow] = anyio.Event()
             # Reserve the slots before the claim: another class's loop must not claim them too.
             self._running += wanted
             started = anyio.current_time()  # before the claim: the local lease clock is early
@@ -251,7 +233,6 @@ class Worker:
                 )
             except DB_CONNECTION_LOST as exc:
                 wait = max(self.config.poll_s, reconnect.lost(exc))
-                submitted = self._stop  # the backoff: a NOTIFY is no reason to cut it short
             else:
                 self.stats.claims += 1
                 reconnect.up()
@@ -266,10 +247,8 @@ class Worker:
                 jobs.start_soon(self._run_job, registered, lease, started, seen.get(lease.job_id))
             if len(leases) < wanted:
                 # Fewer were due than slots were free: a slot freeing meanwhile is no reason
-                # to ask again before the poll (it would cost an empty claim per job); a job
-                # submitted to this class is.
-                with anyio.move_on_after(wait):
-                    await submitted.wait()
+                # to ask again before the poll (it would cost an empty claim per job).
+                await self._nap(wait, stop_only=True)
 
     @property
     def _claim_size(self) -> int:
@@ -281,37 +260,6 @@ class Worker:
         event = self._stop if stop_only else self._wake
         with anyio.move_on_after(seconds):
             await event.wait()
-
-    def _job_submitted(self, _conn: Any, _pid: int, _channel: str, workflow: str) -> None:
-        """A NOTIFY from jobs.submit: a job of ``workflow`` was created and committed."""
-        submitted = self._submitted.get(workflow)
-        if submitted is not None:
-            submitted.set()
-
-    async def _listen_loop(self) -> None:
-        """Keep a LISTEN on ``jobs_submitted`` until the worker stops; a lost connection is
-        reopened with the shared backoff (meanwhile the polls find the jobs)."""
-        assert self._listen is not None
-        reconnect = Reconnect("worker LISTEN", log)
-        while not self._stopping:
-            try:
-                conn = await self._listen()
-            except DB_CONNECTION_LOST as exc:
-                await self._nap(reconnect.lost(exc), stop_only=True)
-                continue
-            try:
-                await self._listen_on(conn, reconnect)
-            except DB_CONNECTION_LOST:
-                pass
-            finally:
-                await close_quietly(conn)
-
-    async def _listen_on(self, conn: asyncpg.Connection, reconnect: Reconnect) -> None:
-        lost = anyio.Event()
-        conn.add_termination_listener(lambda _conn: lost.set())
-        await conn.add_listener(sql.SUBMITTED_CHANNEL, self._job_submitted)
-        reconnect.up()
-        await _either(lost, self._stop)
 
     def _release(self, slots: int) -> None:
         if slots <= 0:
@@ -537,15 +485,3 @@ class Worker:
                 ref.seq,
                 state,
             )
-
-
-async def _either(first: anyio.Event, second: anyio.Event) -> None:
-    """Until ``first`` or ``second`` is set."""
-    async with anyio.create_task_group() as tg:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(wait, first)
-        tg.start_soon(wait, second)

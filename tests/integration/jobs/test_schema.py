@@ -33,18 +33,13 @@ def statements() -> list[tuple[str, str]]:
     return [
         (name, value)
         for name, value in vars(sql).items()
-        if name.isupper() and isinstance(value, str) and not name.endswith("_CHANNEL")
+        if name.isupper() and isinstance(value, str)
     ]
 
 
 @pytest.mark.parametrize(("name", "statement"), statements(), ids=[n for n, _ in statements()])
 async def test_every_statement_prepares(pg: asyncpg.Connection, name: str, statement: str) -> None:
     await pg.prepare(statement)
-
-
-async def test_submit_notifies_the_channel_workers_listen_on(pg: asyncpg.Connection) -> None:
-    definition = await pg.fetchval("SELECT pg_get_functiondef('jobs.submit'::regproc)")
-    assert f"pg_notify('{sql.SUBMITTED_CHANNEL}', p_workflow)" in definition
 
 
 async def finished_jobs(pg: asyncpg.Connection, n: int) -> None:

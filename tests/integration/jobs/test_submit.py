@@ -6,7 +6,7 @@ import anyio
 import asyncpg
 import pytest
 
-from accord.jobs import JobConflict, JobState, sql, submit
+from accord.jobs import JobConflict, JobState, submit
 from accord.schemas.errors import NotInTransaction
 from tests.integration.jobs.conftest import TENANT, WORKFLOW, Jobs
 
@@ -78,38 +78,3 @@ async def test_concurrent_submits_of_one_operation_make_one_job(jobs: Jobs) -> N
             tg.start_soon(one)
     assert len(set(ids)) == 1 and len(ids) == 4
     assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs") == 1
-
-
-async def test_a_created_job_notifies_its_class_at_commit(
-    pg: asyncpg.Connection, pg_dsn: str
-) -> None:
-    """jobs.submit names the class of each job it creates on ``jobs_submitted``, delivered
-    when the caller commits, once per class and transaction; a redelivery that finds the
-    job and a rolled-back submit notify nothing."""
-    heard: list[str] = []
-    listener = await asyncpg.connect(pg_dsn)
-    await listener.add_listener(sql.SUBMITTED_CHANNEL, lambda *args: heard.append(args[3]))
-
-    async def heard_by_now() -> list[str]:
-        await listener.execute("SELECT 1")  # a round trip: what was sent has arrived
-        await anyio.sleep(0.2)  # and its callbacks have run
-        return list(heard)
-
-    try:
-        async with pg.transaction():
-            for op in ("a", "b", "c"):
-                await submit(pg, tenant=TENANT, workflow=WORKFLOW, operation_id=op, digest="d")
-            await submit(pg, tenant=TENANT, workflow="other", operation_id="a", digest="d")
-            assert await heard_by_now() == []  # not before the commit
-        assert sorted(await heard_by_now()) == sorted([WORKFLOW, "other"])
-        heard.clear()
-        async with pg.transaction():  # a redelivery: the job exists
-            again = await submit(pg, tenant=TENANT, workflow=WORKFLOW, operation_id="a", digest="d")
-        assert not again.created
-        with pytest.raises(RuntimeError):
-            async with pg.transaction():
-                await submit(pg, tenant=TENANT, workflow=WORKFLOW, operation_id="z", digest="d")
-                raise RuntimeError("domain change failed")
-        assert await heard_by_now() == []
-    finally:
-        await listener.close()

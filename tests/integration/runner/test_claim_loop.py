@@ -1,15 +1,11 @@
 """The worker's claim loop asks the database only when asking can find work: a slot freed
 while every slot was taken claims at once (or, with a claim linger, after it: the slots
 freeing meanwhile share that claim); a slot freed after a claim that found fewer jobs than
-free slots waits for the poll (no empty claim per finished job), or for the NOTIFY of a job
-submitted to its class."""
+free slots waits for the poll (no empty claim per finished job)."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import anyio
-import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER
@@ -38,8 +34,6 @@ def _worker(
     concurrency: int,
     linger_s: float = 0.0,
     handler: Handler = _done,
-    *,
-    listens: bool = False,
 ) -> Worker:
     worker = Worker(
         WorkerConfig(
@@ -53,7 +47,6 @@ def _worker(
         journal=open_journal(rig.journal_path(name), name),
         objects=rig.objects,
         pool=rig.pool,
-        listen=partial(asyncpg.connect, rig.pg_dsn) if listens else None,
     )
     worker.register(name, handler, timeout_s=10.0)
     return worker
@@ -144,41 +137,3 @@ async def test_short_jobs_linger_a_tenth_of_their_time_at_most(rig: Rig) -> None
     most, so 24 jobs on 4 slots take well under the 5 s that five whole lingers would."""
     elapsed, _ = await _drain(rig, "brief", 24, concurrency=4, linger_s=1.0)
     assert elapsed < 2.5, elapsed
-
-
-LISTENING = (
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND query LIKE 'LISTEN %jobs_submitted%'"
-)
-
-
-@pytest.mark.parametrize("listens", [True, False])
-async def test_a_job_submitted_to_an_idle_worker_is_claimed_at_once(
-    rig: Rig, listens: bool
-) -> None:
-    """A worker whose claim found nothing waits for its poll (3 s); a job submitted
-    meanwhile wakes it at once through the NOTIFY jobs.submit sends at commit, and it
-    is done within a second. Control: the same worker without its LISTEN connection finds
-    that job only at the poll."""
-    name = f"idle-{listens}"
-    store = CountingStore(rig.pool)
-    await store.register_workflow(name, DEFAULT_OWNER, effects_enabled=True)
-    worker = _worker(rig, store, name, concurrency=2, listens=listens)
-    async with running(worker):
-
-        async def idle() -> bool:
-            return store.claims == 1  # its first claim found nothing
-
-        await wait_for(idle)
-        if listens:
-            await wait_for(lambda: rig.pool.fetchval(LISTENING))
-        await anyio.sleep(0.3)
-        started = anyio.current_time()
-        job = await rig.submit_job(f"{name}-1", name)
-        await wait_for(lambda: _all_succeeded(rig, [job]))
-        elapsed = anyio.current_time() - started
-    if listens:
-        assert elapsed < 1.0
-        assert store.claims == 2  # the empty one, then the one the NOTIFY asked for
-    else:
-        assert elapsed > 1.0  # the poll, 3 s after the first claim
