@@ -28,7 +28,7 @@ lint: venv
 
 # pytest exits 5 when it ran no test; make treats that as a failure like any other.
 test: venv services
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 # The demo is one application (accord.demo:app): its tables are its own migrations.
 demo: venv services
