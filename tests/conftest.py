@@ -20,6 +20,7 @@ import pytest
 
 from accord.demo import app as demo_app
 from accord.schemas import migrate
+from tests.databases import DatabaseSupply
 from tests.support import docker_answers, unavailable, unique
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -96,15 +97,12 @@ def pg_template(pg_admin_dsn: str) -> Iterator[str]:
 
 
 @asynccontextmanager
-async def fresh_database(
-    admin_dsn: str, prefix: str, template: str | None = None
-) -> AsyncIterator[str]:
-    """A new database (optionally cloned from ``template``), dropped afterwards."""
+async def fresh_database(admin_dsn: str, prefix: str) -> AsyncIterator[str]:
+    """A new, empty database, dropped afterwards."""
     name = unique(prefix)
-    clone = f' TEMPLATE "{template}"' if template else ""
     admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"{clone}')
+        await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
     try:
@@ -117,11 +115,22 @@ async def fresh_database(
             await admin.close()
 
 
+@pytest.fixture(scope="session")
+def pg_databases(pg_admin_dsn: str, pg_template: str) -> Iterator[DatabaseSupply]:
+    """Clones of the migrated template, made ahead of the tests that take them."""
+    supply = DatabaseSupply(pg_admin_dsn, pg_template, prefix="accord_t_")
+    yield supply
+    supply.close()
+
+
 @pytest.fixture
-async def pg_dsn(pg_admin_dsn: str, pg_template: str) -> AsyncIterator[str]:
+async def pg_dsn(pg_admin_dsn: str, pg_databases: DatabaseSupply) -> AsyncIterator[str]:
     """A fresh database for this test, cloned from the migrated template."""
-    async with fresh_database(pg_admin_dsn, "accord_t_", pg_template) as dsn:
-        yield dsn
+    name = await asyncio.to_thread(pg_databases.take)
+    try:
+        yield with_database(pg_admin_dsn, name)
+    finally:
+        pg_databases.give_back(name)
 
 
 @pytest.fixture
