@@ -85,7 +85,10 @@ class ReleaseRefused(RelayError):
 
 
 class JoinedStatementInvalid(RelayError):
-    """The joined enqueue takes one INSERT, UPDATE or DELETE with a RETURNING clause (and no
-    trailing ';'): the outbox row is written only when it returns a row."""
+    """The joined enqueue takes one INSERT, UPDATE or DELETE with a RETURNING clause, its
+    parameters exactly $1..$n for the n arguments given, no WITH of its own and no trailing
+    ';': the outbox row is written only when it returns a row. ``detail`` says which rule
+    the statement broke (or PostgreSQL's words); nothing was written and the caller's
+    transaction is still usable."""
 
     reason = "joined_statement_invalid"

@@ -9,7 +9,6 @@ or ``held`` for a permanent failure. Rows are never deleted before they are publ
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
 import uuid
@@ -27,7 +26,7 @@ from opentelemetry.trace import SpanKind
 from accord.relay import sql
 from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseRefused
 from accord.schemas import telemetry
-from accord.schemas.db import Tx, require_transaction, rows_affected
+from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event
 
 
@@ -144,13 +143,15 @@ async def enqueue_joined(
     """Runs in the caller's transaction; never commits. The domain ``statement`` (an
     ``INSERT``, ``UPDATE`` or ``DELETE ... RETURNING ...`` with parameters ``$1``..``$n`` =
     ``args``) and the outbox row of ``event`` in ONE statement (a data-modifying CTE, one
-    round trip): the outbox row is written only when the domain statement affected a row.
-    Returns what the domain statement returned and the outbox row id; check ``rows`` as real
-    code must check an affected-row count. Raises what ``enqueue`` raises, before anything is
-    written, and JoinedStatementInvalid for a statement without RETURNING."""
+    round trip): the outbox row is written only when the domain statement affected a row,
+    one row for the statement however many rows it affected. Returns what the domain
+    statement returned and the outbox row id; check ``rows`` as real code must check an
+    affected-row count. Raises what ``enqueue`` raises, before anything is written, and
+    JoinedStatementInvalid, with the caller's transaction still usable, for a statement that
+    cannot be joined (see ``_joined``)."""
     require_transaction(tx)
-    joined = _joined(statement, len(args))
     prepared = _prepared(event, catalog, max_payload_bytes)
+    joined = await _joined(tx, statement, len(args))
     with _creating(event):
         carrier = telemetry.current_context_headers()
         try:
@@ -165,17 +166,65 @@ async def enqueue_joined(
     return Joined(rows, outbox_id)
 
 
-_RETURNING = re.compile(r"\breturning\b", re.IGNORECASE)
+# INSERT, UPDATE or DELETE as the first word, after any whitespace and comments.
+_DML = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*(?:insert|update|delete)\b", re.I | re.S)
+# Joined statements already checked, by (domain statement, number of its arguments): an
+# application has a handful; checking and composing each time would cost round trips.
+_JOINED: dict[tuple[str, int], str] = {}
+_JOINED_MAX = 256
+_CHECK = "accord_joined_check"
 
 
-@functools.lru_cache(maxsize=256)
-def _joined(statement: str, n: int) -> str:
-    """The joined statement for a domain statement, checked and composed once per statement
-    text (an application has a handful; composing and checking each time cost about a tenth
-    of a joined enqueue's Python: docs/bench-log.md). A refused statement is not cached."""
-    if not _RETURNING.search(statement) or statement.rstrip().endswith(";"):
-        raise JoinedStatementInvalid(detail="one INSERT/UPDATE/DELETE ... RETURNING, no ';'")
-    return sql.enqueue_joined(statement, n)
+async def _joined(tx: Tx, statement: str, n: int) -> str:
+    """The joined statement for a domain statement, checked once per process and statement
+    text. Refused with JoinedStatementInvalid (never cached), the caller's transaction
+    still usable: a first word other than INSERT, UPDATE or DELETE (a SELECT would enqueue
+    with no write; a statement with its own WITH cannot nest in one); a statement
+    PostgreSQL refuses alone; one whose parameters are not exactly ``$1``..``$n`` (the
+    outbox's follow as ``$n+1``.., so a domain ``$k`` past the arguments would silently take
+    an outbox value); no RETURNING; a returned column named like the outbox id; a statement
+    that does not compose (a trailing ``;``). PostgreSQL judges by preparing the statement
+    alone, then the joined one, each inside a savepoint."""
+    composed = _JOINED.get((statement, n))
+    if composed is not None:
+        return composed
+    if not _DML.match(statement):
+        raise JoinedStatementInvalid(
+            detail="the statement must start with INSERT, UPDATE or DELETE (no WITH of its own)"
+        )
+    domain = await _prepare_or_refuse(tx, statement, "the statement")
+    params, columns = len(domain.get_parameters()), [a.name for a in domain.get_attributes()]
+    if params != n:
+        raise JoinedStatementInvalid(
+            detail=f"the statement takes {params} parameters ($1..${params}); {n} were given"
+        )
+    if not columns:
+        raise JoinedStatementInvalid(detail="the statement has no RETURNING clause")
+    if sql.JOINED_OUTBOX_ID in columns:
+        raise JoinedStatementInvalid(detail=f"a returned column is named {sql.JOINED_OUTBOX_ID}")
+    composed = sql.enqueue_joined(statement, n)
+    await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
+    if len(_JOINED) >= _JOINED_MAX:
+        _JOINED.pop(next(iter(_JOINED)))
+    _JOINED[(statement, n)] = composed
+    return composed
+
+
+async def _prepare_or_refuse(tx: Tx, query: str, what: str) -> Any:
+    """Prepares ``query`` in a savepoint: a refusal rolls back to it and raises
+    JoinedStatementInvalid with PostgreSQL's words (``what`` names the query); a lost
+    connection propagates."""
+    await tx.execute(f"SAVEPOINT {_CHECK}")
+    try:
+        prepared = await tx.prepare(query)
+    except DB_CONNECTION_LOST:
+        raise
+    except asyncpg.PostgresError as exc:
+        await tx.execute(f"ROLLBACK TO SAVEPOINT {_CHECK}")
+        await tx.execute(f"RELEASE SAVEPOINT {_CHECK}")
+        raise JoinedStatementInvalid(detail=f"PostgreSQL refused {what}: {exc}") from exc
+    await tx.execute(f"RELEASE SAVEPOINT {_CHECK}")
+    return prepared
 
 
 def _prepared(
@@ -222,7 +271,11 @@ def _create_span(event: Event) -> trace.Span:
 
 def _raise_duplicate(event: Event, exc: asyncpg.UniqueViolationError) -> None:
     """DuplicateEvent when the unique violation is the outbox's own (tenant, event id)."""
-    if exc.constraint_name == "outbox_event_unique":
+    if (exc.schema_name, exc.table_name, exc.constraint_name) == (
+        "relay",
+        "outbox",
+        "outbox_event_unique",
+    ):
         raise DuplicateEvent(tenant=event.tenant, event_id=str(event.event_id)) from exc
 
 

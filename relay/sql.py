@@ -22,11 +22,12 @@ JOINED_OUTBOX_ID = "accord_outbox_id"
 def enqueue_joined(domain: str, n: int) -> str:
     """The domain statement (parameters $1..$n, with RETURNING) and the outbox row in one
     statement: the row is written only when the domain statement returned a row; the outbox
-    parameters follow as $n+1..$n+10 (ENQUEUE's, in its order). Every row comes back with
-    the outbox id."""
+    parameters follow as $n+1..$n+10 (ENQUEUE's, in its order), so the domain statement must
+    use exactly $1..$n (relay.outbox._joined checks it). Every row comes back with the
+    outbox id."""
     p = [f"${n + i}" for i in range(1, 11)]
-    return (
-        f"WITH d AS ({domain}), o AS ("  # noqa: S608 - only parameter numbers are formatted
+    return (  # the domain on lines of its own: a comment ending it ends with its line
+        f"WITH d AS (\n{domain}\n), o AS ("  # noqa: S608 - only parameter numbers are formatted
         " INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version,"
         " authority_epoch, digest, body, trace, occurred_at)"
         f" SELECT {', '.join(p)} WHERE EXISTS (SELECT 1 FROM d)"

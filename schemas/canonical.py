@@ -67,7 +67,12 @@ def dumps(value: Any, *, plain: bool = False) -> bytes:
     """The RFC 8785 canonical form of ``value`` (raises what ``rfc8785.dumps`` raises).
     ``plain=True``: the caller knows ``value`` is plain (``events.check_values`` found it
     so), and it is not walked again."""
-    if plain or _plain(value):
+    if plain:
         return plain_bytes(value)
+    if _plain(value):
+        try:
+            return plain_bytes(value)
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: rfc8785 refuses it with its own error
     result: bytes = rfc8785.dumps(value)
     return result

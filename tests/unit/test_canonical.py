@@ -50,6 +50,20 @@ def test_where_the_two_orders_or_formats_differ_it_falls_back() -> None:
     assert canonical.dumps({"s": '\u2028\x1f"\\'}) == rfc8785.dumps({"s": '\u2028\x1f"\\'})
 
 
+def test_a_lone_surrogate_is_refused_as_rfc8785_refuses_it() -> None:
+    good = {"x": "\ud7ff\ue000"}  # control: either side of the surrogates
+    assert canonical.dumps(good) == rfc8785.dumps(good)
+    for text in ("\ud800", "a\udfff", "\udc00\ud800"):
+        for document in ({"x": text}, [text], {text: 1}):
+            with pytest.raises(ValueError) as theirs:
+                rfc8785.dumps(document)
+            with pytest.raises(ValueError) as ours:
+                canonical.dumps(document)
+            assert type(ours.value) is type(theirs.value)
+        with pytest.raises(rfc8785.CanonicalizationError):  # in a value, its own error
+            canonical.dumps({"x": text})
+
+
 def test_integers_outside_the_i_json_range_are_refused_as_rfc8785_refuses_them() -> None:
     edge = 2**53 - 1
     assert canonical.dumps([edge, -edge]) == rfc8785.dumps([edge, -edge])  # control

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from accord.relay import JoinedStatementInvalid, enqueue_joined, sql
+from accord.relay import DuplicateEvent, JoinedStatementInvalid, enqueue_joined, sql
 from accord.schemas.errors import InvalidEvent, NotInTransaction
 from tests.integration.relay.helpers import make_event
 from tests.support import DEMO_CATALOG, enqueue
@@ -82,3 +82,60 @@ async def test_typed_errors_before_anything_is_written(pg: asyncpg.Connection) -
         with pytest.raises(InvalidEvent):
             await enqueue_joined(pg, PLACE, 1, event=bad, catalog=DEMO_CATALOG)
     assert await outbox(pg) == [] and await pg.fetchval("SELECT count(*) FROM orders") == 0
+
+
+async def test_a_statement_that_cannot_be_joined_is_refused_and_the_transaction_goes_on(
+    pg: asyncpg.Connection,
+) -> None:
+    await pg.execute(DOMAIN)
+    await pg.execute("CREATE TABLE notes (id serial PRIMARY KEY, ref text, n int)")
+    refused = {
+        # too few arguments: the domain's $2 would take the outbox's event id
+        "INSERT INTO notes (ref, n) VALUES ($1, $2) RETURNING id": "2 parameters",
+        "SELECT id FROM orders WHERE id = $1": "must start with",
+        "WITH x AS (SELECT 1) INSERT INTO orders (id) VALUES ($1) RETURNING id": "must start",
+        "UPDATE orders SET state = 'returning' WHERE id = $1": "no RETURNING",
+        "INSERT INTO orders (id) VALUES ($1) RETURNING id;": "joined to the outbox row",
+        "INSERT INTO orders (id) VALUES ($1) RETURNING id /* unclosed": "refused the statement",
+        "INSERT INTO missing (id) VALUES ($1) RETURNING id": "refused the statement",
+        "INSERT INTO orders (id) VALUES ($1) RETURNING id AS accord_outbox_id": "named",
+    }
+    async with pg.transaction():
+        for statement, why in refused.items():
+            with pytest.raises(JoinedStatementInvalid) as caught:
+                await enqueue_joined(pg, statement, 1, event=make_event(1), catalog=DEMO_CATALOG)
+            assert why in str(caught.value), (statement, str(caught.value))
+        # control, in the same transaction: still usable, and a statement that can be joined
+        # (a comment ends it, another leads it, the word "returning" in a literal) is
+        done = await enqueue_joined(
+            pg,
+            "-- place\n/* an order */ INSERT INTO orders (id, state) VALUES ($1, 'returning')"
+            " RETURNING id -- and say so",
+            5,
+            event=make_event(1),
+            catalog=DEMO_CATALOG,
+        )
+    assert done.rows == [{"id": 5}] and done.outbox_id is not None
+    assert await pg.fetchval("SELECT count(*) FROM orders") == 1
+    assert await pg.fetchval("SELECT count(*) FROM notes") == 0
+    assert len(await outbox(pg)) == 1
+
+
+async def test_an_application_constraint_of_the_outbox_s_name_is_not_a_duplicate_event(
+    pg: asyncpg.Connection,
+) -> None:
+    await pg.execute(
+        "CREATE TABLE refs (ref int, CONSTRAINT outbox_event_unique UNIQUE (ref))"
+    )  # fmt: skip
+    insert = "INSERT INTO refs (ref) VALUES ($1) RETURNING ref"
+    event = make_event(1)
+    async with pg.transaction():
+        await enqueue_joined(pg, insert, 1, event=event, catalog=DEMO_CATALOG)
+    with pytest.raises(DuplicateEvent):  # control: the outbox's own constraint
+        async with pg.transaction():
+            await enqueue_joined(pg, insert, 2, event=event, catalog=DEMO_CATALOG)
+    with pytest.raises(asyncpg.UniqueViolationError) as caught:
+        async with pg.transaction():
+            await enqueue_joined(pg, insert, 1, event=make_event(2), catalog=DEMO_CATALOG)
+    assert not isinstance(caught.value, DuplicateEvent)
+    assert len(await outbox(pg)) == 1
