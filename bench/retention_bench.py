@@ -144,14 +144,14 @@ async def process(dsn: str, first: int, count: int, tasks: int = 4) -> None:
 async def prune_all(conn: asyncpg.Connection) -> dict[str, int]:
     """Every pruner, in bounded batches until each comes back short; then VACUUM."""
     removed = {"outbox": 0, "inbox": 0, "deliveries": 0, "jobs": 0}
-    statements = {
-        "outbox": relay_sql.PRUNE,
-        "inbox": consumer_sql.PRUNE_INBOX,
-        "deliveries": consumer_sql.PRUNE_DELIVERIES,
+    statements = {  # each with its arguments after the retention and the batch
+        "outbox": (relay_sql.PRUNE, ()),
+        "inbox": (consumer_sql.PRUNE_INBOX, (WORKFLOW,)),
+        "deliveries": (consumer_sql.PRUNE_DELIVERIES, (WORKFLOW,)),
     }
-    for name, statement in statements.items():
+    for name, (statement, args) in statements.items():
         while True:
-            done = int((await conn.execute(statement, RETENTION_S, BATCH)).split()[-1])
+            done = int((await conn.execute(statement, RETENTION_S, BATCH, *args)).split()[-1])
             removed[name] += done
             if done < BATCH:
                 break

@@ -214,25 +214,28 @@ async def record_delivery(
     )
 
 
-async def prune(tx: Any, *, window_s: float, limit: int = 1000) -> tuple[int, int]:
-    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` expired rows
-    from the inbox and from the delivery log; returns (inbox rows, delivery rows) deleted.
+async def prune(tx: Any, consumer: Consumer, *, limit: int = 1000) -> tuple[int, int]:
+    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` of
+    ``consumer``'s rows past its replay window (plus the margin) from the inbox and from the
+    delivery log; returns (inbox rows, delivery rows) deleted. Another consumer's rows are
+    never touched: each keeps its own window (migration 0026).
 
     Callers loop, one short transaction per batch, until both counts are below ``limit``.
     """
     require_transaction(tx)
-    horizon = window_s + PRUNE_MARGIN_S
-    inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit)
-    deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit)
+    horizon = consumer.replay_window_s + PRUNE_MARGIN_S
+    inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit, consumer.name)
+    deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit, consumer.name)
     return rows_affected(inbox), rows_affected(deliveries)
 
 
-async def prune_poison(tx: Any, *, retention_s: float, limit: int = 1000) -> int:
-    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` poison
-    records older than ``retention_s`` (oldest first); returns how many. A poison record is
-    evidence of a dead-lettered message: keep ``retention_s`` at least the replay horizon."""
+async def prune_poison(tx: Any, consumer: str, *, retention_s: float, limit: int = 1000) -> int:
+    """Runs in the caller's transaction; never commits. Deletes at most ``limit`` of
+    ``consumer``'s poison records older than ``retention_s`` (oldest first); returns how
+    many. A poison record is evidence of a dead-lettered message: keep ``retention_s`` at
+    least the replay horizon."""
     require_transaction(tx)
-    removed: int = await tx.fetchval(sql.PRUNE_POISON, float(retention_s), limit)
+    removed: int = await tx.fetchval(sql.PRUNE_POISON, consumer, float(retention_s), limit)
     return removed
 
 

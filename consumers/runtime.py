@@ -136,8 +136,9 @@ class ConsumerRuntime:
     def __post_init__(self) -> None:
         workflow = self.topology.workflow(self.config.workflow)
         self._queue_name = self.topology.queue(workflow.workflow)
+        self._consumer = Consumer(self.config.workflow, self.catalog, self.config.replay_window_s)
         self._processor = BatchProcessor(
-            consumer=Consumer(self.config.workflow, self.catalog, self.config.replay_window_s),
+            consumer=self._consumer,
             handlers=self.handlers,
             tenants=self.config.tenants,
             queue=self._queue_name,
@@ -323,14 +324,13 @@ class ConsumerRuntime:
                 while True:
                     async with conn.transaction():
                         counts = await inbox.prune(
-                            conn,
-                            window_s=self.config.replay_window_s,
-                            limit=self.config.prune_batch,
+                            conn, self._consumer, limit=self.config.prune_batch
                         )
                         poison = 0
                         if self.config.poison_retention_s is not None:
                             poison = await inbox.prune_poison(
                                 conn,
+                                self._consumer.name,
                                 retention_s=self.config.poison_retention_s,
                                 limit=self.config.prune_batch,
                             )

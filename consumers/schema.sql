@@ -23,24 +23,26 @@ SET row_security = off;
 CREATE SCHEMA consumers;
 
 --
--- Name: prune_poison(double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
+-- Name: prune_poison(text, double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
 --
 
-CREATE FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) RETURNS integer
+CREATE FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_n integer;
 BEGIN
-    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000
+    IF p_consumer IS NULL OR p_limit IS NULL OR p_limit < 1 OR p_limit > 10000
        OR p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity') THEN
-        RAISE EXCEPTION 'consumers.prune_poison: retention % s, batch %', p_retention_s, p_limit
+        RAISE EXCEPTION 'consumers.prune_poison: consumer %, retention % s, batch %',
+            p_consumer, p_retention_s, p_limit
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH doomed AS (
         SELECT p.id FROM consumers.poison p
-        WHERE p.created_at < now() - make_interval(secs => p_retention_s)
+        WHERE p.consumer = p_consumer
+          AND p.created_at < now() - make_interval(secs => p_retention_s)
         ORDER BY p.created_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -51,10 +53,10 @@ BEGIN
 END $$;
 
 --
--- Name: FUNCTION prune_poison(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: consumers; Owner: -
+-- Name: FUNCTION prune_poison(p_consumer text, p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: consumers; Owner: -
 --
 
-COMMENT ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of poison records older than the retention; the count (0023)';
+COMMENT ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of one consumer''s poison records older than the retention; the count (0026)';
 
 SET default_tablespace = '';
 
@@ -189,19 +191,19 @@ CREATE INDEX deliveries_operation_idx ON consumers.deliveries USING btree (tenan
 -- Name: deliveries_received_idx; Type: INDEX; Schema: consumers; Owner: -
 --
 
-CREATE INDEX deliveries_received_idx ON consumers.deliveries USING btree (received_at);
+CREATE INDEX deliveries_received_idx ON consumers.deliveries USING btree (consumer, received_at);
 
 --
 -- Name: inbox_retention_idx; Type: INDEX; Schema: consumers; Owner: -
 --
 
-CREATE INDEX inbox_retention_idx ON consumers.inbox USING btree (GREATEST(first_seen_at, occurred_at));
+CREATE INDEX inbox_retention_idx ON consumers.inbox USING btree (consumer, GREATEST(first_seen_at, occurred_at));
 
 --
 -- Name: poison_created_idx; Type: INDEX; Schema: consumers; Owner: -
 --
 
-CREATE INDEX poison_created_idx ON consumers.poison USING btree (created_at);
+CREATE INDEX poison_created_idx ON consumers.poison USING btree (consumer, created_at);
 
 --
 -- Name: SCHEMA consumers; Type: ACL; Schema: -; Owner: -
@@ -210,11 +212,11 @@ CREATE INDEX poison_created_idx ON consumers.poison USING btree (created_at);
 GRANT USAGE ON SCHEMA consumers TO accord_consumer;
 
 --
--- Name: FUNCTION prune_poison(p_retention_s double precision, p_limit integer); Type: ACL; Schema: consumers; Owner: -
+-- Name: FUNCTION prune_poison(p_consumer text, p_retention_s double precision, p_limit integer); Type: ACL; Schema: consumers; Owner: -
 --
 
-REVOKE ALL ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION consumers.prune_poison(p_retention_s double precision, p_limit integer) TO accord_consumer;
+REVOKE ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) TO accord_consumer;
 
 --
 -- Name: TABLE deliveries; Type: ACL; Schema: consumers; Owner: -

@@ -74,11 +74,13 @@ INSERT INTO consumers.deliveries
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
-# Delete one bounded batch of inbox rows past the retention horizon (oldest first).
+# Delete one bounded batch of consumer $3's inbox rows past the retention horizon (oldest
+# first); another consumer's rows are its own pruner's, by its own window.
 PRUNE_INBOX = """
 WITH doomed AS (
     SELECT ctid FROM consumers.inbox
-    WHERE GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => $1::float8)
+    WHERE consumer = $3
+      AND GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => $1::float8)
     ORDER BY GREATEST(first_seen_at, occurred_at)
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -86,11 +88,12 @@ WITH doomed AS (
 DELETE FROM consumers.inbox AS i USING doomed WHERE i.ctid = doomed.ctid
 """
 
-# Delete one bounded batch of delivery log rows past the retention horizon (oldest first).
+# Delete one bounded batch of consumer $3's delivery log rows past the retention horizon
+# (oldest first).
 PRUNE_DELIVERIES = """
 WITH doomed AS (
     SELECT id FROM consumers.deliveries
-    WHERE received_at < now() - make_interval(secs => $1::float8)
+    WHERE consumer = $3 AND received_at < now() - make_interval(secs => $1::float8)
     ORDER BY received_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -127,6 +130,6 @@ ORDER BY consumer, reason
 # The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
 SET_TRACE = "SELECT set_config('accord.trace', $1, true)"
 
-# Delete one bounded batch of at most $2 poison records older than $1 seconds (oldest first;
-# consumers.prune_poison, the consumer role's only way to remove one); the count.
-PRUNE_POISON = "SELECT consumers.prune_poison($1, $2)"
+# Delete one bounded batch of at most $3 of consumer $1's poison records older than $2 seconds
+# (oldest first; consumers.prune_poison, the consumer role's only way to remove one); the count.
+PRUNE_POISON = "SELECT consumers.prune_poison($1, $2, $3)"

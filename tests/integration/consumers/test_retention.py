@@ -1,56 +1,104 @@
-"""Poison records leave after their own retention (consumers.prune_poison, migration 0023),
-in bounded batches, through the function only: the consumer role cannot delete one at will."""
+"""Poison records leave after their own retention (consumers.prune_poison, migrations 0023
+and 0026), in bounded batches, through the function only: the consumer role cannot delete one
+at will. Each consumer prunes only its own inbox rows, delivery log and poison records, by its
+own window: one with a shorter window never removes what a longer one still promises."""
 
 from __future__ import annotations
 
-import anyio
 import asyncpg
 import pytest
 
-from accord.consumers import inbox
+from accord.consumers import Consumer, Delivery, inbox, sql
 from accord.schemas.topology import Topology
-from tests.integration.consumers.support import running, runtime_for
+from tests.integration.consumers.support import CATALOG, WORKFLOW, report, running, runtime_for
 from tests.support import wait_for
 
 DAY = 86400.0
 INSERT = (
     "INSERT INTO consumers.poison (consumer, queue, reason, redelivered, delivery_count,"
     " headers, body_size, body_sha256, created_at)"
-    " VALUES ('report', 'q', 'malformed', false, 0, '{}', 0, repeat('0', 64),"
+    " VALUES ($2, 'q', 'malformed', false, 0, '{}', 0, repeat('0', 64),"
     " now() - make_interval(secs => $1)) RETURNING id"
 )
+AGE_INBOX = (
+    "UPDATE consumers.inbox SET first_seen_at = now() - make_interval(secs => $1),"
+    " occurred_at = now() - make_interval(secs => $1)"
+)
+AGE_DELIVERIES = "UPDATE consumers.deliveries SET received_at = now() - make_interval(secs => $1)"
 
 
 async def test_poison_records_leave_after_their_retention_in_bounded_batches(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
-    old = [await pg.fetchval(INSERT, 31 * DAY + n) for n in range(5)]
-    young = await pg.fetchval(INSERT, 29 * DAY)
+    old = [await pg.fetchval(INSERT, 31 * DAY + n, "report") for n in range(5)]
+    young = await pg.fetchval(INSERT, 29 * DAY, "report")
+    others = await pg.fetchval(INSERT, 31 * DAY, "ledger")  # another consumer's, as old
     consumer = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
     try:
         # control: the consumer role cannot remove a poison record by plain SQL
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await consumer.execute("DELETE FROM consumers.poison WHERE id = $1", old[0])
         async with consumer.transaction():
-            assert await inbox.prune_poison(consumer, retention_s=40 * DAY) == 0
+            assert await inbox.prune_poison(consumer, "report", retention_s=40 * DAY) == 0
         batches = []
         for _ in range(3):
             async with consumer.transaction():
-                batches.append(await inbox.prune_poison(consumer, retention_s=30 * DAY, limit=2))
+                batches.append(
+                    await inbox.prune_poison(consumer, "report", retention_s=30 * DAY, limit=2)
+                )
         assert batches == [2, 2, 1]
     finally:
         await consumer.close()
-    assert [r[0] for r in await pg.fetch("SELECT id FROM consumers.poison")] == [young]
+    kept = {r[0] for r in await pg.fetch("SELECT id FROM consumers.poison")}
+    assert kept == {young, others}
+
+
+async def test_each_consumer_prunes_only_its_own_rows_by_its_own_window(
+    pg: asyncpg.Connection,
+) -> None:
+    longer = Consumer("ledger", CATALOG, replay_window_s=30 * DAY)
+    shorter = Consumer(WORKFLOW, CATALOG, replay_window_s=7 * DAY)
+    event = report()
+    for consumer in (longer, shorter):
+        async with pg.transaction():
+            assert await inbox.reserve(pg, consumer, event, Delivery())
+    await pg.execute(AGE_INBOX, 10 * DAY)
+    await pg.execute(AGE_DELIVERIES, 10 * DAY)
+    async with pg.transaction():  # control: the shorter window's own rows are past it
+        assert await inbox.prune(pg, shorter) == (1, 1)
+    async with pg.transaction():  # the longer window's rows are within it: kept
+        assert await inbox.prune(pg, longer) == (0, 0)
+    assert [r[0] for r in await pg.fetch("SELECT consumer FROM consumers.inbox")] == ["ledger"]
+    assert [r[0] for r in await pg.fetch("SELECT consumer FROM consumers.deliveries")] == ["ledger"]
+    async with pg.transaction():  # so a redelivery the longer window promises is absorbed
+        assert not await inbox.reserve(pg, longer, event, Delivery(redelivered=True))
+    async with pg.transaction():  # one consumer's expired rows, by the index leading with it
+        await pg.execute("SET LOCAL enable_seqscan = off")  # the table is tiny here
+        plan = "\n".join(
+            r[0] for r in await pg.fetch("EXPLAIN " + sql.PRUNE_INBOX, DAY, 10, WORKFLOW)
+        )
+    assert (
+        "inbox_retention_idx" in plan
+        and "Index Cond: ((consumer = 'report'::text) AND (GREATEST(" in plan
+    ), plan
 
 
 async def test_the_consumer_runtime_prunes_old_poison_with_its_inbox(
     amqp_url: str, pg_dsn: str, pg: asyncpg.Connection, topo: Topology
 ) -> None:
-    old = await pg.fetchval(INSERT, 31 * DAY)
-    young = await pg.fetchval(INSERT, 29 * DAY)
+    old = await pg.fetchval(INSERT, 31 * DAY, WORKFLOW)
+    young = await pg.fetchval(INSERT, 29 * DAY, WORKFLOW)
+    async with pg.transaction():  # an inbox row past the window shows the prune loop ran
+        consumer = Consumer(WORKFLOW, CATALOG, replay_window_s=7 * DAY)
+        assert await inbox.reserve(pg, consumer, report(), Delivery())
+    await pg.execute(AGE_INBOX, 8 * DAY)
     keeping = runtime_for(amqp_url, pg_dsn, topo)  # control: no poison retention, none pruned
     async with running(keeping):
-        await anyio.sleep(0.5)
+
+        async def inbox_pruned() -> bool:
+            return await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 0
+
+        await wait_for(inbox_pruned, within=20)
     assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 2
     async with running(runtime_for(amqp_url, pg_dsn, topo, poison_retention_s=30 * DAY)):
 

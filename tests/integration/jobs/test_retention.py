@@ -151,7 +151,7 @@ async def test_a_job_within_retention_is_kept_and_its_redelivery_absorbed_after_
     # redelivery is absorbed by the inbox while jobs.submit hands back the same job.
     await age_everything(RETENTION_S - 3600)
     async with jobs.pool.acquire() as conn, conn.transaction():
-        assert await consumer_inbox.prune(conn, window_s=WINDOW_S) == (0, 0)
+        assert await consumer_inbox.prune(conn, consumer) == (0, 0)
     assert await prune(jobs.pool) == Pruned()
     fresh, again = await deliver()
     assert not fresh
@@ -161,7 +161,7 @@ async def test_a_job_within_retention_is_kept_and_its_redelivery_absorbed_after_
     # its own; a redelivery (as old as its event now is) is refused, not taken as new.
     await age_everything(RETENTION_S + 60)
     async with jobs.pool.acquire() as conn, conn.transaction():
-        assert (await consumer_inbox.prune(conn, window_s=WINDOW_S))[0] == 1
+        assert (await consumer_inbox.prune(conn, consumer))[0] == 1
     assert await prune(jobs.pool) == Pruned(jobs=1, effects=1)
     assert set((await rows_of(jobs.pool, job_id)).values()) == {0}
     late = event.model_copy(
