@@ -36,7 +36,7 @@ from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, create_pool
+from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, create_pool
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog
 
@@ -95,6 +95,10 @@ class RuntimeConfig:
             )
         if min(self.prefetch, self.batch_max, self.concurrency) < 1:
             raise ConfigError("prefetch, batch_max and concurrency must be positive")
+        if not 1 <= self.prune_batch <= MAX_PRUNE_BATCH:
+            raise ConfigError(
+                f"a prune batch holds 1 to {MAX_PRUNE_BATCH} rows", prune_batch=self.prune_batch
+            )
         if not 0 <= self.batch_linger_s < self.drain_timeout_s:
             raise ConfigError(
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",

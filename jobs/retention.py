@@ -24,11 +24,11 @@ import asyncpg
 
 from accord.jobs import sql
 from accord.jobs.errors import PruneBlocked
-from accord.schemas.db import Tx, require_transaction
+from accord.schemas.db import MAX_PRUNE_BATCH, Tx, require_transaction
 from accord.schemas.errors import ConfigError
 
 #: The most jobs one batch may hold (jobs.prune refuses more): a batch is one short transaction.
-MAX_BATCH = 10_000
+MAX_BATCH = MAX_PRUNE_BATCH
 
 
 @dataclass(frozen=True, slots=True)

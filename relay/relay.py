@@ -31,7 +31,7 @@ from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, connect
 from accord.schemas.errors import ConfigError
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
@@ -87,6 +87,10 @@ class RelayConfig:
         sizes = (self.batch, self.in_flight, self.unroutable_attempts, self.prune_batch, self.loops)
         if min(sizes) < 1:
             raise ConfigError("relay sizes must be positive")
+        if self.prune_batch > MAX_PRUNE_BATCH:
+            raise ConfigError(
+                f"a prune batch holds at most {MAX_PRUNE_BATCH} rows", prune_batch=self.prune_batch
+            )
         if self.in_flight < self.loops:
             raise ConfigError("in_flight must be at least loops", in_flight=self.in_flight)
         if not 0 <= self.linger_s < self.lease_s:

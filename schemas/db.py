@@ -17,6 +17,10 @@ from accord.schemas.errors import (
     ServiceUnavailable,
 )
 
+#: The most rows one prune batch may take: every prune function refuses more (migration
+#: 0023), and a batch is one short transaction. Configurations are checked against it.
+MAX_PRUNE_BATCH = 10_000
+
 
 class Tx(Protocol):
     """The caller's open transaction: an asyncpg connection inside ``conn.transaction()``.

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # share one claim, publish and settle (0: claim at once).
     relay_linger_s: float = Field(default=0.01, ge=0)
     relay_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
-    relay_prune_batch: int = Field(default=1000, gt=0)
+    relay_prune_batch: int = Field(default=1000, gt=0, le=10_000)
     relay_prune_every_s: float = Field(default=60.0, gt=0)
     # Returns before a row is held as unroutable (a binding may appear a moment later).
     relay_unroutable_attempts: int = Field(default=3, gt=0)

@@ -116,14 +116,18 @@ async def replay(
     ``writer`` under the projection principal. ``rebuild`` empties the projection in the first
     batch's transaction. Raises ReplayWindowExceeded if ``since`` predates the retention
     window; ProjectionPrincipalLost (batch rolled back) if a handler left the principal."""
-    retained_from: datetime = await writer.fetchval(sql.AGO, retention_s)
-    if since < retained_from:
-        raise ReplayWindowExceeded(since=since.isoformat(), retained_from=retained_from.isoformat())
-    run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
-    summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
     pending: list[Mapping[str, Any]] = []
     reset = rebuild
     async with reader.transaction(isolation="repeatable_read", readonly=True):
+        # The window is judged in the snapshot the events are read from: a prune committed
+        # between the check and the read cannot take an event the check promised.
+        retained_from: datetime = await reader.fetchval(sql.RETAINED_FROM, retention_s)
+        if since < retained_from:
+            raise ReplayWindowExceeded(
+                since=since.isoformat(), retained_from=retained_from.isoformat()
+            )
+        run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
+        summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
         async for record in reader.cursor(
             sql.RETAINED_EVENTS, since, projection.event_types, prefetch=batch
         ):

@@ -133,9 +133,13 @@ ORDER BY workflow, reason
 
 # -- replay ---------------------------------------------------------------------------------
 
-# The database clock minus $1 seconds: a --since duration, and the retention window's start
-# (the outbox prunes published rows older than relay_retention_s).
+# The database clock minus $1 seconds: a --since duration.
 AGO = "SELECT now() - make_interval(secs => $1::float8)"
+
+# The start of the retention window ($1 = relay_retention_s) as the first statement of the
+# replay's snapshot: clock_timestamp() is read after the snapshot was taken, so every prune
+# that snapshot misses (published_at < its own now() - $1) removed only rows older than it.
+RETAINED_FROM = "SELECT clock_timestamp() - make_interval(secs => $1::float8)"
 
 # Retained published events of the versioned types in $2, enqueued at or after $1, in outbox
 # order (read in one snapshot through a cursor).

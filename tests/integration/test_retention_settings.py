@@ -5,11 +5,16 @@ connect to anything."""
 
 from __future__ import annotations
 
+import pydantic
 import pytest
 
 from accord.commands.common import check_retention, replay_horizon_s
+from accord.consumers import RuntimeConfig
 from accord.consumers.inbox import PRUNE_MARGIN_S
 from accord.errors import SettingsInvalid
+from accord.relay import RelayConfig
+from accord.schemas.db import MAX_PRUNE_BATCH
+from accord.schemas.errors import ConfigError
 from accord.schemas.settings import Settings
 from tests.integration.test_actionable_errors import accord, one_line
 
@@ -52,3 +57,19 @@ def test_a_retention_shorter_than_the_replay_horizon_is_refused(command: tuple[s
         timeout=30,
     )
     one_line(short_audit, "SettingsInvalid", "ACCORD_AUDIT_RETENTION_S=7000", "JOBS_RETENTION")
+
+
+def test_a_prune_batch_larger_than_the_prune_functions_take_is_refused_at_configuration() -> None:
+    relay = {"pg_dsn": "postgresql://x/y", "amqp_url": "amqp://x/", "exchange": "e"}
+    consumer = {"workflow": "report", "tenants": frozenset({"acme"})}
+    for size in (1, MAX_PRUNE_BATCH):  # control: the range the prune functions take
+        assert RelayConfig(**relay, prune_batch=size).prune_batch == size
+        assert RuntimeConfig(**consumer, prune_batch=size).prune_batch == size
+        assert Settings(relay_prune_batch=size).relay_prune_batch == size
+    # past it, the relay's and the consumer's first prune would stop them
+    with pytest.raises(ConfigError, match="prune batch"):
+        RelayConfig(**relay, prune_batch=MAX_PRUNE_BATCH + 1)
+    with pytest.raises(ConfigError, match="prune batch"):
+        RuntimeConfig(**consumer, prune_batch=MAX_PRUNE_BATCH + 1)
+    with pytest.raises(pydantic.ValidationError, match="relay_prune_batch"):
+        Settings(relay_prune_batch=MAX_PRUNE_BATCH + 1)
