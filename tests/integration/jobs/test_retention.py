@@ -426,6 +426,19 @@ async def test_effect_records_refuse_delete_outside_the_pruner(jobs: Jobs) -> No
         await conn.execute("SELECT set_config('accord.prune', 'jobs', true)")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("DELETE FROM jobs.effects WHERE job_id = $1", job_id)
+    # ... and were the role granted DELETE (and the guard's check), the guard itself still
+    # refuses it: the flag counts only for jobs.prune's owner (the grants are undone after)
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        await conn.execute("GRANT DELETE ON jobs.effects TO accord_worker")
+        await conn.execute("GRANT EXECUTE ON FUNCTION jobs.pruning() TO accord_worker")
+        await conn.execute("SET LOCAL ROLE accord_worker")
+        await conn.execute("SELECT set_config('accord.prune', 'jobs', true)")
+        with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="never deleted"):
+            async with conn.transaction():  # a savepoint: the transaction goes on after
+                await conn.execute("DELETE FROM jobs.effects WHERE job_id = $1", job_id)
+        await conn.execute("RESET ROLE")
+        await conn.execute("REVOKE DELETE ON jobs.effects FROM accord_worker")
+        await conn.execute("REVOKE EXECUTE ON FUNCTION jobs.pruning() FROM accord_worker")
     assert (await rows_of(jobs.pool, job_id))["effects"] == 1
     # control: the worker role runs the pruner itself
     async with jobs.pool.acquire() as conn, conn.transaction():
