@@ -129,11 +129,11 @@ async def test_prune_deletes_expired_rows_in_bounded_batches(pg: asyncpg.Connect
     )
     # control: nothing is pruned inside the window (plus margin)
     async with pg.transaction():
-        assert await prune(pg, window_s=7 * 86400.0, limit=2) == (0, 0)
+        assert await prune(pg, Consumer("report", CATALOG, 7 * 86400.0), limit=2) == (0, 0)
     async with pg.transaction():
-        assert await prune(pg, window_s=86400.0, limit=2) == (2, 2)
+        assert await prune(pg, Consumer("report", CATALOG, 86400.0), limit=2) == (2, 2)
     async with pg.transaction():
-        assert await prune(pg, window_s=86400.0, limit=10) == (3, 3)
+        assert await prune(pg, Consumer("report", CATALOG, 86400.0), limit=10) == (3, 3)
     assert await pg.fetchval("SELECT operation_id FROM consumers.inbox") == fresh.operation_id
     # the pruned operations are older than the window: a replay is refused, not new
     stale = report(occurred_at=datetime.now(UTC) - timedelta(days=3))
