@@ -118,7 +118,10 @@ class Spares:
         self._kept: list[tuple[Any, float]] = []  # (connection, kept at), oldest first
 
     async def take(self) -> Any:
-        """The most recently kept clean connection, or None."""
+        """The most recently kept clean connection, or None. Those kept longer than
+        ``idle_s`` go back to the pool first (its reset and idle limit then apply): after a
+        quiet spell a kept connection a firewall may have dropped is not the next one used."""
+        await self._expire(anyio.current_time())
         while self._kept:
             conn, _ = self._kept.pop()
             if clean(conn):
@@ -129,7 +132,10 @@ class Spares:
     async def keep(self, conn: Any) -> None:
         now = anyio.current_time()
         self._kept.append((conn, now))
-        while self._kept[0][1] < now - self._idle_s:
+        await self._expire(now)
+
+    async def _expire(self, now: float) -> None:
+        while self._kept and self._kept[0][1] < now - self._idle_s:
             await give_back(self._pool, self._kept.pop(0)[0])
 
     async def give_all(self) -> None:

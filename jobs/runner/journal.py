@@ -143,6 +143,10 @@ class RunnerJournal:
         self._rotating = anyio.Lock()
         self._queue: list[_Queued] = []
         self._noted = anyio.Event()  # set while a noted record may wait in the queue
+        # Set once a group's write or fsync failed: every later write fails, and the file's
+        # state after a failed fsync is unknown, so its owner must stop (and a restart rescan).
+        self._broken = anyio.Event()
+        self.broken: JournalBroken | None = None
         self.stats = JournalStats()
         self._reset(live.scan)
 
@@ -239,6 +243,10 @@ class RunnerJournal:
             raise JournalBroken(path=str(self.path), detail=str(error)) from error
         await anyio.lowlevel.checkpoint_if_cancelled()
 
+    async def wait_broken(self) -> None:
+        """Return once a write or fsync of this journal failed (``broken`` then says how)."""
+        await self._broken.wait()
+
     def note(self, record: Mapping[str, Any] | BaseModel) -> None:
         """Queue ``record`` without waiting for it (see "Noted records" in the module
         docstring): for a record no later step relies on. Raises JournalRecordInvalid (nothing
@@ -288,6 +296,13 @@ class RunnerJournal:
         try:
             offsets = await anyio.to_thread.run_sync(self._live.append_payloads, payloads)
         except Exception as exc:  # noqa: BLE001 - handed to each writer of the group
+            if self.broken is None:
+                self.broken = (
+                    exc
+                    if isinstance(exc, JournalBroken)
+                    else JournalBroken(path=str(self.path), detail=str(exc))
+                )
+                self._broken.set()
             for queued in batch:
                 queued.error = exc
                 if queued.done is not None:

@@ -21,7 +21,7 @@ span, jobs.runner.attempts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -33,6 +33,7 @@ from accord.jobs.errors import (
     EffectsUnresolved,
     EffectUndeclared,
     FenceLost,
+    JournalBroken,
     ObjectKeyInvalid,
     ResultMismatch,
 )
@@ -180,6 +181,7 @@ class Worker:
                     loops.start_soon(upkeep.prune, self.config.prune_every_s)
                 if self._pool is not None:
                     loops.start_soon(upkeep.rotate)
+                loops.start_soon(self._watch_journal)
                 task_status.started()
             # Stopping: no more claims. Give the jobs in flight their grace, then cancel.
             self._idle = anyio.Event()
@@ -187,6 +189,22 @@ class Worker:
                 with anyio.move_on_after(self.config.grace_s):
                     await self._idle.wait()
             jobs.cancel_scope.cancel()
+
+    async def _watch_journal(self) -> None:
+        """Until the worker stops: a journal whose write or fsync failed ends the worker (its
+        run raises JournalBroken: a crashed loop), so that it claims nothing more whose
+        effects could not begin, and a restart reopens and rescans the file."""
+        async with anyio.create_task_group() as watch:
+
+            async def until(event: Callable[[], Awaitable[Any]]) -> None:
+                await event()
+                watch.cancel_scope.cancel()
+
+            watch.start_soon(until, self._stop.wait)
+            watch.start_soon(until, self._journal.wait_broken)
+        if self._journal.broken is not None:
+            log.error("journal broken, the worker stops: %s", self._journal.broken)
+            raise self._journal.broken
 
     async def _claim_loop(self, registered: Registered, jobs: anyio.abc.TaskGroup) -> None:
         # The loop's claims share one kept connection (Store.hold): no pool acquire and
@@ -414,6 +432,8 @@ class Worker:
             return await self._complete(ctx, store)
         if error is None:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
+        if isinstance(error, JournalBroken):  # the worker's fault, not the job's: it stops
+            return await self._give_up(ctx, store, Ending.STOPPED, error_reason(error))
         # A key the class never declared, or a result the handler named two ways or not as a
         # content address, is the handler's own defect: retrying cannot help.
         retry = not isinstance(error, (EffectUndeclared, ResultMismatch, ObjectKeyInvalid))

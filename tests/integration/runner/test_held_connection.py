@@ -309,6 +309,42 @@ async def test_a_kept_connection_idle_past_the_limit_goes_back_to_the_pool(rig: 
         await pool.close()
 
 
+async def test_a_hold_after_a_quiet_spell_takes_no_connection_idle_past_the_limit(
+    rig: Rig,
+) -> None:
+    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=4)
+    assert pool is not None
+    leases = iter(await _leases(rig, 6))
+
+    async def publish_one(kept: Store) -> None:
+        async with kept.hold() as held:
+            await held.publish(next(leases), _Pids())
+
+    async def kept_after_a_quiet_spell_and_a_failed_hold(idle_s: float) -> int:
+        """Two kept, a pause of 0.3 s with no job at all, then a hold whose publish fails (its
+        connection goes back to the pool, kept by nobody): how many the store keeps then."""
+        async with Store(pool).keeping(idle_s=idle_s) as kept:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(publish_one, kept)
+                tg.start_soon(publish_one, kept)
+            await anyio.sleep(0.3)
+
+            async def failing(tx: Any) -> None:
+                raise RuntimeError("the callback failed")
+
+            with pytest.raises(RuntimeError):
+                async with kept.hold() as held:
+                    await held.publish(next(leases), failing)
+            return pool.get_size() - pool.get_idle_size()
+
+    try:
+        assert await kept_after_a_quiet_spell_and_a_failed_hold(60.0) == 1  # control: kept
+        # past the limit, taking a connection first gave back every one idle past it
+        assert await kept_after_a_quiet_spell_and_a_failed_hold(0.2) == 0
+    finally:
+        await pool.close()
+
+
 @pytest.mark.parametrize("idle_s", [-1.0, float("nan"), float("inf")])
 async def test_a_bad_idle_limit_is_refused_before_anything_is_kept(rig: Rig, idle_s: float) -> None:
     async with rig.store.keeping(idle_s=0.0):  # control: zero keeps nothing idle, and works

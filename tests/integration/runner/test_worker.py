@@ -3,7 +3,9 @@ heartbeats, deadlines, a lease lost to a blocked event loop, and SIGTERM-style s
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 
 import anyio
@@ -13,7 +15,8 @@ import pytest
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.demo.provider import Fault
 from accord.jobs import FenceLost, JobState, submit
-from accord.jobs.runner import Ending, Handler, JobContext, scan_journal
+from accord.jobs.errors import JournalBroken
+from accord.jobs.runner import Ending, Handler, JobContext, Success, scan_journal
 from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -299,3 +302,67 @@ async def test_postgresql_cutting_the_workers_connections_loses_no_job(rig: Rig)
 
 async def _at_least(runs: list[str], n: int) -> bool:
     return len(runs) >= n
+
+
+async def test_a_journal_whose_fsync_failed_stops_the_worker_before_it_claims_more(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _register(rig, "mailer")
+    sent: list[int] = []
+
+    async def mailer(ctx: JobContext) -> None:
+        async def send() -> Success:
+            sent.append(ctx.lease.job_id)
+            return Success(f"sent-{ctx.lease.job_id}")
+
+        await ctx.effect("mail.send", {"to": ctx.payload["to"]}, send)
+
+    first = await rig.submit_job("m1", "mailer", to="a")
+    worker = rig.worker({"mailer": (mailer, 10.0)}, concurrency=1)
+    failure: list[BaseException] = []
+    ended = anyio.Event()
+
+    async def run() -> None:
+        try:
+            await worker.run()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it below
+            failure.append(exc)
+        finally:
+            ended.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await wait_for(_succeeded(rig, first))  # control: a healthy journal, a job done
+
+            def failing_fsync(fd: int) -> None:
+                raise OSError(errno.EIO, "simulated fsync failure")
+
+            monkeypatch.setattr(os, "fsync", failing_fsync)
+            second = await rig.submit_job("m2", "mailer", to="b")
+            third = await rig.submit_job("m3", "mailer", to="c")
+            with anyio.fail_after(20):  # the worker ends on its own: nobody stops it
+                await ended.wait()
+    finally:
+        monkeypatch.undo()
+        worker.journal.close()
+    # The first write after the fault broke the journal (the first job's noted records, or
+    # the second's claim or effect begin, whichever group went first) and the worker ended.
+    assert isinstance(_leaf(failure[0]), JournalBroken), failure
+    assert sent == [first]  # nothing dispatched after the fault
+    assert await rig.state(second) == JobState.QUEUED
+    endings = [f.ending for f in worker.stats.recent]
+    if endings == [Ending.PUBLISHED]:  # broken before the second was claimed
+        assert (await rig.job(second))["attempts"] == 0
+    else:  # claimed, its begin not journaled: never dispatched, not the job's failure
+        assert endings == [Ending.PUBLISHED, Ending.STOPPED], endings
+        assert (await rig.job(second))["last_error"] == "journal_broken"
+        assert await rig.effects(second) in ([], [("mail.send", 1, "failed_before_dispatch", None)])
+    assert (await rig.job(third))["attempts"] == 0  # claimed by nobody: the worker stopped
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The one error inside (nested) exception groups."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
