@@ -281,23 +281,30 @@ async def test_keeping_gives_every_connection_back_and_a_failed_publish_keeps_no
 async def test_a_kept_connection_idle_past_the_limit_goes_back_to_the_pool(rig: Rig) -> None:
     pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=4)
     assert pool is not None
-    leases = iter(await _leases(rig, 6))
+    leases = iter(await _leases(rig, 12))
 
-    async def publish_one(kept: Store) -> None:
+    async def publish_one(kept: Store, callback: Any = None) -> None:
         async with kept.hold() as held:
-            await held.publish(next(leases), _Pids())
+            await held.publish(next(leases), callback or _Pids())
 
-    async def kept_after_a_pause(idle_s: float) -> int:
-        """Two holds side by side (two kept), a pause of 0.3 s, one more hold: how many
-        connections the store keeps out of the pool then."""
-        store = Store(pool)
-        async with store.keeping(idle_s=idle_s) as kept:
+    async def failing(tx: Any) -> None:
+        raise RuntimeError("the callback failed")
+
+    async def kept_after_a_pause(idle_s: float, *, then_fails: bool = False) -> int:
+        """Two holds side by side (two kept), a pause of 0.3 s with no job, one more hold
+        (whose publish fails with ``then_fails``: its connection goes back to the pool, kept
+        by nobody): how many connections the store keeps out of the pool then."""
+        async with Store(pool).keeping(idle_s=idle_s) as kept:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(publish_one, kept)
                 tg.start_soon(publish_one, kept)
             assert pool.get_size() - pool.get_idle_size() == 2
             await anyio.sleep(0.3)
-            await publish_one(kept)  # takes the newer, keeps it again
+            if then_fails:
+                with pytest.raises(RuntimeError):
+                    await publish_one(kept, failing)
+            else:
+                await publish_one(kept)  # takes the newer, keeps it again
             out = pool.get_size() - pool.get_idle_size()
         assert pool.get_idle_size() == pool.get_size()  # every one back on exit
         return out
@@ -305,42 +312,9 @@ async def test_a_kept_connection_idle_past_the_limit_goes_back_to_the_pool(rig: 
     try:
         assert await kept_after_a_pause(60.0) == 2  # control: within the limit, both kept
         assert await kept_after_a_pause(0.2) == 1  # past it, the unused one went back
-    finally:
-        await pool.close()
-
-
-async def test_a_hold_after_a_quiet_spell_takes_no_connection_idle_past_the_limit(
-    rig: Rig,
-) -> None:
-    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=4)
-    assert pool is not None
-    leases = iter(await _leases(rig, 6))
-
-    async def publish_one(kept: Store) -> None:
-        async with kept.hold() as held:
-            await held.publish(next(leases), _Pids())
-
-    async def kept_after_a_quiet_spell_and_a_failed_hold(idle_s: float) -> int:
-        """Two kept, a pause of 0.3 s with no job at all, then a hold whose publish fails (its
-        connection goes back to the pool, kept by nobody): how many the store keeps then."""
-        async with Store(pool).keeping(idle_s=idle_s) as kept:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(publish_one, kept)
-                tg.start_soon(publish_one, kept)
-            await anyio.sleep(0.3)
-
-            async def failing(tx: Any) -> None:
-                raise RuntimeError("the callback failed")
-
-            with pytest.raises(RuntimeError):
-                async with kept.hold() as held:
-                    await held.publish(next(leases), failing)
-            return pool.get_size() - pool.get_idle_size()
-
-    try:
-        assert await kept_after_a_quiet_spell_and_a_failed_hold(60.0) == 1  # control: kept
-        # past the limit, taking a connection first gave back every one idle past it
-        assert await kept_after_a_quiet_spell_and_a_failed_hold(0.2) == 0
+        assert await kept_after_a_pause(60.0, then_fails=True) == 1  # control: the other kept
+        # past it, the hold gave back every one idle past the limit before taking one
+        assert await kept_after_a_pause(0.2, then_fails=True) == 0
     finally:
         await pool.close()
 
