@@ -15,6 +15,7 @@ event whose row was pruned can never be mistaken for a new one.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from typing import Any
 
 from accord.consumers import sql
 from accord.consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
-from accord.schemas.db import require_transaction, rows_affected
+from accord.schemas.db import require_transaction, retention_refusal, rows_affected
+from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog, Event
 
 # Pruning keeps rows this much longer than the window: a reserve whose transaction began
@@ -47,6 +49,20 @@ class Consumer:
     name: str
     catalog: Catalog
     replay_window_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.replay_window_s) and self.replay_window_s > 0):
+            raise ConfigError(
+                "a replay window must be a finite number of seconds > 0",
+                consumer=self.name,
+                replay_window_s=self.replay_window_s,
+            )
+
+    @property
+    def horizon_s(self) -> float:
+        """How long a redelivery may still arrive and be absorbed: the window plus the
+        margin the pruner keeps."""
+        return self.replay_window_s + PRUNE_MARGIN_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,20 +239,30 @@ async def prune(tx: Any, consumer: Consumer, *, limit: int = 1000) -> tuple[int,
     Callers loop, one short transaction per batch, until both counts are below ``limit``.
     """
     require_transaction(tx)
-    horizon = consumer.replay_window_s + PRUNE_MARGIN_S
-    inbox = await tx.execute(sql.PRUNE_INBOX, horizon, limit, consumer.name)
-    deliveries = await tx.execute(sql.PRUNE_DELIVERIES, horizon, limit, consumer.name)
+    inbox = await tx.execute(sql.PRUNE_INBOX, consumer.horizon_s, limit, consumer.name)
+    deliveries = await tx.execute(sql.PRUNE_DELIVERIES, consumer.horizon_s, limit, consumer.name)
     return rows_affected(inbox), rows_affected(deliveries)
 
 
 async def prune_poison(tx: Any, consumer: str, *, retention_s: float, limit: int = 1000) -> int:
     """Runs in the caller's transaction; never commits. Deletes at most ``limit`` of
     ``consumer``'s poison records older than ``retention_s`` (oldest first); returns how
-    many. A poison record is evidence of a dead-lettered message: keep ``retention_s`` at
-    least the replay horizon."""
+    many. A poison record is evidence of a dead-lettered message: ``retention_s`` shorter
+    than the consumer's declared horizon is refused (RetentionTooShort, nothing removed)."""
     require_transaction(tx)
-    removed: int = await tx.fetchval(sql.PRUNE_POISON, consumer, float(retention_s), limit)
+    with retention_refusal(retention_s):
+        removed: int = await tx.fetchval(sql.PRUNE_POISON, consumer, float(retention_s), limit)
     return removed
+
+
+async def declare_window(conn: Any, consumer: Consumer) -> None:
+    """Records ``consumer``'s replay window and prune margin in the database (its own
+    statement; the last declaration of a consumer stands), so that every pruner keeps
+    what a redelivery may still need: jobs.prune refuses a retention shorter than the
+    longest declared horizon, consumers.prune_poison one shorter than its consumer's.
+    The runtime declares at every start; code that reserves without the runtime calls it
+    once before its first delivery."""
+    await conn.execute(sql.DECLARE_WINDOW, consumer.name, consumer.replay_window_s, PRUNE_MARGIN_S)
 
 
 async def delivery_counts(conn: Any) -> list[Any]:

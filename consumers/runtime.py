@@ -37,7 +37,7 @@ from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
 from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, create_pool
-from accord.schemas.errors import ConfigError
+from accord.schemas.errors import ConfigError, RetentionTooShort
 from accord.schemas.events import Catalog
 
 log = logging.getLogger("consumers")
@@ -84,8 +84,8 @@ class RuntimeConfig:
     prune_batch: int = 1000
     declare: bool = True  # declare the topology at start; False: check it passively
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # Poison records older than this are pruned with the inbox (None: kept; the composition
-    # root keeps it past the replay horizon).
+    # Poison records older than this are pruned with the inbox (None: kept); never shorter
+    # than the replay horizon (the window plus the inbox's prune margin).
     poison_retention_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -103,6 +103,14 @@ class RuntimeConfig:
             raise ConfigError(
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",
                 batch_linger_s=self.batch_linger_s,
+            )
+        horizon_s = self.replay_window_s + inbox.PRUNE_MARGIN_S
+        if self.poison_retention_s is not None and not self.poison_retention_s >= horizon_s:
+            raise ConfigError(
+                "poison_retention_s is shorter than the replay horizon (the replay window"
+                f" plus {inbox.PRUNE_MARGIN_S:.0f} s): a redelivery could outlive its record",
+                poison_retention_s=self.poison_retention_s,
+                horizon_s=horizon_s,
             )
         if (
             isinstance(self.max_body_bytes, bool)
@@ -230,6 +238,8 @@ class ConsumerRuntime:
                 queue=self._queue_name,
                 error=type(exc).__name__,
             ) from exc
+        async with pool.acquire() as conn:  # before the first delivery of this session
+            await inbox.declare_window(conn, self._consumer)
         self.sessions += 1
         with contextlib.ExitStack() as streams:
             lanes = [await self._lane(connection, streams) for _ in range(cfg.concurrency)]
@@ -322,25 +332,32 @@ class ConsumerRuntime:
         raise ConnectionLost(service="rabbitmq")
 
     async def _prune_loop(self, pool: Any) -> None:
+        """Each interval, bounded batches of the inbox and delivery log (and of poison
+        records, given a retention) until one comes back short. A poison retention the
+        database refuses (another process of this consumer declared a longer window) is
+        logged and its pruning skipped for that round; the inbox's goes on."""
+        cfg = self.config
         while True:
-            observe.beat("consumer.prune", within_s=self.config.prune_interval_s)
+            observe.beat("consumer.prune", within_s=cfg.prune_interval_s)
             async with pool.acquire() as conn:
                 while True:
                     async with conn.transaction():
-                        counts = await inbox.prune(
-                            conn, self._consumer, limit=self.config.prune_batch
-                        )
-                        poison = 0
-                        if self.config.poison_retention_s is not None:
-                            poison = await inbox.prune_poison(
-                                conn,
-                                self._consumer.name,
-                                retention_s=self.config.poison_retention_s,
-                                limit=self.config.prune_batch,
-                            )
-                    if max(*counts, poison) < self.config.prune_batch:
+                        counts = await inbox.prune(conn, self._consumer, limit=cfg.prune_batch)
+                    poison = 0
+                    if cfg.poison_retention_s is not None:
+                        try:
+                            async with conn.transaction():
+                                poison = await inbox.prune_poison(
+                                    conn,
+                                    self._consumer.name,
+                                    retention_s=cfg.poison_retention_s,
+                                    limit=cfg.prune_batch,
+                                )
+                        except RetentionTooShort as exc:
+                            log.error("poison records not pruned: %s", exc)
+                    if max(*counts, poison) < cfg.prune_batch:
                         break
-            await anyio.sleep(self.config.prune_interval_s)
+            await anyio.sleep(cfg.prune_interval_s)
 
 
 @dataclass

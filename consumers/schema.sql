@@ -23,6 +23,30 @@ SET row_security = off;
 CREATE SCHEMA consumers;
 
 --
+-- Name: declare_window(text, double precision, double precision); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO consumers.replay_windows AS w (consumer, replay_window_s, margin_s)
+    VALUES (p_consumer, p_replay_window_s, p_margin_s)
+    ON CONFLICT (consumer) DO UPDATE
+    SET replay_window_s = EXCLUDED.replay_window_s, margin_s = EXCLUDED.margin_s,
+        declared_at = now(), declared_by = session_user
+    WHERE (w.replay_window_s, w.margin_s) IS DISTINCT FROM
+          (EXCLUDED.replay_window_s, EXCLUDED.margin_s);
+END $$;
+
+--
+-- Name: FUNCTION declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision); Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) IS 'Record a consumer''s replay window and prune margin, replacing its earlier declaration (0027)';
+
+--
 -- Name: prune_poison(text, double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
 --
 
@@ -32,12 +56,21 @@ CREATE FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double pre
     AS $$
 DECLARE
     v_n integer;
+    v_horizon double precision;
 BEGIN
     IF p_consumer IS NULL OR p_limit IS NULL OR p_limit < 1 OR p_limit > 10000
        OR p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity') THEN
         RAISE EXCEPTION 'consumers.prune_poison: consumer %, retention % s, batch %',
             p_consumer, p_retention_s, p_limit
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT h.horizon_s INTO v_horizon FROM consumers.replay_horizon(p_consumer) h;
+    IF p_retention_s < v_horizon THEN
+        RAISE EXCEPTION 'consumers.prune_poison: retention % s is shorter than the replay horizon of consumer % (% s)',
+            p_retention_s, p_consumer, v_horizon
+            USING ERRCODE = 'AR001',
+                  DETAIL = json_build_object('consumer', p_consumer, 'horizon_s', v_horizon)::text,
+                  HINT = 'a redelivery could outlive its poison record: set the retention to at least the horizon';
     END IF;
     WITH doomed AS (
         SELECT p.id FROM consumers.poison p
@@ -56,7 +89,27 @@ END $$;
 -- Name: FUNCTION prune_poison(p_consumer text, p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: consumers; Owner: -
 --
 
-COMMENT ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of one consumer''s poison records older than the retention; the count (0026)';
+COMMENT ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of one consumer''s poison records older than the retention, never shorter than its declared replay horizon; the count (0027)';
+
+--
+-- Name: replay_horizon(text); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.replay_horizon(p_consumer text) RETURNS TABLE(consumer text, horizon_s double precision)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT w.consumer, w.replay_window_s + w.margin_s FROM consumers.replay_windows w
+    WHERE p_consumer IS NULL OR w.consumer = p_consumer
+    ORDER BY 2 DESC, 1
+    LIMIT 1
+$$;
+
+--
+-- Name: FUNCTION replay_horizon(p_consumer text); Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON FUNCTION consumers.replay_horizon(p_consumer text) IS 'The longest declared replay horizon (window + margin) of one consumer, or of all, and its consumer (0027)';
 
 SET default_tablespace = '';
 
@@ -154,6 +207,26 @@ ALTER TABLE consumers.poison ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 --
+-- Name: replay_windows; Type: TABLE; Schema: consumers; Owner: -
+--
+
+CREATE TABLE consumers.replay_windows (
+    consumer text NOT NULL,
+    replay_window_s double precision NOT NULL,
+    margin_s double precision NOT NULL,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    declared_by text DEFAULT SESSION_USER NOT NULL,
+    CONSTRAINT replay_windows_margin_s_check CHECK (((margin_s >= (0)::double precision) AND (margin_s < 'Infinity'::double precision))),
+    CONSTRAINT replay_windows_replay_window_s_check CHECK (((replay_window_s > (0)::double precision) AND (replay_window_s < 'Infinity'::double precision)))
+);
+
+--
+-- Name: TABLE replay_windows; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON TABLE consumers.replay_windows IS 'Each consumer''s replay window and prune margin as it last declared them at start (0027)';
+
+--
 -- Name: deliveries deliveries_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
 --
 
@@ -180,6 +253,13 @@ ALTER TABLE ONLY consumers.inbox
 
 ALTER TABLE ONLY consumers.poison
     ADD CONSTRAINT poison_pkey PRIMARY KEY (id);
+
+--
+-- Name: replay_windows replay_windows_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.replay_windows
+    ADD CONSTRAINT replay_windows_pkey PRIMARY KEY (consumer);
 
 --
 -- Name: deliveries_operation_idx; Type: INDEX; Schema: consumers; Owner: -
@@ -212,11 +292,24 @@ CREATE INDEX poison_created_idx ON consumers.poison USING btree (consumer, creat
 GRANT USAGE ON SCHEMA consumers TO accord_consumer;
 
 --
+-- Name: FUNCTION declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision); Type: ACL; Schema: consumers; Owner: -
+--
+
+REVOKE ALL ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) TO accord_consumer;
+
+--
 -- Name: FUNCTION prune_poison(p_consumer text, p_retention_s double precision, p_limit integer); Type: ACL; Schema: consumers; Owner: -
 --
 
 REVOKE ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) TO accord_consumer;
+
+--
+-- Name: FUNCTION replay_horizon(p_consumer text); Type: ACL; Schema: consumers; Owner: -
+--
+
+REVOKE ALL ON FUNCTION consumers.replay_horizon(p_consumer text) FROM PUBLIC;
 
 --
 -- Name: TABLE deliveries; Type: ACL; Schema: consumers; Owner: -

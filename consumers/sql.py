@@ -74,6 +74,10 @@ INSERT INTO consumers.deliveries
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
+# Declare consumer $1's replay window $2 and prune margin $3 (consumers.declare_window,
+# migration 0027): jobs.prune and consumers.prune_poison never go inside the horizon.
+DECLARE_WINDOW = "SELECT consumers.declare_window($1, $2, $3)"
+
 # Delete one bounded batch of consumer $3's inbox rows past the retention horizon (oldest
 # first); another consumer's rows are its own pruner's, by its own window.
 PRUNE_INBOX = """

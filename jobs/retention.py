@@ -10,9 +10,11 @@ job (``jobs.submit`` holds it until its caller commits, and the pruner passes it
 no key and creates a new job; it is never handed a job that disappears under it.
 
 The retention must be at least the replay horizon (the inbox's replay window plus its prune
-margin), so that a redelivery that can still arrive finds its inbox row or its job: the
-composition root refuses shorter settings (``accord.commands.common.check_retention``); this
-module only refuses values that cannot work at all.
+margin), so that a redelivery that can still arrive finds its inbox row or its job. The
+database holds it: each consumer declares its window at start (migration 0027), and
+jobs.prune refuses a retention shorter than the longest declared horizon, whoever calls it
+(``RetentionTooShort``); the composition root refuses such settings before anything starts
+(``accord.commands.common.check_retention``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncpg
 
 from accord.jobs import sql
 from accord.jobs.errors import PruneBlocked
-from accord.schemas.db import MAX_PRUNE_BATCH, Tx, require_transaction
+from accord.schemas.db import MAX_PRUNE_BATCH, Tx, require_transaction, retention_refusal
 from accord.schemas.errors import ConfigError
 
 #: The most jobs one batch may hold (jobs.prune refuses more): a batch is one short transaction.
@@ -75,14 +77,17 @@ async def prune(tx: Tx, *, retention_s: float, audit_retention_s: float, limit: 
     audit rows older than ``audit_retention_s`` whose job is gone. Callers loop, one short
     transaction per batch, while ``Pruned.full(limit)``.
 
-    Raises ConfigError for values that cannot work (see ``check``), and PruneBlocked (naming
-    the constraint and its table) when another schema's foreign key forbids removing a job of
-    the batch: nothing of that batch is removed.
+    Raises ConfigError for values that cannot work (see ``check``), RetentionTooShort (a
+    ConfigError, with ``horizon_s`` and ``consumer``) when ``retention_s`` is shorter than a
+    consumer's declared replay horizon, and PruneBlocked (naming the constraint and its
+    table) when another schema's foreign key forbids removing a job of the batch: in each
+    case nothing is removed.
     """
     require_transaction(tx)
     check(retention_s, audit_retention_s, limit)
     try:
-        row = await tx.fetchrow(sql.PRUNE, float(retention_s), float(audit_retention_s), limit)
+        with retention_refusal(retention_s):
+            row = await tx.fetchrow(sql.PRUNE, float(retention_s), float(audit_retention_s), limit)
     except asyncpg.ForeignKeyViolationError as exc:
         raise PruneBlocked(
             constraint=exc.constraint_name, table=exc.table_name, schema=exc.schema_name

@@ -512,6 +512,8 @@ DECLARE
     v_effects integer := 0;
     v_results integer := 0;
     v_audit integer := 0;
+    v_consumer text;
+    v_horizon double precision;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
         RAISE EXCEPTION 'jobs.prune: a batch holds 1 to 10000 jobs, not %', p_limit
@@ -522,6 +524,16 @@ BEGIN
                                               AND p_audit_retention_s < 'infinity') THEN
         RAISE EXCEPTION 'jobs.prune: retention % s and audit retention % s (at least as long)',
             p_retention_s, p_audit_retention_s USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The replay horizon (0027): a job's operation key outlives every redelivery that a
+    -- consumer may still admit, whichever process asks for the batch.
+    SELECT h.consumer, h.horizon_s INTO v_consumer, v_horizon FROM consumers.replay_horizon(NULL) h;
+    IF p_retention_s < v_horizon THEN
+        RAISE EXCEPTION 'jobs.prune: retention % s is shorter than the replay horizon of consumer % (% s)',
+            p_retention_s, v_consumer, v_horizon
+            USING ERRCODE = 'AR001',
+                  DETAIL = json_build_object('consumer', v_consumer, 'horizon_s', v_horizon)::text,
+                  HINT = 'a redelivery could outlive its job: set the retention to at least the horizon';
     END IF;
     v_cutoff := now() - make_interval(secs => p_retention_s);
     -- Step 1: lock one batch of candidates, oldest first; a row another transaction holds
@@ -589,7 +601,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention; counts per table (0023)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention; counts per table (0027)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -

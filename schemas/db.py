@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -14,12 +15,39 @@ from accord.schemas.errors import (
     DatabaseMissing,
     InvalidDsn,
     NotInTransaction,
+    RetentionTooShort,
     ServiceUnavailable,
 )
 
 #: The most rows one prune batch may take: every prune function refuses more (migration
 #: 0023), and a batch is one short transaction. Configurations are checked against it.
 MAX_PRUNE_BATCH = 10_000
+
+
+#: The SQLSTATE with which jobs.prune and consumers.prune_poison refuse a retention shorter
+#: than a declared replay horizon (migration 0027); DETAIL holds the horizon as JSON.
+RETENTION_TOO_SHORT = "AR001"
+
+
+@contextmanager
+def retention_refusal(retention_s: float) -> Iterator[None]:
+    """Raise RetentionTooShort (with the horizon and the consumer that declared it) where
+    the database refused a prune's retention (AR001); any other error passes unchanged."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != RETENTION_TOO_SHORT:
+            raise
+        detail = json.loads(getattr(exc, "detail", None) or "{}")
+        horizon_s = float(detail["horizon_s"])
+        raise RetentionTooShort(
+            f"a retention of {retention_s:.0f} s is shorter than the replay horizon consumer"
+            f" {detail['consumer']!r} declared ({horizon_s:.0f} s): nothing was removed; set it"
+            " to at least the horizon",
+            retention_s=float(retention_s),
+            horizon_s=horizon_s,
+            consumer=detail["consumer"],
+        ) from exc
 
 
 class Tx(Protocol):

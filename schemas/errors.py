@@ -7,6 +7,7 @@ errors of the contracts everyone shares::
     AccordError
     ├── NotInTransaction          a durable write was given no open transaction
     ├── ConfigError               settings that cannot work
+    │   ├── RetentionTooShort     a prune asked for less than a consumer's declared replay horizon
     │   └── ServiceRefused        a service answered and refused us: retrying cannot help
     │       ├── InvalidDsn            ACCORD_PG_DSN (or another DSN) is not a PostgreSQL DSN
     │       ├── DatabaseLoginRefused  PostgreSQL refused the user, password or role
@@ -62,6 +63,16 @@ class ConfigError(AccordError):
     """The configuration cannot work."""
 
     reason = "config"
+
+
+class RetentionTooShort(ConfigError):
+    """The retention is shorter than a consumer's declared replay horizon; nothing removed.
+
+    A redelivery could outlive what the prune would remove. Set the retention to at least
+    ``horizon_s`` (``consumer`` declared it at its start: its replay window plus its prune
+    margin, consumers.replay_windows)."""
+
+    reason = "retention_too_short"
 
 
 class ServiceRefused(ConfigError):

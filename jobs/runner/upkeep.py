@@ -22,6 +22,7 @@ from accord.jobs.runner.journal import RunnerJournal
 from accord.jobs.store import Store
 from accord.schemas.backoff import Backoff, BackoffPolicy
 from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.errors import RetentionTooShort
 
 log = logging.getLogger("accord.worker")
 
@@ -76,8 +77,10 @@ class Upkeep:
         """Retention: one short transaction per bounded batch (jobs.retention.prune); while
         they come back full (a backlog) the next follows after a pause as long as the batch
         took, so retention takes at most half of this loop's time, else a nap of ``every_s``.
-        A batch another schema's foreign key refuses (PruneBlocked) is logged and tried again
-        after a growing wait, capped at an hour: retention stops there, the jobs never do."""
+        A batch another schema's foreign key refuses (PruneBlocked), or a retention shorter
+        than a consumer's declared replay horizon (RetentionTooShort), is logged and tried
+        again after a growing wait, capped at an hour: retention stops there, the jobs never
+        do."""
         cfg = self._config
         blocked = Backoff(BackoffPolicy(base_s=every_s, cap_s=max(every_s, 3600.0)))
         while not self._stop.is_set():
@@ -91,7 +94,7 @@ class Upkeep:
                         audit_retention_s=cfg.prune_audit_retention_s,
                         limit=cfg.prune_batch,
                     )
-            except PruneBlocked as exc:
+            except (PruneBlocked, RetentionTooShort) as exc:
                 wait = blocked.next()
                 log.error("retention blocked, retrying in %.0f s: %s", wait, exc)
             except DB_CONNECTION_LOST as exc:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from accord.consumers import Consumer, Delivery, inbox, sql
+from accord.consumers import Consumer, Delivery, RuntimeConfig, inbox, sql
+from accord.schemas.errors import ConfigError, RetentionTooShort
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import CATALOG, WORKFLOW, report, running, runtime_for
 from tests.support import wait_for
@@ -51,6 +52,36 @@ async def test_poison_records_leave_after_their_retention_in_bounded_batches(
         await consumer.close()
     kept = {r[0] for r in await pg.fetch("SELECT id FROM consumers.poison")}
     assert kept == {young, others}
+
+
+async def test_a_poison_retention_inside_its_consumer_s_declared_horizon_is_refused(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    old = await pg.fetchval(INSERT, 8 * DAY, "report")
+    consumer = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        await inbox.declare_window(consumer, Consumer("report", CATALOG, 7 * DAY))
+        await inbox.declare_window(consumer, Consumer("ledger", CATALOG, 30 * DAY))
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # only through the function
+            await consumer.execute("DELETE FROM consumers.replay_windows")
+        horizon = 7 * DAY + inbox.PRUNE_MARGIN_S
+        with pytest.raises(RetentionTooShort) as caught:
+            async with consumer.transaction():
+                await inbox.prune_poison(consumer, "report", retention_s=horizon - 1)
+        assert (caught.value.consumer, caught.value.horizon_s) == ("report", horizon)
+        assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 1  # kept
+        # control: its own horizon is enough; another consumer's longer window is its own
+        async with consumer.transaction():
+            assert await inbox.prune_poison(consumer, "report", retention_s=horizon) == 1
+    finally:
+        await consumer.close()
+    assert await pg.fetchval("SELECT count(*) FROM consumers.poison WHERE id = $1", old) == 0
+
+
+def test_a_runtime_config_refuses_a_poison_retention_inside_its_horizon() -> None:
+    RuntimeConfig(WORKFLOW, frozenset({"*"}), replay_window_s=DAY, poison_retention_s=DAY + 300)
+    with pytest.raises(ConfigError, match="shorter than the replay horizon"):
+        RuntimeConfig(WORKFLOW, frozenset({"*"}), replay_window_s=DAY, poison_retention_s=DAY)
 
 
 async def test_each_consumer_prunes_only_its_own_rows_by_its_own_window(
@@ -99,6 +130,11 @@ async def test_the_consumer_runtime_prunes_old_poison_with_its_inbox(
             return await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 0
 
         await wait_for(inbox_pruned, within=20)
+        declared = await pg.fetchrow(
+            "SELECT replay_window_s, margin_s FROM consumers.replay_windows WHERE consumer = $1",
+            WORKFLOW,
+        )
+        assert tuple(declared) == (keeping.config.replay_window_s, inbox.PRUNE_MARGIN_S)
     assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 2
     async with running(runtime_for(amqp_url, pg_dsn, topo, poison_retention_s=30 * DAY)):
 

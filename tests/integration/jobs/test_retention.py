@@ -22,7 +22,7 @@ from accord.jobs import retention as jobs_retention
 from accord.jobs.errors import PruneBlocked
 from accord.jobs.retention import Pruned
 from accord.jobs.runner.objects import LocalDirStore
-from accord.schemas.errors import ConfigError
+from accord.schemas.errors import ConfigError, RetentionTooShort
 from tests.integration.consumers.support import CATALOG, report
 from tests.integration.jobs.conftest import TENANT, WORKFLOW, Jobs
 from tests.integration.test_gc_objects import make_old, run_cli
@@ -172,6 +172,46 @@ async def test_a_job_within_retention_is_kept_and_its_redelivery_absorbed_after_
             async with conn.transaction():
                 await reserve(conn, consumer, late, Delivery(redelivered=True))
     assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs") == 0
+
+
+async def test_the_database_refuses_a_retention_inside_a_declared_replay_horizon(
+    jobs: Jobs,
+) -> None:
+    """Whoever calls jobs.prune (a worker with its own settings, a service's own loop, psql),
+    the longest horizon a consumer declared holds; a consumer's last declaration stands."""
+    async with jobs.pool.acquire() as conn:
+        await consumer_inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, WINDOW_S))
+        await consumer_inbox.declare_window(conn, Consumer("ledger", CATALOG, DAY))
+    first = await finish(jobs, "op-at-horizon")
+    await age(jobs.pool, first, HORIZON_S + 60)
+    # control: a retention of the longest horizon itself removes the old job
+    assert await prune(jobs.pool, retention_s=HORIZON_S) == Pruned(jobs=1, effects=1)
+
+    second = await finish(jobs, "op-inside-horizon")
+    await age(jobs.pool, second, HORIZON_S + 60)
+    before = await rows_of(jobs.pool, second)
+    with pytest.raises(RetentionTooShort) as caught:
+        await prune(jobs.pool, retention_s=HORIZON_S - 1)
+    assert (caught.value.consumer, caught.value.horizon_s) == (WORKFLOW, HORIZON_S)
+    assert "horizon_s=605100.0" in str(caught.value)
+    with pytest.raises(asyncpg.PostgresError) as raw:  # plain SQL: the same refusal
+        await jobs.pool.fetchrow("SELECT * FROM jobs.prune($1, $2, 10)", 0.0, AUDIT_S)
+    assert raw.value.sqlstate == "AR001" and "consumer report" in str(raw.value)
+    assert await rows_of(jobs.pool, second) == before  # nothing removed
+
+    # the consumer re-declares a one-day window: the longest horizon is now a day's
+    async with jobs.pool.acquire() as conn:
+        await consumer_inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, DAY))
+    with pytest.raises(RetentionTooShort):
+        await prune(jobs.pool, retention_s=DAY)  # the margin still counts
+    assert await prune(jobs.pool, retention_s=DAY + PRUNE_MARGIN_S) == Pruned(jobs=1, effects=1)
+    assert set((await rows_of(jobs.pool, second)).values()) == {0}
+
+
+def test_a_replay_window_that_cannot_work_is_refused_at_the_boundary() -> None:
+    for window in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="replay window"):
+            Consumer(WORKFLOW, CATALOG, window)
 
 
 async def test_past_retention_a_job_leaves_with_its_key_effects_traces_and_results(

@@ -1,6 +1,7 @@
 """The worker hosts retention (jobs.retention.prune) beside its rescue loop: bounded batches
-back to back while they come back full; a batch another application's foreign key refuses is
-logged and retried later, and the worker's jobs run on regardless."""
+back to back while they come back full; a batch another application's foreign key refuses,
+or a retention inside a consumer's declared replay horizon, is logged and retried later, and
+the worker's jobs run on regardless."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import logging
 
 import pytest
 
+from accord.consumers import Consumer, inbox
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import JobState
 from accord.jobs.runner import JobContext
+from tests.integration.consumers.support import CATALOG
 from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,3 +110,35 @@ async def test_a_blocked_prune_is_logged_and_the_worker_keeps_running_its_jobs(
         await wait_for(pruned)  # the next attempt goes through
     message = next(r.getMessage() for r in caplog.records if "retention blocked" in r.getMessage())
     assert "constraint='keep_job_id_fkey'" in message and "table='keep'" in message
+
+
+async def test_a_retention_inside_a_declared_replay_horizon_is_logged_and_retried(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    await rig.store.register_workflow(WORKFLOW, DEFAULT_OWNER)
+    [old] = await old_finished(rig, 1)
+    async with rig.pool.acquire() as conn:  # a consumer elsewhere keeps a one-day window
+        await inbox.declare_window(conn, Consumer("report", CATALOG, 86400.0))
+    caplog.set_level(logging.INFO, logger="accord.worker")
+    async with running(worker_for(rig)):  # its retention: an hour
+
+        async def logged() -> bool:
+            return any("retention blocked" in r.getMessage() for r in caplog.records)
+
+        await wait_for(logged)
+        fresh = await rig.submit_job("fresh", WORKFLOW)
+
+        async def ran() -> bool:
+            return await rig.state(fresh) == JobState.SUCCEEDED
+
+        await wait_for(ran)  # retention is refused, the jobs are not
+        assert await left(rig, [old]) == 1
+        async with rig.pool.acquire() as conn:  # the consumer's window shrinks to 50 min
+            await inbox.declare_window(conn, Consumer("report", CATALOG, 3000.0))
+
+        async def pruned() -> bool:
+            return await left(rig, [old]) == 0
+
+        await wait_for(pruned)  # the next attempt goes through
+    message = next(r.getMessage() for r in caplog.records if "retention blocked" in r.getMessage())
+    assert "consumer='report'" in message and "horizon_s=86700.0" in message
