@@ -3,7 +3,7 @@ stages measured in the same run, and against DBOS Transact running the same job.
 
     .venv/bin/python -m bench.pipeline_bench [--n 300] [--workers 2] [--concurrency 8]
                                              [--submitters 4] [--rounds 1] [--dbos]
-                                             [--no-projection-during]
+                                             [--no-projection-during] [--prune-backlog R]
 
 Needs PostgreSQL and RabbitMQ (ACCORD_PG_DSN's server, ACCORD_AMQP_URL); every variant runs
 on its own scratch database (created and dropped) and broker names under a unique prefix
@@ -31,6 +31,14 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
   - ``accord+projection``: the projection consumer runs from the start, competing for the
     same two cores; the time until it holds N rows is reported too. Skip it with
     ``--no-projection-during``.
+  - ``accord+pruning`` (with ``--prune-backlog R``): ``accord`` again, beside R month-old
+    rows in each table a pruner keeps (published outbox rows, the consumer's inbox and
+    delivery rows, finished jobs with an effect and a result manifest each) and retentions
+    of a day (the replay horizon an hour and five minutes), so that the relay, the consumer
+    and the worker prune as they ship (their intervals and batches unchanged) while the
+    pipeline runs. Reported: its rate over ``accord``'s of the same round, and the expired
+    rows each pruner removed while the clock ran (a count of zero would mean the pruning
+    did not overlap the measurement).
 * ``raw``: the limit of the same stages written directly (asyncpg, aio-pika, the provider
   client), on the same tables where they exist, each stage measured alone over the same N
   with the same concurrency budget, one after the other:
@@ -110,6 +118,7 @@ from accord.schemas import migrate
 from accord.schemas.events import Event, encode_payload
 from accord.schemas.settings import load_settings
 from accord.schemas.topology import Topology, WorkflowQueue, declare
+from bench import retention_bench
 from bench.relay_bench import raw_relay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,6 +304,71 @@ def stop_processes(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
+# -- pruning beside the pipeline (--prune-backlog) ------------------------------------------------
+
+# Rows a month old, past every retention the pruning variant sets (PRUNING_ENV): published
+# outbox rows, the consumer's inbox and delivery rows, and finished jobs (an effect and a
+# result manifest each, retention_bench's BACKLOG).
+OLD_OUTBOX = """
+INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version, digest, body,
+                          occurred_at, enqueued_at, state, published_at, publish_id)
+SELECT gen_random_uuid(), 'acme', 'old-' || i, 'report.accepted', 1, repeat('0', 64),
+       convert_to('{"report_id":"old","subject":"quarterly figures"}', 'UTF8'),
+       now() - interval '30 days', now() - interval '30 days', 'published',
+       now() - interval '30 days', gen_random_uuid()
+FROM generate_series(1, $1) i
+"""
+OLD_INBOX = """
+INSERT INTO consumers.inbox (tenant, consumer, operation_id, event_id, digest, event_type,
+                             version, occurred_at, first_seen_at)
+SELECT 'acme', 'report', 'old-' || i, gen_random_uuid(), repeat('0', 64), 'report.accepted', 1,
+       now() - interval '30 days', now() - interval '30 days'
+FROM generate_series(1, $1) i
+"""
+OLD_DELIVERIES = """
+INSERT INTO consumers.deliveries (tenant, consumer, operation_id, event_id, redelivered,
+                                  delivery_count, outcome, received_at)
+SELECT 'acme', 'report', 'old-' || i, gen_random_uuid(), false, 0, 'new',
+       now() - interval '30 days'
+FROM generate_series(1, $1) i
+"""
+# What is still there of that backlog, per table (read outside the clock).
+OLD_LEFT = """
+SELECT (SELECT count(*) FROM jobs.jobs WHERE updated_at < now() - interval '1 day') AS jobs,
+       (SELECT count(*) FROM relay.outbox WHERE published_at < now() - interval '1 day')
+           AS outbox,
+       (SELECT count(*) FROM consumers.inbox WHERE first_seen_at < now() - interval '1 day')
+           AS inbox,
+       (SELECT count(*) FROM consumers.deliveries WHERE received_at < now() - interval '1 day')
+           AS deliveries
+"""
+# Retentions a day long (the horizon an hour and 5 minutes): the month-old backlog is due at
+# once, nothing the run writes is. The pruning intervals and batches stay as shipped.
+PRUNING_ENV = {
+    "ACCORD_INBOX_REPLAY_WINDOW_S": "3600",
+    "ACCORD_JOBS_RETENTION_S": "86400",
+    "ACCORD_POISON_RETENTION_S": "86400",
+    "ACCORD_AUDIT_RETENTION_S": "86400",
+    "ACCORD_RELAY_RETENTION_S": "86400",
+}
+
+
+async def fill_backlog(dsn: str, rows: int) -> None:
+    """``rows`` expired rows in each table the pipeline's pruners keep (see OLD_*)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO jobs.tenants (tenant) VALUES ('acme') ON CONFLICT DO NOTHING"
+        )
+        for start in range(0, rows, 10_000):
+            await conn.execute(retention_bench.BACKLOG, min(10_000, rows - start), str(start))
+        for statement in (OLD_OUTBOX, OLD_INBOX, OLD_DELIVERIES):
+            await conn.execute(statement, rows)
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
 # -- accord: the shipped processes -------------------------------------------------------------
 
 
@@ -414,10 +488,18 @@ async def commits(dsn: str) -> int:
 
 
 async def bench_accord(
-    opts: argparse.Namespace, admin: str, amqp_url: str, provider: Provider, *, during: bool
+    opts: argparse.Namespace,
+    admin: str,
+    amqp_url: str,
+    provider: Provider,
+    *,
+    during: bool,
+    backlog: int = 0,
 ) -> dict[str, Any]:
     """One run of the shipped processes; ``during``: the projection consumer runs from the
-    start, else it starts when the clock stops (see the module docstring)."""
+    start, else it starts when the clock stops (see the module docstring). ``backlog``: that
+    many expired rows in each table a pruner keeps, with retentions that make them due
+    (PRUNING_ENV): the processes prune them as they ship while the pipeline runs."""
     n = opts.n
     work = Path(tempfile.mkdtemp(prefix="accord-pipe-", dir=opts.workdir))
     for sub in ("logs", "journal", "objects"):
@@ -427,12 +509,16 @@ async def bench_accord(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     async with Scratch(admin, "accord_pipe") as dsn:
         env = accord_env(dsn, amqp_url, prefix, provider.url, work)
+        if backlog:
+            env.update(PRUNING_ENV)
         try:
             accord_command(env, "migrate", "--app", "accord.demo:app")
             accord_command(
                 env, "register", "--workflow", "report", "--owner", "accord-worker",
                 "--effects", "enabled", "--who", "pipeline-bench", "--app", "accord.demo:app",
             )  # fmt: skip
+            if backlog:
+                await fill_backlog(dsn, backlog)
             argv = accord_argv(opts.workers, opts.concurrency, work, projection=during)
             procs.update(start_processes(argv, env, work))
             await wait_ready(procs, work / "logs")
@@ -443,6 +529,7 @@ async def bench_accord(
             )
             assert pool is not None
             try:
+                left0 = dict(await pool.fetchrow(OLD_LEFT)) if backlog else {}
                 everyone = {**procs, "provider": provider.process}
                 cpu0 = {name: cpu_s(p.pid) for name, p in everyone.items()}
                 pg0 = await backends_cpu_s(pool)
@@ -456,6 +543,7 @@ async def bench_accord(
                 machine = machine_spent(machine0, n)
                 cpu1 = {name: cpu_s(p.pid) for name, p in everyone.items()}
                 pg1 = await backends_cpu_s(pool)
+                left1 = dict(await pool.fetchrow(OLD_LEFT)) if backlog else {}
                 if not during:  # the clock stopped: now the projection drains its queue
                     procs.update(start_processes({"projection": PROJECTION}, env, work))
                 projected, more = await wait_count(pool, COUNT_PROJECTED, n, start + opts.timeout_s)
@@ -495,6 +583,9 @@ async def bench_accord(
             k: 1000 * v / n for k, v in sorted(backends_by_process(pg0, pg1).items())
         },
         "logs": str(work / "logs"),
+        # Expired rows each pruner removed while the clock ran, and what was left at its end.
+        "pruned_during": {k: left0[k] - left1[k] for k in left0},
+        "expired_left": left1,
     }
 
 
@@ -724,6 +815,10 @@ async def main(opts: argparse.Namespace) -> None:
             }
             if opts.projection_during:
                 variants["accord+projection"] = functools.partial(accord, during=True)
+            if opts.prune_backlog:
+                variants["accord+pruning"] = functools.partial(
+                    accord, during=False, backlog=opts.prune_backlog
+                )
             if python is not None:
                 for e in opts.dbos_executors:
                     variants[f"dbos-{e}x"] = functools.partial(
@@ -761,6 +856,10 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                 ratios.setdefault(f"{variant} / {k}", []).append(rate / v)
             if dbos:
                 ratios.setdefault(f"{variant} / best dbos", []).append(rate / max(dbos.values()))
+        if "accord+pruning" in r:
+            ratios.setdefault("accord+pruning / accord", []).append(
+                r["accord+pruning"]["submissions_per_s"] / r["accord"]["submissions_per_s"]
+            )
     return {
         k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in ratios.items()
     }
@@ -808,8 +907,18 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
             f" {p['submissions_per_s']:.1f} submissions/s, projected in {p['projected_s']:.2f} s;"
             f" accord's processes {p['accord_cpu_ms_per_submission']:.2f} ms CPU per submission"
         )
+    if "accord+pruning" in last:
+        p = last["accord+pruning"]
+        pruned = ", ".join(f"{k} {v}" for k, v in p["pruned_during"].items())
+        left = ", ".join(f"{k} {v}" for k, v in p["expired_left"].items())
+        print(
+            f"accord+pruning (the shipped pruners working through a month-old backlog):"
+            f" {p['submissions_per_s']:.1f} submissions/s; expired rows pruned while the clock"
+            f" ran: {pruned}; left at its end: {left}"
+        )
     for key, goal in (
         ("accord / raw", 0.5),
+        ("accord+pruning / accord", None),
         ("accord / best dbos", 2.0),
         ("accord+projection / raw", None),
         ("accord+projection / best dbos", None),
@@ -847,6 +956,10 @@ def cli() -> None:
     parser.add_argument(
         "--dbos-executors", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
         help="DBOS executor process counts to run (comma-separated)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prune-backlog", type=int, default=0,
+        help="also run accord beside this many expired rows per pruned table, its pruners on",
     )  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench" / "pipeline")
