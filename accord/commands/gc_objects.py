@@ -3,7 +3,9 @@
 An object is kept while a ``jobs.results`` row names it, and while it is younger than the
 retention whatever the rows say: a worker puts its result object *before* the fenced publish
 that references it commits, so the retention must exceed the longest put-to-publish time
-(a job's whole run, at worst). Re-putting existing content restarts an object's clock.
+(a job's whole run, at worst). A retention shorter than a job's lease
+(``ACCORD_JOB_LEASE_S``) is refused: it could take the object of a publish in flight.
+Re-putting existing content restarts an object's clock.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from accord import runtime
+from accord.errors import SettingsInvalid
 from accord.jobs.runner.objects import LocalDirStore, collect_garbage
 from accord.schemas import migrate
 from accord.schemas.db import connect
@@ -49,6 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
+    """Raises SettingsInvalid (exit 2, nothing read or removed) for a retention shorter than
+    a job's lease."""
+    if args.retention_s < settings.job_lease_s:
+        raise SettingsInvalid(
+            f"--retention-s {args.retention_s:g} is shorter than a job's lease"
+            f" (ACCORD_JOB_LEASE_S={settings.job_lease_s:g}): it could remove the result object"
+            " of a job whose publish has not committed yet"
+        )
     root = Path(args.dir or settings.object_dir)
     return int(runtime.run(_main, settings.pg_dsn, root, float(args.retention_s)))
 

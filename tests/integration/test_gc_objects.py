@@ -72,12 +72,28 @@ async def test_gc_objects_keeps_referenced_and_young_objects(
     assert "deleted 1 unreferenced objects" in done.stdout
     assert sorted(i.key for i in store.iter()) == sorted([referenced_old, unreferenced_young])
 
-    again = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", "0")
+    make_old(store, unreferenced_young)  # its job never published: now it is garbage too
+    again = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", "3600")
     assert again.returncode == 0, again.stderr
     assert [i.key for i in store.iter()] == [referenced_old]
 
     refused = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", "-1")
     assert refused.returncode == 2 and "retention" in refused.stderr
+
+
+async def test_gc_objects_refuses_a_retention_shorter_than_a_job_s_lease(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    store = LocalDirStore(tmp_path / "objects")
+    key = store.put(b"the result of a publish still in flight")
+    make_old(store, key)
+    for retention in ("0", "59"):  # the lease is 60 s by default
+        refused = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", retention)
+        assert refused.returncode == 2, refused.stdout
+        assert "shorter than a job's lease (ACCORD_JOB_LEASE_S=60)" in refused.stderr
+        assert store.exists(key)  # nothing removed
+    done = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", "60")  # control
+    assert done.returncode == 0 and not store.exists(key), done.stderr
 
 
 async def test_gc_objects_refuses_a_schema_behind_the_code(
@@ -86,7 +102,7 @@ async def test_gc_objects_refuses_a_schema_behind_the_code(
     store = LocalDirStore(tmp_path)
     key = store.put(b"x")
     make_old(store, key)
-    done = run_cli(empty_pg_dsn, "--dir", str(tmp_path), "--retention-s", "0")
+    done = run_cli(empty_pg_dsn, "--dir", str(tmp_path), "--retention-s", "3600")
     assert done.returncode == 2
     assert "SchemaBehind" in done.stderr or "MigrationError" in done.stderr
     assert store.exists(key)  # nothing collected without knowing the references

@@ -446,11 +446,11 @@ async def test_a_pruned_job_s_result_object_is_collected_by_gc_objects(
     job_id = await finish(jobs, "with-result", effect=None, object_key=key)
     await age(jobs.pool, job_id, RETENTION_S + 60)
 
-    kept = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "0")
+    kept = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "3600")
     assert kept.returncode == 0, kept.stderr
     assert objects.exists(key)  # control: the manifest row still names it
     assert await prune(jobs.pool) == Pruned(jobs=1, results=1)
-    done = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "0")
+    done = run_cli(pg_dsn, "--dir", str(objects.root), "--retention-s", "3600")
     assert done.returncode == 0, done.stderr
     assert f"deleted {key}" in done.stdout and not objects.exists(key)
 
