@@ -60,9 +60,13 @@ class Consumer:
 
     @property
     def horizon_s(self) -> float:
-        """How long a redelivery may still arrive and be absorbed: the window plus the
-        margin the pruner keeps."""
-        return self.replay_window_s + PRUNE_MARGIN_S
+        return replay_horizon_s(self.replay_window_s)
+
+
+def replay_horizon_s(replay_window_s: float) -> float:
+    """How long after an event a redelivery of it may still arrive and be absorbed: the
+    replay window plus the margin the inbox's pruner keeps."""
+    return replay_window_s + PRUNE_MARGIN_S
 
 
 @dataclass(frozen=True, slots=True)

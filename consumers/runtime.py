@@ -104,7 +104,7 @@ class RuntimeConfig:
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",
                 batch_linger_s=self.batch_linger_s,
             )
-        horizon_s = self.replay_window_s + inbox.PRUNE_MARGIN_S
+        horizon_s = inbox.replay_horizon_s(self.replay_window_s)
         if self.poison_retention_s is not None and not self.poison_retention_s >= horizon_s:
             raise ConfigError(
                 "poison_retention_s is shorter than the replay horizon (the replay window"

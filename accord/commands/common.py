@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from accord.app import App, load_app
-from accord.consumers.inbox import PRUNE_MARGIN_S
+from accord.consumers.inbox import PRUNE_MARGIN_S, replay_horizon_s
 from accord.errors import AppNotFound, SettingsInvalid
 from accord.schemas.settings import Settings
 
@@ -36,17 +36,11 @@ def prefix(app: App, settings: Settings) -> str:
     return settings.topology_prefix or app.name
 
 
-def replay_horizon_s(settings: Settings) -> float:
-    """How long after an event a redelivery of it may still arrive and be absorbed: the inbox's
-    replay window plus the margin its pruner keeps (consumers.inbox)."""
-    return settings.inbox_replay_window_s + PRUNE_MARGIN_S
-
-
 def check_retention(settings: Settings) -> None:
     """Raise SettingsInvalid (one line, exit 2) unless every retention outlives the replay
     horizon: a finished job (its operation key) and a poison record must outlive every
     redelivery that could still arrive, and the repair audit must outlive the jobs it audits."""
-    horizon = replay_horizon_s(settings)
+    horizon = replay_horizon_s(settings.inbox_replay_window_s)
     for name in ("jobs_retention_s", "poison_retention_s"):
         value = getattr(settings, name)
         if value < horizon:

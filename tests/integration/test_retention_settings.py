@@ -8,9 +8,9 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from accord.commands.common import check_retention, replay_horizon_s
+from accord.commands.common import check_retention
 from accord.consumers import RuntimeConfig
-from accord.consumers.inbox import PRUNE_MARGIN_S
+from accord.consumers.inbox import PRUNE_MARGIN_S, replay_horizon_s
 from accord.errors import SettingsInvalid
 from accord.relay import RelayConfig
 from accord.schemas.db import MAX_PRUNE_BATCH
@@ -32,7 +32,7 @@ def test_the_defaults_and_the_shortest_allowed_retention_pass() -> None:
         poison_retention_s=horizon,
         audit_retention_s=horizon,
     )
-    assert replay_horizon_s(shortest) == horizon
+    assert replay_horizon_s(shortest.inbox_replay_window_s) == horizon
     check_retention(shortest)
     with pytest.raises(SettingsInvalid, match="ACCORD_JOBS_RETENTION_S"):
         check_retention(shortest.model_copy(update={"jobs_retention_s": horizon - 1}))
