@@ -269,6 +269,11 @@ async def declare_window(conn: Any, consumer: Consumer) -> None:
     await conn.execute(sql.DECLARE_WINDOW, consumer.name, consumer.replay_window_s, PRUNE_MARGIN_S)
 
 
+async def replay_windows(conn: Any) -> list[Any]:
+    """Read-only: each consumer's declared window, margin and horizon (accord status)."""
+    return list(await conn.fetch(sql.REPLAY_WINDOWS))
+
+
 async def delivery_counts(conn: Any) -> list[Any]:
     """Read-only: inbox decisions by consumer, tenant and outcome (accord status, /metrics)."""
     return list(await conn.fetch(sql.DELIVERY_COUNTS))

@@ -74,6 +74,15 @@ INSERT INTO consumers.deliveries
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
+# Each consumer's declared replay window, prune margin and horizon, with how long ago it
+# declared them (accord status).
+REPLAY_WINDOWS = """
+SELECT consumer, replay_window_s, margin_s, replay_window_s + margin_s AS horizon_s,
+       EXTRACT(EPOCH FROM now() - declared_at)::float8 AS declared_age_s
+FROM consumers.replay_windows
+ORDER BY consumer
+"""
+
 # Declare consumer $1's replay window $2 and prune margin $3 (consumers.declare_window,
 # migration 0027): jobs.prune and consumers.prune_poison never go inside the horizon.
 DECLARE_WINDOW = "SELECT consumers.declare_window($1, $2, $3)"

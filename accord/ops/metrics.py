@@ -122,6 +122,10 @@ def families(report: StatusReport) -> list[Metric]:
         _gauge("accord_poison_oldest_age_seconds", "Age of the oldest poison record",
                ["consumer", "reason"],
                [(p.consumer, p.reason, p.oldest_age_s) for p in r.poison]),
+        _gauge("accord_replay_horizon_seconds",
+               "A consumer's declared replay window plus its prune margin: no retention of"
+               " jobs or poison records may be shorter", ["consumer"],
+               [(w.consumer, w.horizon_s) for w in r.replay_windows]),
         refusals,
     ]  # fmt: skip
 

@@ -290,6 +290,24 @@ class PoisonGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayWindow:
+    """A consumer's declared replay window (consumers.replay_windows, 0027): finished jobs are
+    kept at least the longest horizon, its poison records at least its own."""
+
+    consumer: str
+    replay_window_s: float
+    margin_s: float
+    horizon_s: float
+    declared_age_s: float
+
+    @classmethod
+    def from_record(cls, r: Record) -> ReplayWindow:
+        return cls(
+            r["consumer"], r["replay_window_s"], r["margin_s"], r["horizon_s"], r["declared_age_s"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RefusalGroup:
     """Replay refusals of one (workflow, typed reason)."""
 
@@ -322,6 +340,7 @@ class StatusReport:
     deliveries: tuple[DeliveryGroup, ...]
     poison: tuple[PoisonGroup, ...]
     replay_refusals: tuple[RefusalGroup, ...]
+    replay_windows: tuple[ReplayWindow, ...]
 
     @property
     def inbox_conflicts(self) -> int:

@@ -31,6 +31,7 @@ from accord.ops.models import (
     PoisonGroup,
     RefusalGroup,
     RelayFigures,
+    ReplayWindow,
     StatusReport,
     TenantAuthority,
     WaitingGroup,
@@ -93,6 +94,7 @@ async def _collect(conn: Any, since: datetime | float) -> StatusReport:
         deliveries=tuple(DeliveryGroup.from_record(r) for r in await inbox.delivery_counts(conn)),
         poison=tuple(PoisonGroup.from_record(r) for r in await poison.poison_counts(conn)),
         replay_refusals=await _rows(conn, RefusalGroup.from_record, sql.REPLAY_REFUSALS),
+        replay_windows=tuple(ReplayWindow.from_record(r) for r in await inbox.replay_windows(conn)),
     )
 
 
@@ -235,5 +237,11 @@ def render_table(report: StatusReport) -> str:
     lines += _table(
         "replay refusals", ["workflow", "reason", "refusals"],
         [(x.workflow, x.reason, x.refusals) for x in r.replay_refusals],
+    )  # fmt: skip
+    lines += _table(
+        "replay windows (no retention of jobs or poison records may be shorter than a horizon)",
+        ["consumer", "window_s", "margin_s", "horizon_s", "declared_s_ago"],
+        [(w.consumer, w.replay_window_s, w.margin_s, w.horizon_s, w.declared_age_s)
+         for w in r.replay_windows],
     )  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"

@@ -14,8 +14,12 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accord.consumers import Consumer
+from accord.consumers.inbox import PRUNE_MARGIN_S, declare_window
 from accord.ops import collect_status, render_table, serve_metrics, to_json
+from accord.ops.metrics import families
 from accord.ops.models import REPORTED_STATES, StatusReport
+from tests.integration.consumers.support import CATALOG
 from tests.integration.ops.seed import SECRET, Expected, seed_all
 
 
@@ -262,3 +266,26 @@ async def test_scrape_reports_a_database_that_does_not_answer() -> None:
         server.close()
     assert samples[("accord_status_up", ())] == 0
     assert not [k for k in samples if k[0] == "accord_jobs"]
+
+
+async def test_status_shows_each_consumer_s_declared_replay_window(
+    pool: asyncpg.Pool, seeded: Expected
+) -> None:
+    """The horizons the database holds every pruner to (migration 0027), as declared."""
+    assert (await snapshot(pool)).replay_windows == ()  # control: none declared yet
+    async with pool.acquire() as conn:
+        await declare_window(conn, Consumer("report", CATALOG, 7 * 86400.0))
+        await declare_window(conn, Consumer("ledger", CATALOG, 30 * 86400.0))
+    report = await snapshot(pool)
+    assert [(w.consumer, w.replay_window_s, w.horizon_s) for w in report.replay_windows] == [
+        ("ledger", 30 * 86400.0, 30 * 86400.0 + PRUNE_MARGIN_S),
+        ("report", 7 * 86400.0, 7 * 86400.0 + PRUNE_MARGIN_S),
+    ]
+    assert all(0 <= w.declared_age_s < 600 for w in report.replay_windows)
+    assert "replay windows" in render_table(report)
+    assert to_json(report)["replay_windows"][1]["horizon_s"] == 605100.0
+    [horizons] = [f for f in families(report) if f.name == "accord_replay_horizon_seconds"]
+    assert {s.labels["consumer"]: s.value for s in horizons.samples} == {
+        "ledger": 30 * 86400.0 + PRUNE_MARGIN_S,
+        "report": 605100.0,
+    }
