@@ -72,12 +72,22 @@ async def recorded_effects(conn: Any, job_ids: Iterable[int]) -> set[EffectRef]:
 
 async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
     """Read-only: effects the journal says were begun whose outcome ``jobs.effects`` does not
-    hold (still pending, or no row at all), logged one by one and returned."""
+    hold (still pending, or no row at all), logged one by one and returned.
+
+    A job whose publish the journal holds is left out without asking: its fenced publish
+    committed (the record is written only after), and a publish commits only once every
+    effect of the job is resolved, so the database held each outcome then, even if
+    retention has removed the job since (a worker that was down longer than the retention
+    would otherwise report those effects, and carry them, at every start)."""
     records = journal.scan.records
+    published = {
+        r["job_id"] for r in records if r.get("type") == "publish" and _int(r.get("job_id"))
+    }
     job_ids = {
         r["job_id"] for r in records if r.get("type") == "effect_begin" and _int(r.get("job_id"))
     }
-    recorded = await recorded_effects(conn, job_ids)
+    recorded = await recorded_effects(conn, job_ids - published)
+    recorded |= {ref for ref in map(_ref, records) if ref is not None and ref.job_id in published}
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
     # the answer, and one whose ref fields are missing or malformed is still refused.
@@ -139,12 +149,20 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _ref(record: dict[str, Any]) -> EffectRef | None:
+    """The ref of an effect record (None for another record, or one too malformed to tell)."""
+    if record.get("type") not in _EFFECT_TYPES:
+        return None
+    try:
+        return EffectRef(record["job_id"], record["effect_key"], record["seq"])
+    except (KeyError, TypeError):
+        return None
+
+
 def _unrecorded_candidate(record: dict[str, Any], recorded: set[EffectRef]) -> bool:
     """Whether ``record`` is an effect record whose ref the database did not record (or one
     too malformed to tell: unrecorded_effects refuses it)."""
     if record.get("type") not in _EFFECT_TYPES:
         return False
-    try:
-        return EffectRef(record["job_id"], record["effect_key"], record["seq"]) not in recorded
-    except (KeyError, TypeError):
-        return True
+    ref = _ref(record)
+    return ref is None or ref not in recorded

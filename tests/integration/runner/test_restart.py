@@ -11,6 +11,7 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState
+from accord.jobs import retention as jobs_retention
 from accord.jobs.runner import (
     EffectRef,
     JobContext,
@@ -173,6 +174,46 @@ async def test_a_start_carries_only_the_unrecorded_effects_into_a_new_segment(ri
     [entry] = again.unrecorded
     assert entry.journal_outcome is not None and entry.journal_outcome.receipt == f"rcpt-{lost}"
     assert scan_journal(path).segment == 2  # nothing to leave behind: not rotated again
+
+
+async def test_a_start_leaves_out_a_published_job_s_effects_once_retention_removed_it(
+    rig: Rig,
+) -> None:
+    """A worker down longer than the jobs retention finds, at its start, journal records of
+    jobs the database no longer holds. A job whose publish the journal holds had every effect
+    resolved when that publish committed: left out, not carried. A job gone with no publish
+    in the journal (as a restore from an older backup would leave it) stays reported."""
+    recorded, lost, pay = await _lose_an_effect(rig, lambda h: _worker(rig, h))
+    path = rig.journal_path()
+    published = [r["job_id"] for r in scan_journal(path).records if r["type"] == "publish"]
+    assert published == [recorded]
+    # Retention removes the published job (aged past it: the job and its effect record).
+    async with rig.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guards
+        await conn.execute(
+            "UPDATE jobs.jobs SET updated_at = now() - interval '30 days' WHERE job_id = $1",
+            recorded,
+        )
+        await conn.execute(
+            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
+            " finished_at = now() - interval '30 days' WHERE job_id = $1",
+            recorded,
+        )
+    async with rig.pool.acquire() as conn, conn.transaction():
+        pruned = await jobs_retention.prune(
+            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
+        )
+    assert (pruned.jobs, pruned.effects) == (1, 1)
+    # The cancelled job's rows vanish too, behind the guards' back (a restore's doing).
+    async with rig.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        for table in ("effect_traces", "effects", "jobs", "operations"):
+            await conn.execute(f"DELETE FROM jobs.{table} WHERE job_id = $1", lost)
+    async with running(_worker(rig, pay)) as restarted:
+        pass
+    assert [entry.ref for entry in restarted.unrecorded] == [EffectRef(lost, "pay", 1)]
+    after = scan_journal(path)
+    assert {r["job_id"] for r in after.records} == {lost}  # nothing of the published job
 
 
 async def test_a_running_worker_rotates_and_its_restart_reads_one_bounded_segment(
