@@ -61,7 +61,9 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
   step calling the same provider with an idempotency key, the final write in one datasource
   transaction, a queue with worker concurrency W x C split over 1 or 2 executor processes
   (``--dbos-executors``), polled every 0.05 s. Goal: accord ≥ 2 x the best DBOS
-  configuration.
+  configuration. ``--dbos-executors 2x16,3x8`` runs other shapes too (executors x each
+  one's worker concurrency; a bare count splits W x C, as by default), to look for a
+  better-tuned DBOS.
 
 Beside the rates, the bench counts PostgreSQL commits per submission (pg_stat_database's
 ``xact_commit`` over the window, the bench's own polls taken out) for accord and raw: a
@@ -762,14 +764,22 @@ def ensure_dbos_venv() -> Path:
     return python
 
 
+def dbos_shape(spec: str, total: int) -> tuple[int, int]:
+    """``--dbos-executors`` entry -> (executors, total worker concurrency): ``E`` splits
+    ``total`` over E executors, ``ExC`` gives each of E executors C."""
+    executors, _, each = spec.partition("x")
+    return int(executors), int(each) * int(executors) if each else total
+
+
 async def bench_dbos(
-    opts: argparse.Namespace, admin: str, provider: Provider, python: Path, executors: int
+    opts: argparse.Namespace, admin: str, provider: Provider, python: Path, spec: str
 ) -> dict[str, Any]:
+    executors, concurrency = dbos_shape(spec, opts.workers * opts.concurrency)
     async with Scratch(admin, "dbos_pipe") as dsn:
         argv = [
             str(python), str(ROOT / "bench" / "dbos_peer.py"), "run", "--dsn", dsn,
             "--n", str(opts.n), "--executors", str(executors),
-            "--concurrency", str(opts.workers * opts.concurrency),
+            "--concurrency", str(concurrency),
             "--submitters", str(opts.submitters), "--poll-s", str(POLL_S),
             "--run", uuid.uuid4().hex[:6], "--timeout-s", str(opts.timeout_s),
         ]  # fmt: skip
@@ -820,9 +830,10 @@ async def main(opts: argparse.Namespace) -> None:
                     accord, during=False, backlog=opts.prune_backlog
                 )
             if python is not None:
-                for e in opts.dbos_executors:
-                    variants[f"dbos-{e}x"] = functools.partial(
-                        bench_dbos, opts, admin, provider, python, e
+                for spec in opts.dbos_executors:
+                    name = f"dbos-{spec}" if "x" in spec else f"dbos-{spec}x"
+                    variants[name] = functools.partial(
+                        bench_dbos, opts, admin, provider, python, spec
                     )
             order = list(variants) if rnd % 2 else list(reversed(variants))
             results: dict[str, Any] = {}
@@ -954,8 +965,9 @@ def cli() -> None:
         help="skip the variant whose projection consumer runs during the clock",
     )  # fmt: skip
     parser.add_argument(
-        "--dbos-executors", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
-        help="DBOS executor process counts to run (comma-separated)",
+        "--dbos-executors", type=lambda s: s.split(","), default=["1", "2"],
+        help="DBOS shapes to run, comma-separated: E (E executors sharing workers x"
+        " concurrency) or ExC (E executors of C each)",
     )  # fmt: skip
     parser.add_argument(
         "--prune-backlog", type=int, default=0,
