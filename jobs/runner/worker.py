@@ -372,9 +372,13 @@ class Worker:
                     error = exc
                 tg.cancel_scope.cancel()  # stop the heartbeat
         except anyio.get_cancelled_exc_class():
-            # Shutdown cancelled the handler: record that honestly before going.
+            # Shutdown cancelled the handler: record that honestly before going. A broken
+            # journal ends the worker too, and may cancel a job before its own append fails:
+            # the reason is then the journal's, as if that append had raised.
+            broken = self._journal.broken
+            reason = error_reason(broken) if broken is not None else "worker_stopped"
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                self._note(await self._give_up(ctx, store, Ending.STOPPED, "worker_stopped"))
+                self._note(await self._give_up(ctx, store, Ending.STOPPED, reason))
             raise
         return await self._settle(ctx, store, scope, error)
 
