@@ -361,6 +361,56 @@ async def test_a_journal_whose_fsync_failed_stops_the_worker_before_it_claims_mo
     assert (await rig.job(third))["attempts"] == 0  # claimed by nobody: the worker stopped
 
 
+async def test_a_job_the_broken_journal_cancelled_is_recorded_as_the_journal_s_fault(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job waiting in its handler, not on an append, when another job's append breaks the
+    journal: the worker ends and cancels it, and its attempt says journal_broken (the same
+    reason as the job whose append failed), not an ordinary shutdown's worker_stopped."""
+    await rig.store.register_workflow("waiter", DEFAULT_OWNER, effects_enabled=True)
+    await _register(rig, "mailer")
+    waiting = anyio.Event()
+
+    async def waiter(ctx: JobContext) -> None:
+        waiting.set()
+        await anyio.sleep_forever()
+
+    async def mailer(ctx: JobContext) -> None:
+        async def send() -> Success:
+            return Success("sent")
+
+        await ctx.effect("mail.send", {"to": ctx.payload["to"]}, send)
+
+    held = await rig.submit_job("w1", "waiter")
+    worker = rig.worker({"waiter": (waiter, 30.0), "mailer": (mailer, 10.0)}, concurrency=2)
+    failure: list[BaseException] = []
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def run() -> None:
+                try:
+                    await worker.run()
+                except BaseException as exc:  # noqa: BLE001 - the test reads it below
+                    failure.append(exc)
+
+            tg.start_soon(run)
+            with anyio.fail_after(20):
+                await waiting.wait()  # the held job is in its handler, journal healthy
+
+            def failing_fsync(fd: int) -> None:
+                raise OSError(errno.EIO, "simulated fsync failure")
+
+            monkeypatch.setattr(os, "fsync", failing_fsync)
+            await rig.submit_job("m1", "mailer", to="a")
+    finally:
+        monkeypatch.undo()
+        worker.journal.close()
+    assert isinstance(_leaf(failure[0]), JournalBroken), failure
+    row = await rig.job(held)
+    assert (row["state"], row["last_error"]) == (JobState.QUEUED, "journal_broken")
+    assert Ending.STOPPED in [f.ending for f in worker.stats.recent if f.job_id == held]
+
+
 def _leaf(error: BaseException) -> BaseException:
     """The one error inside (nested) exception groups."""
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
