@@ -301,7 +301,6 @@ class Worker:
         self, registered: Registered, lease: Lease, claimed_at: float, seen: Any = None
     ) -> None:
         span = attempts.start_span(lease, seen)
-        await attempts.keep_trace(self._store, lease, span)
         try:
             with trace.use_span(
                 span, end_on_exit=True, record_exception=False, set_status_on_exception=False
@@ -345,7 +344,7 @@ class Worker:
                 record_timeout_s=self.config.record_timeout_s,
                 effects=registered.effects,
             )
-            finished = await self._execute(registered, ctx, store, claimed_at)
+            finished = await self._execute(registered, ctx, store, claimed_at, span)
             # Noted before the connection goes back: a shutdown cancelling that await
             # cannot lose how the attempt ended.
             self._note(finished)
@@ -357,12 +356,21 @@ class Worker:
                 observe.fence_refused(finished.reason or "unknown")
 
     async def _execute(
-        self, registered: Registered, ctx: JobContext, store: Store, claimed_at: float
+        self,
+        registered: Registered,
+        ctx: JobContext,
+        store: Store,
+        claimed_at: float,
+        span: trace.Span,
     ) -> Finished:
         hard_deadline = claimed_at + registered.timeout_s
         scope = anyio.CancelScope(deadline=min(hard_deadline, claimed_at + self.config.lease_s))
         error: Exception | None = None
         try:
+            # Inside the try: a stop that cancels this round trip (the first await of the
+            # attempt) gives the job back at once, as it does a running handler's, instead
+            # of leaving it to wait out its lease.
+            await attempts.keep_trace(self._store, ctx.lease, span)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat, ctx, scope, hard_deadline, claimed_at)
                 try:

@@ -14,9 +14,20 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.demo.provider import Fault
-from accord.jobs import FenceLost, JobState, submit
+from accord.jobs import FenceLost, JobState, Store, submit
 from accord.jobs.errors import JournalBroken
-from accord.jobs.runner import Ending, Handler, JobContext, Success, scan_journal
+from accord.jobs.models import Lease
+from accord.jobs.runner import (
+    Ending,
+    Handler,
+    JobContext,
+    Success,
+    Worker,
+    WorkerConfig,
+    open_journal,
+    scan_journal,
+)
+from accord.schemas import telemetry
 from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -241,6 +252,71 @@ async def test_stop_past_grace_records_the_interrupted_effect_unknown(rig: Rig) 
     assert [(f.ending, f.state) for f in worker.stats.recent] == [
         (Ending.STOPPED, JobState.UNKNOWN)
     ]
+
+
+class _TraceWaits(Store):
+    """A store whose attempt-trace write (the attempt's first round trip while tracing)
+    waits until the test lets it go."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.entered = anyio.Event()
+
+    async def note_trace(
+        self,
+        lease: Lease,
+        carrier: dict[str, str],
+        effect_key: str | None = None,
+        seq: int | None = None,
+    ) -> bool:
+        if effect_key is None:
+            self.entered.set()
+            await anyio.sleep_forever()
+        return await super().note_trace(lease, carrier, effect_key, seq)
+
+
+async def test_a_stop_before_the_handler_begins_gives_the_job_back_at_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that cancels an attempt before its handler began (in its first round trip,
+    keeping its trace) requeues the job at once, worker_stopped, instead of leaving it
+    running until its 30 s lease runs out; the next worker then runs it (control)."""
+    trace_id, span_id = "ab" * 16, "cd" * 8
+    monkeypatch.setattr(
+        telemetry, "span_headers", lambda span: {"traceparent": f"00-{trace_id}-{span_id}-01"}
+    )
+    await _register(rig, "traced")
+    job_id = await rig.submit_job("tr1", "traced")
+    ran: list[int] = []
+
+    async def traced(ctx: JobContext) -> None:
+        ran.append(ctx.lease.generation)
+
+    store = _TraceWaits(rig.pool, backoff_base_s=0.0)
+    stopped = Worker(
+        WorkerConfig(owner=DEFAULT_OWNER, lease_s=30.0, poll_s=0.05, rescue_every_s=None),
+        store=store,
+        journal=open_journal(rig.journal_path("w1"), "w1"),
+        objects=rig.objects,
+        pool=rig.pool,
+    )
+    stopped.register("traced", traced, timeout_s=10.0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(_run, stopped)
+        with anyio.fail_after(10):
+            await store.entered.wait()
+        stopped.stop(now=True)
+    stopped.journal.close()
+    row = await rig.job(job_id)
+    assert (row["state"], row["last_error"]) == (JobState.QUEUED, "worker_stopped")
+    assert ran == []
+    assert [(f.ending, f.state) for f in stopped.stats.recent] == [
+        (Ending.STOPPED, JobState.QUEUED)
+    ]
+    # Control: given back, not lost: the next worker claims it and its handler runs.
+    async with running(rig.worker({"traced": (traced, 10.0)}, journal="w2")):
+        await wait_for(_succeeded(rig, job_id))
+    assert ran == [2]
 
 
 async def _run(worker, *, task_status) -> None:  # type: ignore[no-untyped-def]
