@@ -46,7 +46,7 @@ from accord.jobs.runner import JobContext, Registered
 from accord.jobs.runner.context import declares
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
-from accord.relay import Joined, enqueue, enqueue_joined
+from accord.relay import Joined, Prepared, enqueue, enqueue_joined, prepare
 from accord.schemas import migrate
 from accord.schemas.db import Tx
 from accord.schemas.errors import AccordError, UnknownEventType
@@ -214,12 +214,18 @@ class App:
 
     # -- what the application's handlers call ---------------------------------------------
 
-    async def enqueue(self, tx: Tx, event: Event, **options: Any) -> int:
+    def prepare(self, event: Event, **options: Any) -> Prepared:
+        """``accord.relay.prepare`` with this application's catalog: ``event`` validated,
+        encoded and digested before its transaction (typed errors here, nothing written), for
+        ``enqueue`` or ``enqueue_joined`` to write with less work inside it."""
+        return prepare(event, catalog=self.catalog, **options)
+
+    async def enqueue(self, tx: Tx, event: Event | Prepared, **options: Any) -> int:
         """``accord.relay.enqueue`` with this application's catalog (the caller's transaction)."""
         return await enqueue(tx, event, catalog=self.catalog, **options)
 
     async def enqueue_joined(
-        self, tx: Tx, statement: str, *args: Any, event: Event, **options: Any
+        self, tx: Tx, statement: str, *args: Any, event: Event | Prepared, **options: Any
     ) -> Joined:
         """``accord.relay.enqueue_joined`` with this application's catalog: the domain
         statement (``... RETURNING``) and the outbox row in one statement, the row only when

@@ -48,7 +48,7 @@ import asyncpg
 
 from accord import runtime
 from accord.demo.catalog import demo_catalog
-from accord.relay import Relay, RelayConfig, enqueue, enqueue_joined, outbox
+from accord.relay import Relay, RelayConfig, enqueue, enqueue_joined, outbox, prepare
 from accord.relay import sql as relay_sql
 from accord.schemas import migrate
 from accord.schemas.events import Event, encode_payload
@@ -308,7 +308,16 @@ DOMAINS = {
 # The same realistic row, with the event the demo enqueues for it (report.accepted: the
 # report id and the same subject, about 60 bytes of payload) instead of a 1 KiB one.
 DOMAINS["demo"] = DOMAINS["real"]
-KINDS = ("plain", "round_trip", "raw_insert", "enqueue", "joined_sql", "joined")
+KINDS = (
+    "plain",
+    "round_trip",
+    "raw_insert",
+    "enqueue",
+    "enqueue_prepared",
+    "joined_sql",
+    "joined",
+    "joined_prepared",
+)
 
 
 def domain_args(domain: str, e: Event) -> tuple[Any, ...]:
@@ -333,7 +342,10 @@ async def one_round(
     ``joined_sql``: the joined statement alone, its outbox arguments computed before the
     clock starts (the floor of the joined form: its SQL, no Python preparation).
     ``joined``: ``relay.enqueue_joined``: the domain INSERT (with RETURNING) and the outbox
-    row in one statement, instead of the plain INSERT.
+    row in one statement, instead of the plain INSERT. ``enqueue_prepared`` and
+    ``joined_prepared``: the same two with the event ``relay.prepare``d before the clock
+    starts (validation, body and digest before the transaction; its cost is
+    ``bench.enqueue_prep_bench``'s).
     """
     insert = DOMAINS[domain][1]
     joined = insert + " RETURNING 1"
@@ -345,10 +357,11 @@ async def one_round(
             e = event(seq[0], SUBJECT) if domain == "demo" else event(seq[0])
             args = domain_args(domain, e)
             raw = outbox_args(e) if kind in ("raw_insert", "joined_sql") else ()
+            ready = prepare(e, catalog=CATALOG) if kind.endswith("_prepared") else e
             t0 = time.perf_counter()
             async with conn.transaction():
-                if kind == "joined":
-                    await enqueue_joined(conn, joined, *args, event=e, catalog=CATALOG)
+                if kind in ("joined", "joined_prepared"):
+                    await enqueue_joined(conn, joined, *args, event=ready, catalog=CATALOG)
                 elif kind == "joined_sql":
                     await conn.fetch(joined_sql, *args, *raw)
                 else:
@@ -357,8 +370,8 @@ async def one_round(
                     await conn.fetchval("SELECT 1")
                 elif kind == "raw_insert":
                     await conn.fetchval(relay_sql.ENQUEUE, *raw)
-                elif kind == "enqueue":
-                    await enqueue(conn, e, catalog=CATALOG)
+                elif kind in ("enqueue", "enqueue_prepared"):
+                    await enqueue(conn, ready, catalog=CATALOG)
             if i >= 50:  # warm-up: prepared statements, caches
                 samples[kind].append(time.perf_counter() - t0)
     return samples
@@ -561,6 +574,12 @@ def report(r: dict[str, Any]) -> None:
             f" arguments computed before the clock) {r[d + 'joined_sql_adds_p50']:+.1%},"
             f" so enqueue's Python in the transaction"
             f" {r[d + 'joined_p50_us'] - r[d + 'joined_sql_p50_us']:.0f} µs"
+        )
+        print(
+            f"  prepared before the transaction (relay.prepare): joined adds p50"
+            f" {r[d + 'joined_prepared_adds_p50']:+.1%} (goal <= +15%), enqueue"
+            f" {r[d + 'enqueue_prepared_adds_p50']:+.1%}; the Python left in the transaction"
+            f" {r[d + 'joined_prepared_p50_us'] - r[d + 'joined_sql_p50_us']:.0f} µs"
         )
         print(
             f"  floors at p50: a second statement (SELECT 1) {r[d + 'round_trip_adds_p50']:+.1%}, "

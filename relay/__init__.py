@@ -17,9 +17,11 @@ from accord.relay.outbox import (
     OutboxRow,
     OutboxState,
     OutboxStats,
+    Prepared,
     Settlement,
     enqueue,
     enqueue_joined,
+    prepare,
     release_held,
 )
 from accord.relay.publisher import AmqpPublisher, Publisher, amqp_publisher
@@ -36,6 +38,7 @@ __all__ = [
     "OutboxRow",
     "OutboxState",
     "OutboxStats",
+    "Prepared",
     "PublishFailed",
     "PublishTimeout",
     "Publisher",
@@ -49,5 +52,6 @@ __all__ = [
     "amqp_publisher",
     "enqueue",
     "enqueue_joined",
+    "prepare",
     "release_held",
 ]

@@ -12,9 +12,9 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -27,6 +27,7 @@ from accord.relay import sql
 from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseRefused
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
+from accord.schemas.errors import PayloadTooLarge
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event
 
 
@@ -97,9 +98,47 @@ class OutboxStats:
 _TRACER = telemetry.tracer()
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """An event validated, encoded and digested by ``prepare``, before its transaction:
+    ``enqueue`` and ``enqueue_joined`` then do only the trace context and the statement
+    between the transaction's awaits, while its row locks are held."""
+
+    event: Event
+    body: bytes
+    digest: str
+    catalog: Catalog = field(repr=False)
+
+
+def prepare(
+    event: Event, *, catalog: Catalog, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> Prepared:
+    """Validate, encode and digest ``event`` now, outside any transaction (no I/O). Raises
+    what ``enqueue`` raises before writing: UnknownEventType, InvalidEvent, TenantConflict,
+    PayloadTooLarge. The result may be enqueued once (its event id is its identity: a second
+    enqueue of it is a DuplicateEvent); enqueued under another catalog, it is prepared again
+    by that one."""
+    body, digest = catalog.prepare(event, max_payload_bytes)
+    return Prepared(event, body, digest, catalog)
+
+
+def _ready(event: Event | Prepared, catalog: Catalog, max_payload_bytes: int) -> Prepared:
+    """``event`` prepared by ``catalog`` within ``max_payload_bytes``: as given when it
+    already is (its size checked again against this limit), else prepared now."""
+    if isinstance(event, Prepared):
+        if event.catalog is not catalog:
+            return prepare(event.event, catalog=catalog, max_payload_bytes=max_payload_bytes)
+        if len(event.body) > max_payload_bytes:
+            raise PayloadTooLarge(
+                event_type=event.event.ce_type, size=len(event.body), limit=max_payload_bytes
+            )
+        return event
+    return prepare(event, catalog=catalog, max_payload_bytes=max_payload_bytes)
+
+
 async def enqueue(
     tx: Tx,
-    event: Event,
+    event: Event | Prepared,
     *,
     catalog: Catalog,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -109,16 +148,18 @@ async def enqueue(
     Raises NotInTransaction without an open transaction; UnknownEventType, InvalidEvent
     (NUL, NaN, schema) or PayloadTooLarge before anything is written; DuplicateEvent if
     this (tenant, event id) is already enqueued (the caller's transaction is then
-    aborted, as after any failed statement). One statement, one round trip.
+    aborted, as after any failed statement). One statement, one round trip. ``event`` may
+    be ``prepare``'s result: the validation, encoding and digest then happened before the
+    transaction.
     """
     require_transaction(tx)
-    args = _prepared(event, catalog, max_payload_bytes)
-    with _creating(event):
+    ready = _ready(event, catalog, max_payload_bytes)
+    with _creating(ready.event):
         carrier = telemetry.current_context_headers()
         try:
-            row_id: int = await tx.fetchval(sql.ENQUEUE, *args(carrier))
+            row_id: int = await tx.fetchval(sql.ENQUEUE, *_args(ready, carrier))
         except asyncpg.UniqueViolationError as exc:
-            _raise_duplicate(event, exc)
+            _raise_duplicate(ready.event, exc)
             raise
     return row_id
 
@@ -136,7 +177,7 @@ async def enqueue_joined(
     tx: Tx,
     statement: str,
     *args: Any,
-    event: Event,
+    event: Event | Prepared,
     catalog: Catalog,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Joined:
@@ -148,16 +189,16 @@ async def enqueue_joined(
     statement returned and the outbox row id; check ``rows`` as real code must check an
     affected-row count. Raises what ``enqueue`` raises, before anything is written, and
     JoinedStatementInvalid, with the caller's transaction still usable, for a statement that
-    cannot be joined (see ``_joined``)."""
+    cannot be joined (see ``_joined``). ``event`` may be ``prepare``'s result."""
     require_transaction(tx)
-    prepared = _prepared(event, catalog, max_payload_bytes)
+    ready = _ready(event, catalog, max_payload_bytes)
     joined = await _joined(tx, statement, len(args))
-    with _creating(event):
+    with _creating(ready.event):
         carrier = telemetry.current_context_headers()
         try:
-            records = await tx.fetch(joined, *args, *prepared(carrier))
+            records = await tx.fetch(joined, *args, *_args(ready, carrier))
         except asyncpg.UniqueViolationError as exc:
-            _raise_duplicate(event, exc)
+            _raise_duplicate(ready.event, exc)
             raise
     rows = [dict(r) for r in records]
     outbox_id = rows[0].pop(sql.JOINED_OUTBOX_ID) if rows else None
@@ -227,17 +268,10 @@ async def _prepare_or_refuse(tx: Tx, query: str, what: str) -> Any:
     return prepared
 
 
-def _prepared(
-    event: Event, catalog: Catalog, max_payload_bytes: int
-) -> Callable[[dict[str, str]], tuple[Any, ...]]:
-    """Validate, encode and digest ``event`` once (typed errors before anything is written);
-    the outbox parameters then only need the trace context."""
-    body, digest = catalog.prepare(event, max_payload_bytes)
-
-    def args(carrier: dict[str, str]) -> tuple[Any, ...]:
-        return enqueue_args(event, digest, body, json.dumps(carrier) if carrier else None)
-
-    return args
+def _args(ready: Prepared, carrier: dict[str, str]) -> tuple[Any, ...]:
+    """The outbox parameters of a prepared event with the trace context ``carrier``."""
+    trace_json = json.dumps(carrier) if carrier else None
+    return enqueue_args(ready.event, ready.digest, ready.body, trace_json)
 
 
 def _creating(event: Event) -> AbstractContextManager[Any]:

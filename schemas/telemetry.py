@@ -84,11 +84,15 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
+# The providers that mean nothing is traced (a tuple: isinstance with ``A | B`` builds the
+# union at every call, and enqueue asks between the awaits of the caller's transaction).
+_NOT_TRACING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
 def tracing_on() -> bool:
     """Whether this process installed a tracer provider (else every span is a no-op, and work
     done only for spans can be skipped)."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return not isinstance(trace.get_tracer_provider(), _NOT_TRACING)
 
 
 def current_context_headers() -> dict[str, str]:

@@ -296,7 +296,8 @@ async def issue_invoice(
         version=1,
         payload=payload,
     )
-    CATALOG.validate(event, producing=True)
+    # Validated, encoded and digested once, before the first write (InvalidEvent here).
+    ready = app.prepare(event)
     inserted = await tx.fetchval(
         INSERT_INVOICE,
         tenant,
@@ -309,7 +310,7 @@ async def issue_invoice(
         event.occurred_at,
     )
     if inserted is not None:
-        await app.enqueue(tx, event)
+        await app.enqueue(tx, ready)
         return event
     row = await tx.fetchrow(INVOICE, tenant, invoice_id)
     stored = {k: row[k] for k in payload}

@@ -47,6 +47,8 @@ EXPECTED: dict[str, set[str]] = {
         "JoinedStatementInvalid",
         "Joined",
         "enqueue_joined",
+        "Prepared",
+        "prepare",
         "RelayError",
         "ReleaseRefused",
         "RelayStats",

@@ -15,11 +15,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from accord.relay import DuplicateEvent, outbox, sql
+from accord.demo.catalog import ReportPublishedV1
+from accord.relay import DuplicateEvent, Prepared, outbox, prepare, sql
 from accord.schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
-from accord.schemas.events import Event
+from accord.schemas.events import Catalog, Event, EventType
 from tests.integration.relay.helpers import make_event
-from tests.support import enqueue
+from tests.support import DEMO_CATALOG, enqueue
 
 
 async def count(pg: asyncpg.Connection) -> int:
@@ -46,7 +47,7 @@ async def test_enqueue_without_a_transaction_is_refused(pg: asyncpg.Connection) 
     assert await count(pg) == 0
 
 
-@pytest.mark.parametrize(
+BAD_EVENTS = pytest.mark.parametrize(
     ("event", "error"),
     [
         (make_event(1, pad=1500), PayloadTooLarge),
@@ -81,6 +82,9 @@ async def test_enqueue_without_a_transaction_is_refused(pg: asyncpg.Connection) 
     ],
     ids=["oversize", "unknown-type", "unknown-version", "nul", "extra-field"],
 )
+
+
+@BAD_EVENTS
 async def test_bad_events_raise_typed_errors_before_any_write(
     pg: asyncpg.Connection, event: Event, error: type[Exception]
 ) -> None:
@@ -92,6 +96,48 @@ async def test_bad_events_raise_typed_errors_before_any_write(
         assert not [q for q in queries if "relay.outbox" in q]
         # control: the transaction is still usable, and a fitting payload passes
         await enqueue(pg, make_event(9, pad=900), max_payload_bytes=1024)
+    assert await count(pg) == 1
+
+
+@BAD_EVENTS
+def test_prepare_raises_the_same_typed_errors_with_no_database(
+    event: Event, error: type[Exception]
+) -> None:
+    """``prepare`` runs before the transaction (no connection at all): it refuses what
+    ``enqueue`` refuses, with the same errors."""
+    with pytest.raises(error):
+        prepare(event, catalog=DEMO_CATALOG, max_payload_bytes=1024)
+
+
+async def test_a_prepared_event_is_written_as_prepared_and_checked_at_enqueue(
+    pg: asyncpg.Connection,
+) -> None:
+    event = make_event(5, pad=900)
+    ready = prepare(event, catalog=DEMO_CATALOG)
+    assert isinstance(ready, Prepared) and ready.digest == DEMO_CATALOG.digest(event)
+    queries: list[str] = []
+    pg.add_query_logger(lambda record: queries.append(record.query))
+    async with pg.transaction():
+        # The enqueue's own limit still holds: this body is over 512 bytes.
+        with pytest.raises(PayloadTooLarge):
+            await enqueue(pg, ready, max_payload_bytes=512)
+        # Another catalog judges it again: one without the type refuses it.
+        other = Catalog([EventType("report.published", 1, ReportPublishedV1)])
+        with pytest.raises(UnknownEventType):
+            await enqueue(pg, ready, catalog=other)
+        assert not [q for q in queries if "relay.outbox" in q]
+        # control: the transaction goes on, and the prepared event is written as prepared
+        row_id = await enqueue(pg, ready)
+    row = await pg.fetchrow("SELECT event_id, body, digest FROM relay.outbox WHERE id = $1", row_id)
+    assert (row["event_id"], bytes(row["body"]), row["digest"]) == (
+        event.event_id,
+        ready.body,
+        ready.digest,
+    )
+    # Its event id is its identity: enqueued again, it is a duplicate.
+    with pytest.raises(DuplicateEvent):
+        async with pg.transaction():
+            await enqueue(pg, ready)
     assert await count(pg) == 1
 
 

@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
 from accord.demo.catalog import demo_catalog
-from accord.relay import Relay, enqueue_joined, outbox, sql
+from accord.relay import Relay, enqueue_joined, outbox, prepare, sql
 from accord.relay.publisher import amqp_publisher
 from accord.schemas.events import Catalog, Event, EventType, encode_payload
 from accord.schemas.topology import Topology
@@ -31,18 +31,20 @@ class _Rollback(Exception):
 
 
 async def _write(conn: asyncpg.Connection, form: str, n: int, event: Event) -> None:
-    """The domain row and its event, in the caller's transaction, by either enqueue form."""
+    """The domain row and its event, in the caller's transaction, by either enqueue form
+    (``prepared``: the joined form with the event prepared by ``relay.prepare``)."""
     if form == "plain":
         await conn.execute("INSERT INTO domain (n) VALUES ($1)", n)
         await enqueue(conn, event)
     else:
         statement = "INSERT INTO domain (n) VALUES ($1) RETURNING n"
-        done = await enqueue_joined(conn, statement, n, event=event, catalog=DEMO_CATALOG)
+        ready = prepare(event, catalog=DEMO_CATALOG) if form == "prepared" else event
+        done = await enqueue_joined(conn, statement, n, event=ready, catalog=DEMO_CATALOG)
         assert done.outbox_id is not None
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("form", ["plain", "joined"])
+@pytest.mark.parametrize("form", ["plain", "joined", "prepared"])
 async def test_committed_events_all_arrive_and_rolled_back_never_do(
     pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology, form: str
 ) -> None:
@@ -86,7 +88,7 @@ async def test_committed_events_all_arrive_and_rolled_back_never_do(
     assert sum(counts.values()) - len(counts) <= sum(relay.stats.failures.values())
 
 
-@pytest.mark.parametrize("form", ["plain", "joined"])
+@pytest.mark.parametrize("form", ["plain", "joined", "prepared"])
 async def test_late_commit_with_lower_id_is_still_published(
     pg_dsn: str, amqp_url: str, topo: Topology, form: str
 ) -> None:
