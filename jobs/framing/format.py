@@ -53,6 +53,8 @@ class Defect(StrEnum):
     BAD_CRC = "bad_crc"
     BAD_PAYLOAD = "bad_payload"
     BAD_GROUP = "bad_group"
+    # A version 2 segment holds fewer whole records than its header says were carried.
+    CARRIED_MISSING = "carried_missing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,10 +299,18 @@ def scan_bytes(data: bytes) -> JournalScan:
                 defect, record = Defect.BAD_GROUP, None
             group = at
         if record is None:
-            return scan(pos, *_tail(data, pos, defect, grouped))
+            tail, defect = _tail(data, pos, defect, grouped)
+            if len(records) < head.carried:
+                # The carried group was fsynced before its segment took the journal's name:
+                # damage inside it was never a torn write, and cutting it would drop the
+                # evidence of effects the database has not recorded.
+                tail = Tail.CORRUPT
+            return scan(pos, tail, defect)
         records.append(record)
         offsets.append(pos)
         pos = nxt
+    if len(records) < head.carried:
+        return scan(pos, Tail.CORRUPT, Defect.CARRIED_MISSING)
     return scan(pos, Tail.CLEAN, Defect.NONE)
 
 

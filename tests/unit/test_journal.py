@@ -273,9 +273,12 @@ def test_scan_stays_linear_in_the_journal_size() -> None:
 GROUPED = journal.VERSION_GROUPED
 
 
-def build_grouped(groups: list[list[dict[str, Any]]]) -> tuple[bytes, list[int]]:
-    """A version-2 image of ``groups`` (each one write) and where each frame ends."""
-    data = journal.encode_header(RUNNER, version=GROUPED)
+def build_grouped(
+    groups: list[list[dict[str, Any]]], carried: int = 0
+) -> tuple[bytes, list[int]]:
+    """A version-2 image of ``groups`` (each one write) and where each frame ends; its header
+    says ``carried`` records were carried forward (the first group, at a rotation)."""
+    data = journal.encode_header(RUNNER, version=GROUPED, carried=carried)
     boundaries = [len(data)]
     for group in groups:
         start = len(data)
@@ -354,6 +357,45 @@ def test_a_frame_whose_group_is_impossible_where_it_stands_is_corrupt() -> None:
     assert (scan.tail, scan.defect, scan.end) == (Tail.CORRUPT, Defect.BAD_GROUP, len(data))
     control = journal.encode_frame({"seq": "next"}, group=len(data))  # a new group, at itself
     assert scan_bytes(data + control).tail is Tail.CLEAN
+
+
+def test_damage_inside_the_carried_group_is_corrupt_never_torn() -> None:
+    """The carried group is fsynced before its segment takes the journal's name: a cut or a
+    flipped bit inside it, even as the last group, is damage to acknowledged evidence, never a
+    torn write to cut away (control: the same bytes as an ordinary last group are torn)."""
+    carried = make_records(3)
+    data, boundaries = build_grouped([carried], carried=3)
+    ordinary, _ = build_grouped([carried])
+    assert scan_bytes(data).tail is Tail.CLEAN and len(scan_bytes(data).records) == 3
+    for cut in range(boundaries[0] + 1, len(data)):
+        assert scan_bytes(ordinary[:cut]).tail in (Tail.TORN, Tail.CLEAN)  # control
+        scan = scan_bytes(data[:cut])
+        assert scan.tail is Tail.CORRUPT, cut
+        if cut in boundaries:  # whole frames, but fewer than the header carried
+            assert scan.defect is Defect.CARRIED_MISSING
+    flipped = bytearray(data)
+    flipped[boundaries[1] + 9] ^= 0x04  # inside the second carried frame
+    assert scan_bytes(bytes(flipped)).tail is Tail.CORRUPT
+    flipped_ordinary = bytearray(ordinary)
+    flipped_ordinary[boundaries[1] + 9] ^= 0x04
+    assert scan_bytes(bytes(flipped_ordinary)).tail is Tail.TORN  # control
+    # After the carried group, the tail is judged as before: a torn write there stays torn.
+    more, ends = build_grouped([carried, make_records(2)], carried=3)
+    assert scan_bytes(more[: ends[4] + 5]).tail is Tail.TORN
+
+
+def test_a_damaged_carried_group_stops_the_open_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    old = Journal.open(path, RUNNER, version=GROUPED)
+    old.append({"seq": "sealed"})
+    new = old.rotate([journal.encode_payload({"seq": "kept", "n": n}) for n in range(2)])
+    new.close()
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # inside the last carried frame, the segment's last bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorrupt):
+        Journal.open(path, RUNNER)
+    assert path.read_bytes() == bytes(data)  # nothing truncated, nothing quarantined
 
 
 def test_rotate_replaces_the_journal_whole_and_locks_the_new_segment(tmp_path: Path) -> None:
