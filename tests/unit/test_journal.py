@@ -273,9 +273,7 @@ def test_scan_stays_linear_in_the_journal_size() -> None:
 GROUPED = journal.VERSION_GROUPED
 
 
-def build_grouped(
-    groups: list[list[dict[str, Any]]], carried: int = 0
-) -> tuple[bytes, list[int]]:
+def build_grouped(groups: list[list[dict[str, Any]]], carried: int = 0) -> tuple[bytes, list[int]]:
     """A version-2 image of ``groups`` (each one write) and where each frame ends; its header
     says ``carried`` records were carried forward (the first group, at a rotation)."""
     data = journal.encode_header(RUNNER, version=GROUPED, carried=carried)
