@@ -142,7 +142,9 @@ async def reserve(
                 operation_id=event.operation_id,
                 event_id=str(event.event_id),
                 occurred_at=event.occurred_at.isoformat(),
-                window_s=consumer.replay_window_s,
+                # The window applied: the lesser of this process's and its consumer's declared
+                # one (migration 0028).
+                window_s=row["window_s"],
             )
         # Neither inserted nor found: the colliding row was pruned between the two
         # statements. Decide again on a fresh snapshot.

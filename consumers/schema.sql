@@ -348,4 +348,22 @@ GRANT INSERT ON TABLE consumers.poison TO accord_consumer;
 GRANT SELECT(id) ON TABLE consumers.poison TO accord_consumer;
 
 --
+-- Name: COLUMN replay_windows.consumer; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(consumer) ON TABLE consumers.replay_windows TO accord_consumer;
+
+--
+-- Name: COLUMN replay_windows.replay_window_s; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(replay_window_s) ON TABLE consumers.replay_windows TO accord_consumer;
+
+--
+-- Name: COLUMN replay_windows.margin_s; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(margin_s) ON TABLE consumers.replay_windows TO accord_consumer;
+
+--
 --

@@ -1,11 +1,16 @@
 """SQL owned by the consumers package. Values only as $n parameters; never SQL built from values."""
 
 # Reserve an operation and log its delivery as 'new' in one round trip. The too-old verdict
-# uses the statement's clock, so a row pruned by retention can never come back as new.
+# uses the statement's clock, so a row pruned by retention can never come back as new, and the
+# lesser of this process's window ($9) and its consumer's declared one (migration 0028): what
+# any process of the consumer admits, every process keeps (PRUNE_INBOX keeps the greater of
+# the two horizons). LEAST skips a NULL: with no declaration, the process's own.
 RESERVE = """
 WITH verdict AS (
-    SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => $9::float8)
-        AS too_old
+    SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => w.s) AS too_old,
+           w.s AS window_s
+    FROM (SELECT LEAST($9::float8, (SELECT d.replay_window_s FROM consumers.replay_windows d
+                                    WHERE d.consumer = $2)) AS s) AS w
 ), reserved AS (
     INSERT INTO consumers.inbox
         (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
@@ -18,11 +23,12 @@ WITH verdict AS (
          outcome)
     SELECT $1, $2, $3, $4, $10, $11, $12, 'new' FROM reserved
 )
-SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, (SELECT too_old FROM verdict) AS too_old
+SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, verdict.too_old, verdict.window_s FROM verdict
 """
 
 # Reserve a batch of operations in one round trip; returns the ordinals newly reserved (the
-# first arrival of each). Rows are inserted in key order so concurrent batches lock alike.
+# first arrival of each). Rows are inserted in key order so concurrent batches lock alike. The
+# window admitted is RESERVE's: the lesser of the process's ($12) and the declared one.
 RESERVE_MANY = """
 WITH incoming AS (
     SELECT * FROM unnest(
@@ -35,7 +41,9 @@ WITH incoming AS (
         (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
     SELECT tenant, $11, operation_id, event_id, digest, event_type, version, occurred_at
     FROM incoming
-    WHERE occurred_at >= statement_timestamp() - make_interval(secs => $12::float8)
+    WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
+        $12::float8,
+        (SELECT d.replay_window_s FROM consumers.replay_windows d WHERE d.consumer = $11)))
     ORDER BY tenant, operation_id, n
     ON CONFLICT DO NOTHING
     RETURNING tenant, operation_id, event_id
@@ -88,12 +96,17 @@ ORDER BY consumer
 DECLARE_WINDOW = "SELECT consumers.declare_window($1, $2, $3)"
 
 # Delete one bounded batch of consumer $3's inbox rows past the retention horizon (oldest
-# first); another consumer's rows are its own pruner's, by its own window.
+# first): the greater of this process's ($1) and the consumer's declared one (0028), so that a
+# process of the consumer with a longer window never finds its rows gone. Another consumer's
+# rows are its own pruner's, by its own window.
 PRUNE_INBOX = """
 WITH doomed AS (
     SELECT ctid FROM consumers.inbox
     WHERE consumer = $3
-      AND GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => $1::float8)
+      AND GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => GREATEST(
+          $1::float8,
+          (SELECT w.replay_window_s + w.margin_s FROM consumers.replay_windows w
+           WHERE w.consumer = $3)))
     ORDER BY GREATEST(first_seen_at, occurred_at)
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -220,11 +220,12 @@ async def test_the_consumer_submits_projects_and_poisons_but_cannot_publish_a_jo
     assert await pg.fetchval("SELECT reason FROM consumers.poison") == "missing_header"
     assert await count(pg, "SELECT count(*) FROM demo_projection.published_reports") == 1
     # ... and prunes the inbox and the delivery log past the replay window, under its role
+    # (the inbox past the window its runtime declared too: migration 0028)
     await pg.execute(
-        "UPDATE consumers.inbox SET first_seen_at = now() - interval '2 days',"
-        " occurred_at = now() - interval '2 days'"
+        "UPDATE consumers.inbox SET first_seen_at = now() - interval '60 days',"
+        " occurred_at = now() - interval '60 days'"
     )
-    await pg.execute("UPDATE consumers.deliveries SET received_at = now() - interval '2 days'")
+    await pg.execute("UPDATE consumers.deliveries SET received_at = now() - interval '60 days'")
     async with consumer_pool.acquire() as conn, conn.transaction():
         assert await conn.fetchval("SELECT current_user") == CONSUMER_ROLE
         pruned = [

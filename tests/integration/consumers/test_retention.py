@@ -5,10 +5,13 @@ own window: one with a shorter window never removes what a longer one still prom
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import asyncpg
 import pytest
 
 from accord.consumers import Consumer, Delivery, RuntimeConfig, inbox, sql
+from accord.consumers.errors import ReplayTooOld
 from accord.schemas.errors import ConfigError, RetentionTooShort
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import CATALOG, WORKFLOW, report, running, runtime_for
@@ -112,6 +115,49 @@ async def test_each_consumer_prunes_only_its_own_rows_by_its_own_window(
         "inbox_retention_idx" in plan
         and "Index Cond: ((consumer = 'report'::text) AND (GREATEST(" in plan
     ), plan
+
+
+async def test_processes_of_one_consumer_with_different_windows_keep_what_any_admits(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """Two processes of one consumer, one with a week's window and one with a day's (a rolling
+    deploy that changes it): whichever declared last, no process prunes an inbox row that a
+    process still admits a redelivery for; the declared window bounds what each admits."""
+    week = Consumer(WORKFLOW, CATALOG, replay_window_s=7 * DAY)
+    day = Consumer(WORKFLOW, CATALOG, replay_window_s=DAY)
+    three_days_ago = datetime.now(UTC) - timedelta(days=3)
+    first, second = report(occurred_at=three_days_ago), report(occurred_at=three_days_ago)
+    conn = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        # The day's window declared last: it is the consumer's. The week's process then
+        # refuses a three-day-old redelivery as too old instead of admitting it as new once
+        # the day's process has pruned its row.
+        await inbox.declare_window(conn, week)
+        async with conn.transaction():
+            assert await inbox.reserve(conn, week, first, Delivery())
+        await pg.execute(AGE_INBOX, 3 * DAY)
+        await inbox.declare_window(conn, day)
+        async with conn.transaction():
+            assert (await inbox.prune(conn, day))[0] == 1
+        with pytest.raises(ReplayTooOld) as caught:
+            async with conn.transaction():
+                await inbox.reserve(conn, week, first, Delivery(redelivered=True))
+        assert caught.value.fields["window_s"] == DAY  # the window applied, the declared one
+        # The week's window declared last: the day's process keeps the week's rows.
+        await inbox.declare_window(conn, week)
+        async with conn.transaction():
+            assert await inbox.reserve(conn, week, second, Delivery())
+        await pg.execute(AGE_INBOX, 3 * DAY)
+        async with conn.transaction():
+            assert (await inbox.prune(conn, day))[0] == 0  # kept: within the declared week
+        async with conn.transaction():  # so its redelivery is absorbed, not new
+            assert not await inbox.reserve(conn, week, second, Delivery(redelivered=True))
+        # control: past the declared week, the day's process prunes it
+        await pg.execute(AGE_INBOX, 8 * DAY)
+        async with conn.transaction():
+            assert (await inbox.prune(conn, day))[0] == 1
+    finally:
+        await conn.close()
 
 
 async def test_the_consumer_runtime_prunes_old_poison_with_its_inbox(
