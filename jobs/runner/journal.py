@@ -296,13 +296,7 @@ class RunnerJournal:
         try:
             offsets = await anyio.to_thread.run_sync(self._live.append_payloads, payloads)
         except Exception as exc:  # noqa: BLE001 - handed to each writer of the group
-            if self.broken is None:
-                self.broken = (
-                    exc
-                    if isinstance(exc, JournalBroken)
-                    else JournalBroken(path=str(self.path), detail=str(exc))
-                )
-                self._broken.set()
+            self._break(exc)
             for queued in batch:
                 queued.error = exc
                 if queued.done is not None:
@@ -314,6 +308,17 @@ class RunnerJournal:
                 queued.done.set()
         self.stats.records += len(batch)
         self.stats.groups += 1
+
+    def _break(self, exc: Exception) -> None:
+        """From here on the journal is broken (``broken`` says how: the first failure), and
+        whoever waits on it (the worker's watch) learns so."""
+        if self.broken is None:
+            self.broken = (
+                exc
+                if isinstance(exc, JournalBroken)
+                else JournalBroken(path=str(self.path), detail=str(exc))
+            )
+            self._broken.set()
 
     # -- rotation -----------------------------------------------------------------------------
 
@@ -333,7 +338,11 @@ class RunnerJournal:
                 keep = [(ref, at) for ref, at in self._effects.items() if ref not in recorded]
                 carried = sum(1 if outcome < 0 else 2 for _, (_, outcome) in keep)
                 if self.version != VERSION_GROUPED or carried < self._records:
-                    rotation = await anyio.to_thread.run_sync(self._seal, keep)
+                    try:
+                        rotation = await anyio.to_thread.run_sync(self._seal, keep)
+                    except JournalBroken as exc:  # after the switch: no segment to write to
+                        self._break(exc)
+                        raise
         return rotation
 
     def _seal(self, keep: list[tuple[EffectRef, tuple[int, int]]]) -> Rotation:

@@ -626,6 +626,30 @@ async def test_close_writes_what_is_still_noted(tmp_path: Path) -> None:
     assert scan_journal(path).records == ({"n": 1},)  # written and fsynced by close
 
 
+async def test_a_rotation_failing_after_its_switch_breaks_the_runner_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker watches ``broken``: a rotation that fails once the new segment has the name
+    sets it, as a failed write does, so the worker stops at once and its jobs say why."""
+    j = RunnerJournal.open(tmp_path / "w.journal", RUNNER)
+    await j.write({"n": 1})
+    assert j.broken is None
+
+    def failing_fsync_dir(directory: Any) -> None:
+        raise OSError(errno.EIO, "simulated")
+
+    monkeypatch.setattr(framing_file, "fsync_dir", failing_fsync_dir)
+    with pytest.raises(JournalBroken):
+        await j.rotate(set())
+    monkeypatch.undo()
+    assert isinstance(j.broken, JournalBroken)
+    with anyio.fail_after(1):
+        await j.wait_broken()
+    with pytest.raises(JournalBroken):
+        await j.write({"n": 2})
+    j.close()
+
+
 async def test_a_noted_record_lost_to_a_failed_group_breaks_the_next_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
