@@ -63,6 +63,15 @@ class ReplayTooOld(PermanentFailure):
     reason = "too_old"
 
 
+class OccurredInFuture(PermanentFailure):
+    """The event says it occurred further ahead of the database's clock than the inbox's
+    prune margin (a producer's clock that runs ahead): refused, not treated as new, since
+    neither its inbox row nor its job's operation key would be kept for as long as a
+    redelivery of it could still be admitted. Fix the producer's clock, then requeue it."""
+
+    reason = "in_future"
+
+
 class TenantMismatch(PermanentFailure):
     """The event's tenant is not one this consumer is configured to serve."""
 

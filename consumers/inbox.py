@@ -23,7 +23,12 @@ from enum import StrEnum
 from typing import Any
 
 from accord.consumers import sql
-from accord.consumers.errors import InboxConflict, ReplayTooOld, TransientFailure
+from accord.consumers.errors import (
+    InboxConflict,
+    OccurredInFuture,
+    ReplayTooOld,
+    TransientFailure,
+)
 from accord.schemas.db import require_transaction, retention_refusal, rows_affected
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog, Event
@@ -101,7 +106,8 @@ async def reserve(
 
     False: already applied (a duplicate; its delivery is logged), skip the effect.
     Raises InboxConflict (with both digests) when the operation or the event id comes back
-    with another meaning, and ReplayTooOld for a new event older than the replay window.
+    with another meaning, ReplayTooOld for a new event older than the replay window, and
+    OccurredInFuture for one dated more than the prune margin ahead of the database clock.
     After either error the caller must roll back (at least to its savepoint).
     ``digest`` may be passed when already computed with ``consumer.catalog``.
     """
@@ -122,6 +128,7 @@ async def reserve(
             delivery.publish_id,
             delivery.redelivered,
             delivery.delivery_count,
+            PRUNE_MARGIN_S,
         )
         if row["fresh"]:
             return True
@@ -145,6 +152,15 @@ async def reserve(
                 # The window applied: the lesser of this process's and its consumer's declared
                 # one (migration 0028).
                 window_s=row["window_s"],
+            )
+        if row["too_new"]:
+            raise OccurredInFuture(
+                tenant=event.tenant,
+                consumer=consumer.name,
+                operation_id=event.operation_id,
+                event_id=str(event.event_id),
+                occurred_at=event.occurred_at.isoformat(),
+                tolerance_s=PRUNE_MARGIN_S,
             )
         # Neither inserted nor found: the colliding row was pruned between the two
         # statements. Decide again on a fresh snapshot.
@@ -171,7 +187,11 @@ async def reserve_many(
     fresh = {
         record["n"]
         for record in await tx.fetch(
-            sql.RESERVE_MANY, *map(list, columns), consumer.name, consumer.replay_window_s
+            sql.RESERVE_MANY,
+            *map(list, columns),
+            consumer.name,
+            consumer.replay_window_s,
+            PRUNE_MARGIN_S,
         )
     }
     decided: list[bool] = []

@@ -49,6 +49,7 @@ class PoisonReason(StrEnum):
     TENANT_MISMATCH = "tenant_mismatch"
     CONFLICT = "conflict"
     TOO_OLD = "too_old"
+    IN_FUTURE = "in_future"  # dated past the prune margin ahead of the database clock
     REJECTED = "rejected"
     RETRIES_EXHAUSTED = "retries_exhausted"
     TENANT_CONFLICT = "tenant_conflict"  # the body names another tenant than the header

@@ -190,7 +190,7 @@ CREATE TABLE consumers.poison (
     CONSTRAINT poison_body_sha256_check CHECK ((body_sha256 ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT poison_body_size_check CHECK ((body_size >= 0)),
     CONSTRAINT poison_delivery_count_check CHECK ((delivery_count >= 0)),
-    CONSTRAINT poison_reason_check CHECK ((reason = ANY (ARRAY['malformed'::text, 'malformed_json'::text, 'duplicate_key'::text, 'non_finite_number'::text, 'body_not_object'::text, 'missing_header'::text, 'bad_header'::text, 'duplicate_header'::text, 'bad_specversion'::text, 'bad_content_type'::text, 'bad_attribute'::text, 'unknown_type'::text, 'unknown_version'::text, 'invalid_event'::text, 'no_handler'::text, 'digest_mismatch'::text, 'tenant_mismatch'::text, 'conflict'::text, 'too_old'::text, 'rejected'::text, 'retries_exhausted'::text, 'tenant_conflict'::text, 'too_large'::text, 'data_exception'::text, 'integrity_violation'::text, 'statement_refused'::text])))
+    CONSTRAINT poison_reason_check CHECK ((reason = ANY (ARRAY['malformed'::text, 'malformed_json'::text, 'duplicate_key'::text, 'non_finite_number'::text, 'body_not_object'::text, 'missing_header'::text, 'bad_header'::text, 'duplicate_header'::text, 'bad_specversion'::text, 'bad_content_type'::text, 'bad_attribute'::text, 'unknown_type'::text, 'unknown_version'::text, 'invalid_event'::text, 'no_handler'::text, 'digest_mismatch'::text, 'tenant_mismatch'::text, 'conflict'::text, 'too_old'::text, 'rejected'::text, 'retries_exhausted'::text, 'tenant_conflict'::text, 'too_large'::text, 'data_exception'::text, 'integrity_violation'::text, 'statement_refused'::text, 'in_future'::text])))
 );
 
 --

@@ -4,17 +4,22 @@
 # uses the statement's clock, so a row pruned by retention can never come back as new, and the
 # lesser of this process's window ($9) and its consumer's declared one (migration 0028): what
 # any process of the consumer admits, every process keeps (PRUNE_INBOX keeps the greater of
-# the two horizons). LEAST skips a NULL: with no declaration, the process's own.
+# the two horizons). LEAST skips a NULL: with no declaration, the process's own. An event
+# dated more than $13 s ahead of the statement's clock (the prune margin) is refused too:
+# its inbox row and its job's key would not outlive its redeliveries.
 RESERVE = """
 WITH verdict AS (
     SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => w.s) AS too_old,
+           $8::timestamptz > statement_timestamp() + make_interval(secs => $13::float8)
+               AS too_new,
            w.s AS window_s
     FROM (SELECT LEAST($9::float8, (SELECT d.replay_window_s FROM consumers.replay_windows d
                                     WHERE d.consumer = $2)) AS s) AS w
 ), reserved AS (
     INSERT INTO consumers.inbox
         (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM verdict WHERE NOT verdict.too_old
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM verdict
+    WHERE NOT verdict.too_old AND NOT verdict.too_new
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), delivered AS (
@@ -23,12 +28,15 @@ WITH verdict AS (
          outcome)
     SELECT $1, $2, $3, $4, $10, $11, $12, 'new' FROM reserved
 )
-SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, verdict.too_old, verdict.window_s FROM verdict
+SELECT EXISTS (SELECT 1 FROM reserved) AS fresh, verdict.too_old, verdict.too_new,
+       verdict.window_s
+FROM verdict
 """
 
 # Reserve a batch of operations in one round trip; returns the ordinals newly reserved (the
 # first arrival of each). Rows are inserted in key order so concurrent batches lock alike. The
-# window admitted is RESERVE's: the lesser of the process's ($12) and the declared one.
+# window admitted is RESERVE's: the lesser of the process's ($12) and the declared one, and
+# no event dated more than $13 s ahead.
 RESERVE_MANY = """
 WITH incoming AS (
     SELECT * FROM unnest(
@@ -44,6 +52,7 @@ WITH incoming AS (
     WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
         $12::float8,
         (SELECT d.replay_window_s FROM consumers.replay_windows d WHERE d.consumer = $11)))
+      AND occurred_at <= statement_timestamp() + make_interval(secs => $13::float8)
     ORDER BY tenant, operation_id, n
     ON CONFLICT DO NOTHING
     RETURNING tenant, operation_id, event_id

@@ -75,6 +75,7 @@ EXPECTED: dict[str, set[str]] = {
         "PoisonReason",
         "PoisonRecord",
         "Rejected",
+        "OccurredInFuture",
         "ReplayTooOld",
         "RuntimeConfig",
         "Stats",

@@ -13,6 +13,7 @@ from accord.consumers import (
     Delivery,
     InboxConflict,
     InboxOutcome,
+    OccurredInFuture,
     PoisonReason,
     ReplayTooOld,
     prune,
@@ -20,6 +21,7 @@ from accord.consumers import (
     reserve_many,
 )
 from accord.consumers import sql as consumer_sql
+from accord.consumers.inbox import PRUNE_MARGIN_S
 from accord.schemas.errors import NotInTransaction
 from accord.schemas.events import Event
 from tests.integration.consumers.support import CATALOG, counts, report
@@ -93,6 +95,24 @@ async def test_an_event_older_than_the_window_is_refused(pg: asyncpg.Connection)
     assert await _reserve(pg, report(occurred_at=now - timedelta(seconds=3500))) is True
     with pytest.raises(ReplayTooOld):
         await _reserve(pg, report(occurred_at=now - timedelta(seconds=3700)))
+    assert await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 1
+
+
+async def test_an_event_dated_past_the_prune_margin_ahead_is_refused(
+    pg: asyncpg.Connection,
+) -> None:
+    """Its age is reckoned from its date: an event stamped further ahead than the inbox's prune
+    margin would outlive its inbox row and its job's key, so it is refused, by reserve and by
+    the batch statement alike (control: a producer's clock a minute ahead is admitted)."""
+    now = datetime.now(UTC)
+    assert await _reserve(pg, report(occurred_at=now + timedelta(seconds=60))) is True
+    ahead = report(occurred_at=now + timedelta(seconds=PRUNE_MARGIN_S + 120))
+    with pytest.raises(OccurredInFuture) as caught:
+        await _reserve(pg, ahead)
+    assert caught.value.fields["tolerance_s"] == PRUNE_MARGIN_S
+    with pytest.raises(OccurredInFuture):
+        async with pg.transaction():
+            await reserve_many(pg, CONSUMER, [(ahead, Delivery(), CATALOG.digest(ahead))])
     assert await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 1
 
 

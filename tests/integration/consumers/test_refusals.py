@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -122,6 +123,29 @@ async def test_a_refused_statement_poisons_only_its_message_in_a_batch(
     ]
     inbox = await pg.fetch("SELECT operation_id FROM consumers.inbox")
     assert {r["operation_id"] for r in inbox} == {r["operation_id"] for r in stored}
+
+
+async def test_an_event_dated_far_ahead_is_poisoned_in_future_and_the_batch_goes_on(
+    pg: asyncpg.Connection,
+) -> None:
+    await pg.execute(DOCS)
+    ahead = datetime.now(UTC) + timedelta(hours=2)  # a producer's clock two hours fast
+    events = [
+        with_doc('{"n": 1}'),
+        with_doc('{"n": 2}').model_copy(update={"occurred_at": ahead}),
+        with_doc('{"n": 3}'),
+    ]
+    messages = [delivered(e, tag) for tag, e in enumerate(events, start=1)]
+    batch = processor(doc_handlers())
+    await batch.process(pg, messages)  # type: ignore[arg-type]
+    assert [m.settled for m in messages] == [[], ["reject"], ["ack-multiple"]]
+    assert (batch.stats.new, batch.stats.poisoned) == (2, 1)
+    rows = await pg.fetch("SELECT reason, message_id FROM consumers.poison")
+    assert [(r["message_id"], r["reason"]) for r in rows] == [
+        (messages[1].message_id, PoisonReason.IN_FUTURE)
+    ]
+    stored = {r["operation_id"] for r in await pg.fetch("SELECT operation_id FROM public.docs")}
+    assert stored == {events[0].operation_id, events[2].operation_id}
 
 
 async def test_transient_database_failures_are_still_retried(pg: asyncpg.Connection) -> None:
