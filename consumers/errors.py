@@ -65,9 +65,11 @@ class ReplayTooOld(PermanentFailure):
 
 class OccurredInFuture(PermanentFailure):
     """The event says it occurred further ahead of the database's clock than the inbox's
-    prune margin (a producer's clock that runs ahead): refused, not treated as new, since
-    neither its inbox row nor its job's operation key would be kept for as long as a
-    redelivery of it could still be admitted. Fix the producer's clock, then requeue it."""
+    prune margin (a producer's clock that runs ahead): refused, not treated as new. A
+    redelivery is admitted until its date plus the window, and a job's operation key is kept
+    from when the job finished: a job submitted for it by another consumer class could lose
+    its key while a redelivery could still be admitted. Fix the producer's clock; a requeued
+    copy is admitted once the database's clock is within the margin of its date."""
 
     reason = "in_future"
 
