@@ -30,11 +30,21 @@ CREATE FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s doub
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    v_horizon double precision;
 BEGIN
+    SELECT consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s,
+                                       w.lowered_at)
+    INTO v_horizon
+    FROM consumers.replay_windows w WHERE w.consumer = p_consumer FOR UPDATE;
     INSERT INTO consumers.replay_windows AS w (consumer, replay_window_s, margin_s)
     VALUES (p_consumer, p_replay_window_s, p_margin_s)
     ON CONFLICT (consumer) DO UPDATE
     SET replay_window_s = EXCLUDED.replay_window_s, margin_s = EXCLUDED.margin_s,
+        previous_horizon_s = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
+                                  THEN v_horizon ELSE w.previous_horizon_s END,
+        lowered_at = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
+                          THEN now() ELSE w.lowered_at END,
         declared_at = now(), declared_by = session_user
     WHERE (w.replay_window_s, w.margin_s) IS DISTINCT FROM
           (EXCLUDED.replay_window_s, EXCLUDED.margin_s);
@@ -45,6 +55,19 @@ END $$;
 --
 
 COMMENT ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) IS 'Record a consumer''s replay window and prune margin, replacing its earlier declaration (0027)';
+
+--
+-- Name: effective_horizon(double precision, double precision, double precision, timestamp with time zone); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.effective_horizon(p_replay_window_s double precision, p_margin_s double precision, p_previous_horizon_s double precision, p_lowered_at timestamp with time zone) RETURNS double precision
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT GREATEST(p_replay_window_s + p_margin_s,
+                    CASE WHEN p_lowered_at + make_interval(secs => p_previous_horizon_s) > now()
+                         THEN p_previous_horizon_s ELSE 0 END)
+$$;
 
 --
 -- Name: prune_poison(text, double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
@@ -99,8 +122,8 @@ CREATE FUNCTION consumers.replay_horizon(p_consumer text) RETURNS TABLE(consumer
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT w.consumer, w.replay_window_s + w.margin_s FROM consumers.replay_windows w
-    WHERE p_consumer IS NULL OR w.consumer = p_consumer
+    SELECT h.consumer, h.horizon_s FROM consumers.replay_horizons h
+    WHERE p_consumer IS NULL OR h.consumer = p_consumer
     ORDER BY 2 DESC, 1
     LIMIT 1
 $$;
@@ -109,7 +132,7 @@ $$;
 -- Name: FUNCTION replay_horizon(p_consumer text); Type: COMMENT; Schema: consumers; Owner: -
 --
 
-COMMENT ON FUNCTION consumers.replay_horizon(p_consumer text) IS 'The longest declared replay horizon (window + margin) of one consumer, or of all, and its consumer (0027)';
+COMMENT ON FUNCTION consumers.replay_horizon(p_consumer text) IS 'The longest effective replay horizon of one consumer, or of all, and its consumer (0028)';
 
 SET default_tablespace = '';
 
@@ -216,7 +239,10 @@ CREATE TABLE consumers.replay_windows (
     margin_s double precision NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
     declared_by text DEFAULT SESSION_USER NOT NULL,
+    previous_horizon_s double precision DEFAULT 0 NOT NULL,
+    lowered_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     CONSTRAINT replay_windows_margin_s_check CHECK (((margin_s >= (0)::double precision) AND (margin_s < 'Infinity'::double precision))),
+    CONSTRAINT replay_windows_previous_horizon_s_check CHECK (((previous_horizon_s >= (0)::double precision) AND (previous_horizon_s < 'Infinity'::double precision))),
     CONSTRAINT replay_windows_replay_window_s_check CHECK (((replay_window_s > (0)::double precision) AND (replay_window_s < 'Infinity'::double precision)))
 );
 
@@ -225,6 +251,28 @@ CREATE TABLE consumers.replay_windows (
 --
 
 COMMENT ON TABLE consumers.replay_windows IS 'Each consumer''s replay window and prune margin as it last declared them at start (0027)';
+
+--
+-- Name: COLUMN replay_windows.previous_horizon_s; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON COLUMN consumers.replay_windows.previous_horizon_s IS 'The horizon the last lowering declaration replaced, kept for that long from lowered_at (0028)';
+
+--
+-- Name: replay_horizons; Type: VIEW; Schema: consumers; Owner: -
+--
+
+CREATE VIEW consumers.replay_horizons AS
+ SELECT w.consumer,
+    w.replay_window_s AS window_s,
+    consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s, w.lowered_at) AS horizon_s
+   FROM consumers.replay_windows w;
+
+--
+-- Name: VIEW replay_horizons; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON VIEW consumers.replay_horizons IS 'Each consumer''s declared window and effective horizon, which bound what its processes admit and prune (0028)';
 
 --
 -- Name: deliveries deliveries_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
@@ -348,22 +396,10 @@ GRANT INSERT ON TABLE consumers.poison TO accord_consumer;
 GRANT SELECT(id) ON TABLE consumers.poison TO accord_consumer;
 
 --
--- Name: COLUMN replay_windows.consumer; Type: ACL; Schema: consumers; Owner: -
+-- Name: TABLE replay_horizons; Type: ACL; Schema: consumers; Owner: -
 --
 
-GRANT SELECT(consumer) ON TABLE consumers.replay_windows TO accord_consumer;
-
---
--- Name: COLUMN replay_windows.replay_window_s; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(replay_window_s) ON TABLE consumers.replay_windows TO accord_consumer;
-
---
--- Name: COLUMN replay_windows.margin_s; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(margin_s) ON TABLE consumers.replay_windows TO accord_consumer;
+GRANT SELECT ON TABLE consumers.replay_horizons TO accord_consumer;
 
 --
 --

@@ -13,7 +13,7 @@ WITH verdict AS (
            $8::timestamptz > statement_timestamp() + make_interval(secs => $13::float8)
                AS too_new,
            w.s AS window_s
-    FROM (SELECT LEAST($9::float8, (SELECT d.replay_window_s FROM consumers.replay_windows d
+    FROM (SELECT LEAST($9::float8, (SELECT d.window_s FROM consumers.replay_horizons d
                                     WHERE d.consumer = $2)) AS s) AS w
 ), reserved AS (
     INSERT INTO consumers.inbox
@@ -51,7 +51,7 @@ WITH incoming AS (
     FROM incoming
     WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
         $12::float8,
-        (SELECT d.replay_window_s FROM consumers.replay_windows d WHERE d.consumer = $11)))
+        (SELECT d.window_s FROM consumers.replay_horizons d WHERE d.consumer = $11)))
       AND occurred_at <= statement_timestamp() + make_interval(secs => $13::float8)
     ORDER BY tenant, operation_id, n
     ON CONFLICT DO NOTHING
@@ -91,13 +91,13 @@ INSERT INTO consumers.deliveries
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
-# Each consumer's declared replay window, prune margin and horizon, with how long ago it
-# declared them (accord status).
+# Each consumer's declared replay window, prune margin and effective horizon (0028), with how
+# long ago it declared them (accord status).
 REPLAY_WINDOWS = """
-SELECT consumer, replay_window_s, margin_s, replay_window_s + margin_s AS horizon_s,
-       EXTRACT(EPOCH FROM now() - declared_at)::float8 AS declared_age_s
-FROM consumers.replay_windows
-ORDER BY consumer
+SELECT w.consumer, w.replay_window_s, w.margin_s, h.horizon_s,
+       EXTRACT(EPOCH FROM now() - w.declared_at)::float8 AS declared_age_s
+FROM consumers.replay_windows w JOIN consumers.replay_horizons h USING (consumer)
+ORDER BY w.consumer
 """
 
 # Declare consumer $1's replay window $2 and prune margin $3 (consumers.declare_window,
@@ -105,7 +105,8 @@ ORDER BY consumer
 DECLARE_WINDOW = "SELECT consumers.declare_window($1, $2, $3)"
 
 # Delete one bounded batch of consumer $3's inbox rows past the retention horizon (oldest
-# first): the greater of this process's ($1) and the consumer's declared one (0028), so that a
+# first): the greater of this process's ($1) and the consumer's effective one (0028: the
+# declared one, or the longer one a lowering declaration replaced, while it lasts), so that a
 # process of the consumer with a longer window never finds its rows gone. Another consumer's
 # rows are its own pruner's, by its own window.
 PRUNE_INBOX = """
@@ -114,8 +115,7 @@ WITH doomed AS (
     WHERE consumer = $3
       AND GREATEST(first_seen_at, occurred_at) < now() - make_interval(secs => GREATEST(
           $1::float8,
-          (SELECT w.replay_window_s + w.margin_s FROM consumers.replay_windows w
-           WHERE w.consumer = $3)))
+          (SELECT h.horizon_s FROM consumers.replay_horizons h WHERE h.consumer = $3)))
     ORDER BY GREATEST(first_seen_at, occurred_at)
     LIMIT $2
     FOR UPDATE SKIP LOCKED

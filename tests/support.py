@@ -64,3 +64,8 @@ async def enqueue(tx: Any, event: Event, **options: Any) -> int:
     """``accord.relay.enqueue``, by default with the demo's catalog (the tests' subject)."""
     options.setdefault("catalog", DEMO_CATALOG)
     return await relay_enqueue(tx, event, **options)
+
+
+# Move the last lowering of a declared window a month back: the horizon it replaced has run
+# out (migration 0028 keeps it in force for as long as it was).
+LAPSED = "UPDATE consumers.replay_windows SET lowered_at = now() - interval '30 days'"

@@ -52,6 +52,10 @@ class Readiness:
     every_s: float = 2.0
     timeout_s: float = 3.0
     _failing: dict[str, str] = field(default_factory=lambda: {"startup": "not_checked_yet"})
+    # Rounds are numbered as they start; a round's result is kept unless one that started
+    # later has already reported (two threads may run rounds: the loop's and a caller's).
+    _started: int = 0
+    _reported: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -62,10 +66,15 @@ class Readiness:
             return dict(self._failing)
 
     def check_once(self) -> dict[str, str]:
-        """Run every check now (on this thread's own event loop); cache and return failures."""
+        """Run every check now (on this thread's own event loop); cache and return failures,
+        unless a round that started after this one has already reported."""
+        with self._lock:
+            self._started += 1
+            number = self._started
         failing = anyio.run(self._round)
         with self._lock:
-            self._failing = failing
+            if number > self._reported:
+                self._failing, self._reported = failing, number
         return failing
 
     async def _round(self) -> dict[str, str]:

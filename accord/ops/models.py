@@ -291,8 +291,10 @@ class PoisonGroup:
 
 @dataclass(frozen=True, slots=True)
 class ReplayWindow:
-    """A consumer's declared replay window (consumers.replay_windows, 0027): finished jobs are
-    kept at least the longest horizon, its poison records at least its own."""
+    """A consumer's declared replay window (consumers.replay_windows, 0027) and its effective
+    horizon (0028: the window plus margin, or the longer one a lowering declaration replaced,
+    while it lasts): finished jobs are kept at least the longest horizon, its poison records
+    and inbox rows at least its own."""
 
     consumer: str
     replay_window_s: float

@@ -5,6 +5,7 @@ one never does, an ended one is forgotten; /readyz says which check fails and wh
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -117,3 +118,30 @@ def test_readyz_names_the_failing_check_and_metrics_still_serve() -> None:
         assert 'accord_ready{check="rabbitmq"} 1.0' in text
     finally:
         server.close()
+
+
+def test_a_round_that_started_earlier_never_overwrites_a_later_one() -> None:
+    """Two threads run rounds (the loop's, and a caller's check_once): a slow round that saw
+    the database up and reports last does not hide the later round that saw it down."""
+    release, entered = threading.Event(), threading.Event()
+    rounds: list[int] = []
+
+    async def database() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:  # the first round: slow, and the database was up
+            entered.set()
+            await anyio.to_thread.run_sync(release.wait)
+            return
+        raise ConnectionRefusedError("down")
+
+    readiness = Readiness([("postgresql", database)], timeout_s=10.0)
+    slow_saw: list[dict[str, str]] = []
+    slow = threading.Thread(target=lambda: slow_saw.append(readiness.check_once()))
+    slow.start()
+    assert entered.wait(5)
+    down = {"postgresql": "ConnectionRefusedError"}
+    assert readiness.check_once() == down  # the later round reports first
+    release.set()
+    slow.join(5)
+    assert not slow.is_alive() and slow_saw == [{}]  # control: the slow round saw it up
+    assert readiness.failing() == down  # and the later round's word stands

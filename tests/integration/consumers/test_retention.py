@@ -15,7 +15,7 @@ from accord.consumers.errors import ReplayTooOld
 from accord.schemas.errors import ConfigError, RetentionTooShort
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import CATALOG, WORKFLOW, report, running, runtime_for
-from tests.support import wait_for
+from tests.support import LAPSED, wait_for
 
 DAY = 86400.0
 INSERT = (
@@ -120,40 +120,39 @@ async def test_each_consumer_prunes_only_its_own_rows_by_its_own_window(
 async def test_processes_of_one_consumer_with_different_windows_keep_what_any_admits(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
-    """Two processes of one consumer, one with a week's window and one with a day's (a rolling
-    deploy that changes it): whichever declared last, no process prunes an inbox row that a
-    process still admits a redelivery for; the declared window bounds what each admits."""
+    """Two processes of one consumer, one with a week's window and one with a day's (a canary,
+    a rolling deploy), each declaring at every start and reconnect: however the declarations
+    alternate, no process prunes an inbox row that a process still admits a redelivery for,
+    and each admits no event older than the declared window."""
     week = Consumer(WORKFLOW, CATALOG, replay_window_s=7 * DAY)
     day = Consumer(WORKFLOW, CATALOG, replay_window_s=DAY)
     three_days_ago = datetime.now(UTC) - timedelta(days=3)
-    first, second = report(occurred_at=three_days_ago), report(occurred_at=three_days_ago)
+    first, unseen = report(occurred_at=three_days_ago), report(occurred_at=three_days_ago)
     conn = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
     try:
-        # The day's window declared last: it is the consumer's. The week's process then
-        # refuses a three-day-old redelivery as too old instead of admitting it as new once
-        # the day's process has pruned its row.
         await inbox.declare_window(conn, week)
         async with conn.transaction():
-            assert await inbox.reserve(conn, week, first, Delivery())
-        await pg.execute(AGE_INBOX, 3 * DAY)
-        await inbox.declare_window(conn, day)
-        async with conn.transaction():
-            assert (await inbox.prune(conn, day))[0] == 1
+            assert await inbox.reserve(conn, week, first, Delivery())  # within the week
+        await pg.execute(AGE_INBOX, 2 * DAY)  # seen two days ago
+        await inbox.declare_window(conn, day)  # the day's process reconnects: it lowers
+        # The day's window now bounds what the week's process admits: a three-day-old event
+        # never seen is refused as too old, naming the window applied.
         with pytest.raises(ReplayTooOld) as caught:
             async with conn.transaction():
-                await inbox.reserve(conn, week, first, Delivery(redelivered=True))
-        assert caught.value.fields["window_s"] == DAY  # the window applied, the declared one
-        # The week's window declared last: the day's process keeps the week's rows.
-        await inbox.declare_window(conn, week)
+                await inbox.reserve(conn, week, unseen, Delivery())
+        assert caught.value.fields["window_s"] == DAY
+        # But the week promised to keep what it admitted: the day's process keeps the row.
         async with conn.transaction():
-            assert await inbox.reserve(conn, week, second, Delivery())
-        await pg.execute(AGE_INBOX, 3 * DAY)
+            assert (await inbox.prune(conn, day))[0] == 0
+        await inbox.declare_window(conn, week)  # the week's process reconnects
+        async with conn.transaction():  # and its redelivery is absorbed, not new
+            assert not await inbox.reserve(conn, week, first, Delivery(redelivered=True))
+        await inbox.declare_window(conn, day)  # and again: the longer horizon still holds
         async with conn.transaction():
-            assert (await inbox.prune(conn, day))[0] == 0  # kept: within the declared week
-        async with conn.transaction():  # so its redelivery is absorbed, not new
-            assert not await inbox.reserve(conn, week, second, Delivery(redelivered=True))
-        # control: past the declared week, the day's process prunes it
-        await pg.execute(AGE_INBOX, 8 * DAY)
+            assert (await inbox.prune(conn, day))[0] == 0
+        # control: once the week it replaced has run out since the lowering, the day's
+        # process prunes by its own horizon
+        await pg.execute(LAPSED)
         async with conn.transaction():
             assert (await inbox.prune(conn, day))[0] == 1
     finally:

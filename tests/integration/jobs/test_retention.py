@@ -26,6 +26,7 @@ from accord.schemas.errors import ConfigError, RetentionTooShort
 from tests.integration.consumers.support import CATALOG, report
 from tests.integration.jobs.conftest import TENANT, WORKFLOW, Jobs
 from tests.integration.test_gc_objects import make_old, run_cli
+from tests.support import LAPSED
 
 DAY = 86400.0
 WINDOW_S = 7 * DAY
@@ -199,9 +200,15 @@ async def test_the_database_refuses_a_retention_inside_a_declared_replay_horizon
     assert raw.value.sqlstate == "AR001" and "consumer report" in str(raw.value)
     assert await rows_of(jobs.pool, second) == before  # nothing removed
 
-    # the consumer re-declares a one-day window: the longest horizon is now a day's
+    # the consumer re-declares a one-day window: the week it replaced holds for a week more
+    # (migration 0028: what a process admitted under it is kept as long as it promised) ...
     async with jobs.pool.acquire() as conn:
         await consumer_inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, DAY))
+    with pytest.raises(RetentionTooShort) as caught:
+        await prune(jobs.pool, retention_s=DAY + PRUNE_MARGIN_S)
+    assert caught.value.horizon_s == HORIZON_S
+    # ... and once it has run out, the longest horizon is a day's
+    await jobs.pool.execute(LAPSED)
     with pytest.raises(RetentionTooShort):
         await prune(jobs.pool, retention_s=DAY)  # the margin still counts
     assert await prune(jobs.pool, retention_s=DAY + PRUNE_MARGIN_S) == Pruned(jobs=1, effects=1)

@@ -15,6 +15,7 @@ from accord.jobs import JobState
 from accord.jobs.runner import JobContext
 from tests.integration.consumers.support import CATALOG
 from tests.integration.runner.conftest import Rig, running, wait_for
+from tests.support import LAPSED
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,6 +136,8 @@ async def test_a_retention_inside_a_declared_replay_horizon_is_logged_and_retrie
         assert await left(rig, [old]) == 1
         async with rig.pool.acquire() as conn:  # the consumer's window shrinks to 50 min
             await inbox.declare_window(conn, Consumer("report", CATALOG, 3000.0))
+            # and the day it replaced has run out since (migration 0028 keeps it until then)
+            await conn.execute(LAPSED)
 
         async def pruned() -> bool:
             return await left(rig, [old]) == 0
