@@ -142,26 +142,19 @@ async def reserve(
             _check_same_meaning(consumer, event, digest, found)
             await record_delivery(tx, consumer, event, delivery, InboxOutcome.DUPLICATE)
             return False
+        named = {
+            "tenant": event.tenant,
+            "consumer": consumer.name,
+            "operation_id": event.operation_id,
+            "event_id": str(event.event_id),
+            "occurred_at": event.occurred_at.isoformat(),
+        }
         if row["too_old"]:
-            raise ReplayTooOld(
-                tenant=event.tenant,
-                consumer=consumer.name,
-                operation_id=event.operation_id,
-                event_id=str(event.event_id),
-                occurred_at=event.occurred_at.isoformat(),
-                # The window applied: the lesser of this process's and its consumer's declared
-                # one (migration 0028).
-                window_s=row["window_s"],
-            )
+            # The window applied: the lesser of this process's and its consumer's declared
+            # one (migration 0028).
+            raise ReplayTooOld(**named, window_s=row["window_s"])
         if row["too_new"]:
-            raise OccurredInFuture(
-                tenant=event.tenant,
-                consumer=consumer.name,
-                operation_id=event.operation_id,
-                event_id=str(event.event_id),
-                occurred_at=event.occurred_at.isoformat(),
-                tolerance_s=PRUNE_MARGIN_S,
-            )
+            raise OccurredInFuture(**named, tolerance_s=PRUNE_MARGIN_S)
         # Neither inserted nor found: the colliding row was pruned between the two
         # statements. Decide again on a fresh snapshot.
     raise TransientFailure(
