@@ -91,8 +91,14 @@ START = r"""
 import json, sys, time
 import anyio, asyncpg
 from accord.jobs.framing import Journal
-from accord.jobs.runner import recovery, sql
+from accord.jobs.runner import recovery
 from accord.jobs.runner.journal_records import EffectRef, unrecorded_effects
+
+# 0.2's query: every effect row of every job the journal ever began.
+RECORDED_EFFECTS_0_2 = (
+    "SELECT job_id, effect_key, seq FROM jobs.effects"
+    " WHERE job_id = ANY($1::bigint[]) AND state <> 'pending'"
+)
 
 def peak_mb():
     # VmHWM, this process's own peak RSS: getrusage's maxrss would include the parent's RSS
@@ -109,7 +115,7 @@ async def main(mode, path, dsn, runner):
         journal = Journal.open(path, runner)
         records = journal.scan.records
         job_ids = sorted({r["job_id"] for r in records if r.get("type") == "effect_begin"})
-        rows = await conn.fetch(sql.RECORDED_EFFECTS, job_ids)
+        rows = await conn.fetch(RECORDED_EFFECTS_0_2, job_ids)
         recorded = {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
         found = unrecorded_effects(records, recorded)
     elif mode == "bare":  # what an interpreter holds with these imports and a connection

@@ -101,23 +101,29 @@ class _Queued:
     payload: bytes
     kind: str | None
     ref: EffectRef | None
+    attempt: str | None  # the attempt id an effect record names
     taken: bool = False  # in a group on its way to the disk
     # Set once written and fsynced, or failed; None for a noted record (nobody waits for it).
     done: anyio.Event | None = None
     error: Exception | None = None
 
 
-def _effect_of(record: Mapping[str, Any] | BaseModel) -> tuple[str | None, EffectRef | None]:
-    """(record type, ref) of an effect record, else (None, None). A malformed effect record is
-    not indexed: the start's check (unrecorded_effects) refuses it before any rotation."""
+def _effect_of(
+    record: Mapping[str, Any] | BaseModel,
+) -> tuple[str | None, EffectRef | None, str | None]:
+    """(record type, ref, attempt id) of an effect record, else (None, None, None). A
+    malformed effect record is not indexed: the start's check (unrecorded_effects) refuses it
+    before any rotation."""
     if isinstance(record, EffectBegin | EffectOutcome):
-        return str(record.type), EffectRef(record.job_id, record.effect_key, record.seq)
+        ref = EffectRef(record.job_id, record.effect_key, record.seq)
+        return str(record.type), ref, str(record.attempt_id)
     if isinstance(record, BaseModel) or record.get("type") not in _EFFECTS:
-        return None, None
+        return None, None, None
     job_id, key, seq = record.get("job_id"), record.get("effect_key"), record.get("seq")
     if isinstance(job_id, int) and isinstance(key, str) and isinstance(seq, int):
-        return str(record["type"]), EffectRef(job_id, key, seq)
-    return None, None
+        attempt = record.get("attempt_id")
+        return str(record["type"]), EffectRef(job_id, key, seq), str(attempt) if attempt else None
+    return None, None, None
 
 
 class RunnerJournal:
@@ -195,6 +201,10 @@ class RunnerJournal:
         """The effects begun in the live segment (or carried into it), in journal order."""
         return list(self._effects)
 
+    def begun_by(self) -> dict[EffectRef, str | None]:
+        """``begun``, each with the attempt id its (first) begin record names."""
+        return {ref: self._attempts.get(ref) for ref in self._effects}
+
     @property
     def rotation_due(self) -> bool:
         """Whether what was written since the live segment began passed its size bound and
@@ -210,9 +220,9 @@ class RunnerJournal:
     def append(self, record: Mapping[str, Any] | BaseModel) -> int:
         """Blocking: one record, written and fsynced alone; returns the new end offset. Not
         for use while :meth:`write` or :meth:`rotate` may run (they hold no thread lock)."""
-        kind, ref = _effect_of(record)
+        kind, ref, attempt = _effect_of(record)
         [offset] = self._live.append_payloads([encode_payload(record)])
-        self._note(kind, ref, offset)
+        self._note(kind, ref, attempt, offset)
         self.stats.records += 1
         self.stats.groups += 1
         return self._live.end
@@ -303,7 +313,7 @@ class RunnerJournal:
                     queued.done.set()
             return
         for queued, offset in zip(batch, offsets, strict=True):
-            self._note(queued.kind, queued.ref, offset)
+            self._note(queued.kind, queued.ref, queued.attempt, offset)
             if queued.done is not None:
                 queued.done.set()
         self.stats.records += len(batch)
@@ -362,6 +372,7 @@ class RunnerJournal:
         """Index the live segment as ``scan`` shows it."""
         self._scan = scan
         self._effects: dict[EffectRef, tuple[int, int]] = {}  # ref -> (begin, outcome or -1)
+        self._attempts: dict[EffectRef, str | None] = {}  # ref -> the attempt that began it
         self._records = 0
         for offset, record in zip(scan.offsets, scan.records, strict=True):
             self._note(*_effect_of(record), offset)
@@ -370,12 +381,16 @@ class RunnerJournal:
         self._base = fresh[0] if fresh else scan.end
         self._since = time.monotonic()
 
-    def _note(self, kind: str | None, ref: EffectRef | None, offset: int) -> None:
+    def _note(
+        self, kind: str | None, ref: EffectRef | None, attempt: str | None, offset: int
+    ) -> None:
         self._records += 1
         if ref is None:
             return
         if kind == _BEGIN:
-            self._effects.setdefault(ref, (offset, -1))  # the first begin of a ref counts
+            if ref not in self._effects:  # the first begin of a ref counts
+                self._effects[ref] = (offset, -1)
+                self._attempts[ref] = attempt
             return
         entry = self._effects.get(ref)
         if entry is not None:  # an outcome counts after its begin only (as unrecorded_effects)

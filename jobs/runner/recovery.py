@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,34 @@ def open_journal(
     return journal
 
 
-async def recorded_effects(conn: Any, job_ids: Iterable[int]) -> set[EffectRef]:
-    """Read-only, one query: the effect records of ``job_ids`` whose outcome the database
-    holds (state anything but pending)."""
-    ids = sorted(set(job_ids))
-    rows = await conn.fetch(sql.RECORDED_EFFECTS, ids) if ids else []
+async def recorded_effects(conn: Any, begun: Mapping[EffectRef, Any]) -> set[EffectRef]:
+    """Read-only, one query: of the effects ``begun`` (each with the attempt that began it),
+    those whose outcome the database holds (state anything but pending) on the row that
+    attempt began. A begin whose attempt is unknown, or whose row another attempt holds (a
+    job id a restore rewound and a new job took), is not recorded: it stays evidence."""
+    known = [(ref, attempt) for ref, attempt in _attempts(begun) if attempt is not None]
+    if not known:
+        return set()
+    refs, attempts = zip(*known, strict=True)
+    rows = await conn.fetch(
+        sql.RECORDED_EFFECTS,
+        [ref.job_id for ref in refs],
+        [ref.effect_key for ref in refs],
+        [ref.seq for ref in refs],
+        list(attempts),
+    )
     return {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
+
+
+def _attempts(begun: Mapping[EffectRef, Any]) -> list[tuple[EffectRef, uuid.UUID | None]]:
+    """Each ref with its attempt id as a UUID (None when absent or not one)."""
+    out: list[tuple[EffectRef, uuid.UUID | None]] = []
+    for ref, attempt in begun.items():
+        try:
+            out.append((ref, attempt if isinstance(attempt, uuid.UUID) else uuid.UUID(attempt)))
+        except (TypeError, ValueError, AttributeError):
+            out.append((ref, None))
+    return out
 
 
 async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
@@ -83,10 +106,19 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     published = {
         r["job_id"] for r in records if r.get("type") == "publish" and _int(r.get("job_id"))
     }
-    job_ids = {
-        r["job_id"] for r in records if r.get("type") == "effect_begin" and _int(r.get("job_id"))
-    }
-    recorded = await recorded_effects(conn, job_ids - published)
+    begun: dict[EffectRef, Any] = {}
+    for record in records:
+        ref = _ref(record) if record.get("type") == "effect_begin" else None
+        # A malformed one is left to unrecorded_effects, which refuses it.
+        well_formed = ref is not None and _int(ref.job_id) and _int(ref.seq)
+        if (
+            ref is not None
+            and well_formed
+            and isinstance(ref.effect_key, str)
+            and ref.job_id not in published
+        ):
+            begun.setdefault(ref, record.get("attempt_id"))  # the first begin of a ref counts
+    recorded = await recorded_effects(conn, begun)
     recorded |= {ref for ref in map(_ref, records) if ref is not None and ref.job_id in published}
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
@@ -126,7 +158,7 @@ async def rotate_journal(conn: Any, journal: RunnerJournal) -> Rotation | None:
     """Seal the live segment while running: asks the database which of its effects have a
     recorded outcome (writes go on meanwhile), then carries every other one forward (writes
     wait for that alone). Raises what the query raises, changing nothing."""
-    recorded = await recorded_effects(conn, {ref.job_id for ref in journal.begun()})
+    recorded = await recorded_effects(conn, journal.begun_by())
     rotation = await journal.rotate(recorded)
     _log_rotation(journal, rotation, "size")
     return rotation

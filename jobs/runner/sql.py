@@ -5,8 +5,13 @@ Every write-back of a lease goes through :class:`jobs.Store` (the result manifes
 restart report.
 """
 
-# The effect records among jobs $1 whose outcome is recorded (anything but pending).
-RECORDED_EFFECTS = (
-    "SELECT job_id, effect_key, seq FROM jobs.effects"
-    " WHERE job_id = ANY($1::bigint[]) AND state <> 'pending'"
-)
+# Of the begins $1..$4 (job ids, effect keys, seqs, the attempts that began them), those whose
+# outcome the database recorded (anything but pending) on the row that same attempt began: a
+# row of another attempt is another effect (job ids rewound by a restore can meet again).
+RECORDED_EFFECTS = """
+SELECT e.job_id, e.effect_key, e.seq
+FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])
+     AS b(job_id, effect_key, seq, attempt_id)
+JOIN jobs.effects e USING (job_id, effect_key, seq)
+WHERE e.attempt_id = b.attempt_id AND e.state <> 'pending'
+"""

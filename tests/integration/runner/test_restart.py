@@ -4,6 +4,7 @@ effects an earlier run began whose outcome the database never recorded, reported
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 import anyio
@@ -13,6 +14,8 @@ from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState
 from accord.jobs import retention as jobs_retention
 from accord.jobs.runner import (
+    Claim,
+    EffectBegin,
     EffectRef,
     JobContext,
     Journal,
@@ -22,6 +25,7 @@ from accord.jobs.runner import (
     Worker,
     WorkerConfig,
     open_journal,
+    recovery,
     scan_journal,
 )
 from tests.integration.runner.conftest import Rig, running, wait_for
@@ -263,3 +267,31 @@ async def test_a_0_2_journal_is_read_at_start_and_migrated(rig: Rig) -> None:
     migrated = scan_journal(path)
     assert (migrated.version, migrated.carried) == (2, 2)
     assert [r["type"] for r in migrated.records] == ["effect_begin", "effect_outcome"]
+
+
+async def test_a_begin_is_recorded_only_on_the_row_its_own_attempt_began(rig: Rig) -> None:
+    """A restore that rewinds the job ids lets a new job take the id of one whose begin the
+    journal still carries: the new job's recorded effect (another attempt's row, same key and
+    seq) is not that begin's outcome, so a rotation carries the begin on (control: the begin
+    of the attempt whose row the database recorded is dropped)."""
+    await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-new", "pay")
+    [lease] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
+    seq = await rig.store.begin_effect(lease, "pay", "intent")
+    await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="rcpt-new")
+    ref = EffectRef(job_id, "pay", seq)
+    for name, attempt, carried in (("lost", uuid.uuid4(), True), ("same", lease.attempt_id, False)):
+        with open_journal(rig.journal_path(name), name) as journal:
+            ids = {"tenant": lease.tenant, "job_id": job_id, "generation": lease.generation}
+            await journal.write(EffectBegin(**ids, attempt_id=attempt, effect_key="pay", seq=seq))
+            await journal.write(Claim(**ids, attempt_id=lease.attempt_id))  # something to drop
+        journal = open_journal(rig.journal_path(name), name)
+        try:
+            # a start reports it (or not) by the same rule
+            found = await recovery.report_unrecorded(rig.pool, journal)
+            assert [entry.ref for entry in found] == ([ref] if carried else []), name
+            rotation = await recovery.rotate_journal(rig.pool, journal)
+            assert rotation is not None
+            assert (ref in journal.begun()) is carried, name
+        finally:
+            journal.close()
