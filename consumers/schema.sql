@@ -31,23 +31,35 @@ CREATE FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s doub
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_horizon double precision;
+    w consumers.replay_windows;
+    v_declared double precision;
+    v_until timestamptz;
 BEGIN
-    SELECT consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s,
-                                       w.lowered_at)
-    INTO v_horizon
-    FROM consumers.replay_windows w WHERE w.consumer = p_consumer FOR UPDATE;
-    INSERT INTO consumers.replay_windows AS w (consumer, replay_window_s, margin_s)
+    -- The first declaration inserts; every one then works on the locked row (two at once
+    -- take turns, the second seeing the first's).
+    INSERT INTO consumers.replay_windows (consumer, replay_window_s, margin_s)
     VALUES (p_consumer, p_replay_window_s, p_margin_s)
-    ON CONFLICT (consumer) DO UPDATE
-    SET replay_window_s = EXCLUDED.replay_window_s, margin_s = EXCLUDED.margin_s,
-        previous_horizon_s = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
-                                  THEN v_horizon ELSE w.previous_horizon_s END,
-        lowered_at = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
-                          THEN now() ELSE w.lowered_at END,
+    ON CONFLICT (consumer) DO NOTHING;
+    SELECT * INTO w FROM consumers.replay_windows r WHERE r.consumer = p_consumer FOR UPDATE;
+    IF (w.replay_window_s, w.margin_s) IS NOT DISTINCT FROM (p_replay_window_s, p_margin_s) THEN
+        RETURN;
+    END IF;
+    v_declared := w.replay_window_s + w.margin_s;
+    IF p_replay_window_s + p_margin_s < v_declared THEN
+        -- A lowering: promise the declared horizon it replaces until now plus itself, and
+        -- drop the promises that have lapsed or that this one covers.
+        v_until := now() + make_interval(secs => v_declared);
+        DELETE FROM consumers.replay_promises p
+        WHERE p.consumer = p_consumer
+          AND (p.until <= now() OR (p.horizon_s <= v_declared AND p.until <= v_until));
+        INSERT INTO consumers.replay_promises AS p (consumer, horizon_s, until)
+        VALUES (p_consumer, v_declared, v_until)
+        ON CONFLICT (consumer, horizon_s) DO UPDATE SET until = GREATEST(p.until, EXCLUDED.until);
+    END IF;
+    UPDATE consumers.replay_windows r
+    SET replay_window_s = p_replay_window_s, margin_s = p_margin_s,
         declared_at = now(), declared_by = session_user
-    WHERE (w.replay_window_s, w.margin_s) IS DISTINCT FROM
-          (EXCLUDED.replay_window_s, EXCLUDED.margin_s);
+    WHERE r.consumer = p_consumer;
 END $$;
 
 --
@@ -55,19 +67,6 @@ END $$;
 --
 
 COMMENT ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) IS 'Record a consumer''s replay window and prune margin, replacing its earlier declaration (0027)';
-
---
--- Name: effective_horizon(double precision, double precision, double precision, timestamp with time zone); Type: FUNCTION; Schema: consumers; Owner: -
---
-
-CREATE FUNCTION consumers.effective_horizon(p_replay_window_s double precision, p_margin_s double precision, p_previous_horizon_s double precision, p_lowered_at timestamp with time zone) RETURNS double precision
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT GREATEST(p_replay_window_s + p_margin_s,
-                    CASE WHEN p_lowered_at + make_interval(secs => p_previous_horizon_s) > now()
-                         THEN p_previous_horizon_s ELSE 0 END)
-$$;
 
 --
 -- Name: prune_poison(text, double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
@@ -230,6 +229,23 @@ ALTER TABLE consumers.poison ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 --
+-- Name: replay_promises; Type: TABLE; Schema: consumers; Owner: -
+--
+
+CREATE TABLE consumers.replay_promises (
+    consumer text NOT NULL,
+    horizon_s double precision NOT NULL,
+    until timestamp with time zone NOT NULL,
+    CONSTRAINT replay_promises_horizon_s_check CHECK (((horizon_s > (0)::double precision) AND (horizon_s < 'Infinity'::double precision)))
+);
+
+--
+-- Name: TABLE replay_promises; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON TABLE consumers.replay_promises IS 'Horizons that lowering declarations replaced, each kept in force until its end (0028)';
+
+--
 -- Name: replay_windows; Type: TABLE; Schema: consumers; Owner: -
 --
 
@@ -239,10 +255,7 @@ CREATE TABLE consumers.replay_windows (
     margin_s double precision NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
     declared_by text DEFAULT SESSION_USER NOT NULL,
-    previous_horizon_s double precision DEFAULT 0 NOT NULL,
-    lowered_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     CONSTRAINT replay_windows_margin_s_check CHECK (((margin_s >= (0)::double precision) AND (margin_s < 'Infinity'::double precision))),
-    CONSTRAINT replay_windows_previous_horizon_s_check CHECK (((previous_horizon_s >= (0)::double precision) AND (previous_horizon_s < 'Infinity'::double precision))),
     CONSTRAINT replay_windows_replay_window_s_check CHECK (((replay_window_s > (0)::double precision) AND (replay_window_s < 'Infinity'::double precision)))
 );
 
@@ -253,19 +266,15 @@ CREATE TABLE consumers.replay_windows (
 COMMENT ON TABLE consumers.replay_windows IS 'Each consumer''s replay window and prune margin as it last declared them at start (0027)';
 
 --
--- Name: COLUMN replay_windows.previous_horizon_s; Type: COMMENT; Schema: consumers; Owner: -
---
-
-COMMENT ON COLUMN consumers.replay_windows.previous_horizon_s IS 'The horizon the last lowering declaration replaced, kept for that long from lowered_at (0028)';
-
---
 -- Name: replay_horizons; Type: VIEW; Schema: consumers; Owner: -
 --
 
 CREATE VIEW consumers.replay_horizons AS
  SELECT w.consumer,
     w.replay_window_s AS window_s,
-    consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s, w.lowered_at) AS horizon_s
+    GREATEST((w.replay_window_s + w.margin_s), ( SELECT max(p.horizon_s) AS max
+           FROM consumers.replay_promises p
+          WHERE ((p.consumer = w.consumer) AND (p.until > now())))) AS horizon_s
    FROM consumers.replay_windows w;
 
 --
@@ -303,6 +312,13 @@ ALTER TABLE ONLY consumers.poison
     ADD CONSTRAINT poison_pkey PRIMARY KEY (id);
 
 --
+-- Name: replay_promises replay_promises_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.replay_promises
+    ADD CONSTRAINT replay_promises_pkey PRIMARY KEY (consumer, horizon_s);
+
+--
 -- Name: replay_windows replay_windows_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
 --
 
@@ -332,6 +348,13 @@ CREATE INDEX inbox_retention_idx ON consumers.inbox USING btree (consumer, GREAT
 --
 
 CREATE INDEX poison_created_idx ON consumers.poison USING btree (consumer, created_at);
+
+--
+-- Name: replay_promises replay_promises_consumer_fkey; Type: FK CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE ONLY consumers.replay_promises
+    ADD CONSTRAINT replay_promises_consumer_fkey FOREIGN KEY (consumer) REFERENCES consumers.replay_windows(consumer) ON DELETE CASCADE;
 
 --
 -- Name: SCHEMA consumers; Type: ACL; Schema: -; Owner: -

@@ -66,6 +66,6 @@ async def enqueue(tx: Any, event: Event, **options: Any) -> int:
     return await relay_enqueue(tx, event, **options)
 
 
-# Move the last lowering of a declared window a month back: the horizon it replaced has run
-# out (migration 0028 keeps it in force for as long as it was).
-LAPSED = "UPDATE consumers.replay_windows SET lowered_at = now() - interval '30 days'"
+# End every promise a lowering declaration made: the horizons it replaced have run out
+# (migration 0028 keeps each in force until its end).
+LAPSED = "UPDATE consumers.replay_promises SET until = now() - interval '1 second'"

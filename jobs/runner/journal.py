@@ -393,7 +393,8 @@ class RunnerJournal:
                 self._attempts[ref] = attempt
             return
         entry = self._effects.get(ref)
-        if entry is not None:  # an outcome counts after its begin only (as unrecorded_effects)
+        # An outcome counts after its begin only, and its own attempt's (as unrecorded_effects).
+        if entry is not None and self._attempts.get(ref) == attempt:
             self._effects[ref] = (entry[0], offset)
 
     # -- repair and close -----------------------------------------------------------------------

@@ -141,7 +141,9 @@ def unrecorded_effects(
             entry = UnrecordedEffect(record, None)
             begun.setdefault(entry.ref, entry)
         elif isinstance(record, EffectOutcome):
+            # An outcome belongs to the begin of its own attempt (a job id a restore rewound
+            # can carry another attempt's effect of the same key and seq).
             ref = EffectRef(record.job_id, record.effect_key, record.seq)
-            if ref in begun:
+            if ref in begun and begun[ref].begin.attempt_id == record.attempt_id:
                 begun[ref] = UnrecordedEffect(begun[ref].begin, record)
     return [entry for ref, entry in begun.items() if ref not in recorded]

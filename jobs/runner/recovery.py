@@ -97,29 +97,32 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     """Read-only: effects the journal says were begun whose outcome ``jobs.effects`` does not
     hold (still pending, or no row at all), logged one by one and returned.
 
-    A job whose publish the journal holds is left out without asking: its fenced publish
-    committed (the record is written only after), and a publish commits only once every
-    effect of the job is resolved, so the database held each outcome then, even if
-    retention has removed the job since (a worker that was down longer than the retention
-    would otherwise report those effects, and carry them, at every start)."""
+    An effect whose job the same attempt published in the journal is left out without
+    asking: its fenced publish committed (the record is written only after), and a publish
+    commits only once every effect of the job is resolved, so the database held each outcome
+    then, even if retention has removed the job since (a worker that was down longer than the
+    retention would otherwise report those effects, and carry them, at every start). Another
+    attempt's publish of the same job id (a restore rewound the ids) says nothing of it."""
     records = journal.scan.records
     published = {
-        r["job_id"] for r in records if r.get("type") == "publish" and _int(r.get("job_id"))
+        (r["job_id"], str(r.get("attempt_id")))
+        for r in records
+        if r.get("type") == "publish" and _int(r.get("job_id"))
     }
-    begun: dict[EffectRef, Any] = {}
+    asked: dict[EffectRef, Any] = {}  # the first begin of each ref, with its attempt
+    recorded: set[EffectRef] = set()
     for record in records:
         ref = _ref(record) if record.get("type") == "effect_begin" else None
         # A malformed one is left to unrecorded_effects, which refuses it.
-        well_formed = ref is not None and _int(ref.job_id) and _int(ref.seq)
-        if (
-            ref is not None
-            and well_formed
-            and isinstance(ref.effect_key, str)
-            and ref.job_id not in published
-        ):
-            begun.setdefault(ref, record.get("attempt_id"))  # the first begin of a ref counts
-    recorded = await recorded_effects(conn, begun)
-    recorded |= {ref for ref in map(_ref, records) if ref is not None and ref.job_id in published}
+        if ref is None or not (_int(ref.job_id) and _int(ref.seq)) or ref in asked:
+            continue
+        if not isinstance(ref.effect_key, str) or ref in recorded:
+            continue
+        if (ref.job_id, str(record.get("attempt_id"))) in published:
+            recorded.add(ref)
+        else:
+            asked[ref] = record.get("attempt_id")
+    recorded |= await recorded_effects(conn, asked)
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
     # the answer, and one whose ref fields are missing or malformed is still refused.

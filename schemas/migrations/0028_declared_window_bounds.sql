@@ -9,34 +9,27 @@
 --   * a process prunes no inbox row younger than the greater of its own horizon and the
 --     consumer's effective one (PRUNE_INBOX), and jobs.prune and consumers.prune_poison refuse
 --     a retention shorter than the effective one (consumers.replay_horizon);
---   * the effective horizon is the declared window plus margin, or, for as long as it lasts
---     from the moment a declaration lowered it, the horizon that declaration replaced: rows
---     admitted under the longer window are kept as long as it promised, however often the
---     declarations alternate.
-ALTER TABLE consumers.replay_windows
-    ADD COLUMN previous_horizon_s double precision NOT NULL DEFAULT 0
-        CHECK (previous_horizon_s >= 0 AND previous_horizon_s < 'infinity'),
-    ADD COLUMN lowered_at timestamptz NOT NULL DEFAULT '-infinity';
+--   * the effective horizon is the declared window plus margin, or a longer promise still in
+--     force: a declaration that lowers the window promises the declared horizon it replaces
+--     until now plus that horizon (consumers.replay_promises), since rows admitted under it
+--     need that long. Each promise lapses at its own end; one that a newer promise covers
+--     (no longer, ending no later) is dropped. However often the declarations alternate, what
+--     any process admitted is kept as long as it promised, and an old promise still lapses.
+CREATE TABLE consumers.replay_promises (
+    consumer text NOT NULL REFERENCES consumers.replay_windows (consumer) ON DELETE CASCADE,
+    horizon_s double precision NOT NULL CHECK (horizon_s > 0 AND horizon_s < 'infinity'),
+    until timestamptz NOT NULL,
+    PRIMARY KEY (consumer, horizon_s)
+);
 
-COMMENT ON COLUMN consumers.replay_windows.previous_horizon_s IS
-    'The horizon the last lowering declaration replaced, kept for that long from lowered_at (0028)';
-
--- The effective horizon of a declaration (see the header).
-CREATE FUNCTION consumers.effective_horizon(
-    p_replay_window_s double precision, p_margin_s double precision,
-    p_previous_horizon_s double precision, p_lowered_at timestamptz
-)
-RETURNS double precision
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT GREATEST(p_replay_window_s + p_margin_s,
-                    CASE WHEN p_lowered_at + make_interval(secs => p_previous_horizon_s) > now()
-                         THEN p_previous_horizon_s ELSE 0 END)
-$$;
+COMMENT ON TABLE consumers.replay_promises IS
+    'Horizons that lowering declarations replaced, each kept in force until its end (0028)';
 
 CREATE VIEW consumers.replay_horizons AS
 SELECT w.consumer, w.replay_window_s AS window_s,
-       consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s,
-                                   w.lowered_at) AS horizon_s
+       GREATEST(w.replay_window_s + w.margin_s,
+                (SELECT max(p.horizon_s) FROM consumers.replay_promises p
+                 WHERE p.consumer = w.consumer AND p.until > now())) AS horizon_s
 FROM consumers.replay_windows w;
 
 COMMENT ON VIEW consumers.replay_horizons IS
@@ -48,23 +41,35 @@ CREATE OR REPLACE FUNCTION consumers.declare_window(
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_horizon double precision;
+    w consumers.replay_windows;
+    v_declared double precision;
+    v_until timestamptz;
 BEGIN
-    SELECT consumers.effective_horizon(w.replay_window_s, w.margin_s, w.previous_horizon_s,
-                                       w.lowered_at)
-    INTO v_horizon
-    FROM consumers.replay_windows w WHERE w.consumer = p_consumer FOR UPDATE;
-    INSERT INTO consumers.replay_windows AS w (consumer, replay_window_s, margin_s)
+    -- The first declaration inserts; every one then works on the locked row (two at once
+    -- take turns, the second seeing the first's).
+    INSERT INTO consumers.replay_windows (consumer, replay_window_s, margin_s)
     VALUES (p_consumer, p_replay_window_s, p_margin_s)
-    ON CONFLICT (consumer) DO UPDATE
-    SET replay_window_s = EXCLUDED.replay_window_s, margin_s = EXCLUDED.margin_s,
-        previous_horizon_s = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
-                                  THEN v_horizon ELSE w.previous_horizon_s END,
-        lowered_at = CASE WHEN EXCLUDED.replay_window_s + EXCLUDED.margin_s < v_horizon
-                          THEN now() ELSE w.lowered_at END,
+    ON CONFLICT (consumer) DO NOTHING;
+    SELECT * INTO w FROM consumers.replay_windows r WHERE r.consumer = p_consumer FOR UPDATE;
+    IF (w.replay_window_s, w.margin_s) IS NOT DISTINCT FROM (p_replay_window_s, p_margin_s) THEN
+        RETURN;
+    END IF;
+    v_declared := w.replay_window_s + w.margin_s;
+    IF p_replay_window_s + p_margin_s < v_declared THEN
+        -- A lowering: promise the declared horizon it replaces until now plus itself, and
+        -- drop the promises that have lapsed or that this one covers.
+        v_until := now() + make_interval(secs => v_declared);
+        DELETE FROM consumers.replay_promises p
+        WHERE p.consumer = p_consumer
+          AND (p.until <= now() OR (p.horizon_s <= v_declared AND p.until <= v_until));
+        INSERT INTO consumers.replay_promises AS p (consumer, horizon_s, until)
+        VALUES (p_consumer, v_declared, v_until)
+        ON CONFLICT (consumer, horizon_s) DO UPDATE SET until = GREATEST(p.until, EXCLUDED.until);
+    END IF;
+    UPDATE consumers.replay_windows r
+    SET replay_window_s = p_replay_window_s, margin_s = p_margin_s,
         declared_at = now(), declared_by = session_user
-    WHERE (w.replay_window_s, w.margin_s) IS DISTINCT FROM
-          (EXCLUDED.replay_window_s, EXCLUDED.margin_s);
+    WHERE r.consumer = p_consumer;
 END $$;
 
 CREATE OR REPLACE FUNCTION consumers.replay_horizon(p_consumer text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import anyio
 import asyncpg
 import pytest
 
@@ -190,3 +191,71 @@ async def test_the_consumer_runtime_prunes_old_poison_with_its_inbox(
 
         await wait_for(pruned, within=20)
     assert [r[0] for r in await pg.fetch("SELECT id FROM consumers.poison")] == [young]
+
+
+HORIZON = "SELECT horizon_s FROM consumers.replay_horizons WHERE consumer = $1"
+PROMISES = (
+    "SELECT horizon_s, until > now() + interval '2 hours' AS long"
+    " FROM consumers.replay_promises ORDER BY horizon_s"
+)
+
+
+async def test_an_old_promise_lapses_at_its_own_end_however_declarations_alternate(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A month's canary came and went; a week's and a day's processes keep alternating. The
+    week is promised again at each lowering, the month is not renewed: it lapses at its end."""
+    m = inbox.PRUNE_MARGIN_S
+    conn = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        for days in (30, 1):
+            await inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, days * DAY))
+        # a month later, less an hour
+        await pg.execute("UPDATE consumers.replay_promises SET until = now() + interval '1 hour'")
+        for days in (7, 1, 7, 1):
+            await inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, days * DAY))
+        promises = [tuple(r) for r in await pg.fetch(PROMISES)]
+        assert promises == [(7 * DAY + m, True), (30 * DAY + m, False)]  # the month not renewed
+        assert await pg.fetchval(HORIZON, WORKFLOW) == 30 * DAY + m  # control: still in force
+        await pg.execute(
+            "UPDATE consumers.replay_promises SET until = now() - interval '1 second'"
+            " WHERE horizon_s > $1",
+            8 * DAY,
+        )  # the hour passed
+        assert await pg.fetchval(HORIZON, WORKFLOW) == 7 * DAY + m
+    finally:
+        await conn.close()
+
+
+async def test_two_first_declarations_at_once_keep_the_longer_one_promised(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    first = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    second = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        tx = first.transaction()
+        await tx.start()
+        await inbox.declare_window(first, Consumer(WORKFLOW, CATALOG, 7 * DAY))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(inbox.declare_window, second, Consumer(WORKFLOW, CATALOG, DAY))
+
+            async def waiting() -> bool:  # the second waits on the first's row
+                return bool(
+                    await pg.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE '%declare_window%'"
+                    )
+                )
+
+            await wait_for(waiting, within=10)
+            await tx.commit()
+        assert await pg.fetchval(HORIZON, WORKFLOW) == 7 * DAY + inbox.PRUNE_MARGIN_S
+        assert (
+            await pg.fetchval(
+                "SELECT replay_window_s FROM consumers.replay_windows WHERE consumer = $1", WORKFLOW
+            )
+            == DAY
+        )  # the last declaration stands
+    finally:
+        await first.close()
+        await second.close()

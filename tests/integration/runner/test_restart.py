@@ -14,12 +14,13 @@ from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState
 from accord.jobs import retention as jobs_retention
 from accord.jobs.runner import (
-    Claim,
     EffectBegin,
+    EffectOutcome,
     EffectRef,
     JobContext,
     Journal,
     JournalCorrupt,
+    Publish,
     Success,
     Tail,
     Worker,
@@ -271,25 +272,35 @@ async def test_a_0_2_journal_is_read_at_start_and_migrated(rig: Rig) -> None:
 
 async def test_a_begin_is_recorded_only_on_the_row_its_own_attempt_began(rig: Rig) -> None:
     """A restore that rewinds the job ids lets a new job take the id of one whose begin the
-    journal still carries: the new job's recorded effect (another attempt's row, same key and
-    seq) is not that begin's outcome, so a rotation carries the begin on (control: the begin
-    of the attempt whose row the database recorded is dropped)."""
+    journal still carries. The new job's effect of the same key and seq (another attempt's
+    row, recorded), its outcome and its publish in the journal are not that begin's: a start
+    reports the begin with no outcome and a rotation carries it on (control: the journal of
+    the attempt the database recorded has nothing to report and is dropped)."""
     await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
     job_id = await rig.submit_job("op-new", "pay")
     [lease] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
     seq = await rig.store.begin_effect(lease, "pay", "intent")
     await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="rcpt-new")
     ref = EffectRef(job_id, "pay", seq)
-    for name, attempt, carried in (("lost", uuid.uuid4(), True), ("same", lease.attempt_id, False)):
+    ids = {"tenant": lease.tenant, "job_id": job_id, "generation": lease.generation}
+    new = {**ids, "attempt_id": lease.attempt_id}
+    effect = {"effect_key": "pay", "seq": seq}
+    new_job = [
+        EffectBegin(**new, **effect),
+        EffectOutcome(**new, **effect, outcome=EffectState.SUCCEEDED, receipt="rcpt-new"),
+        Publish(**new),
+    ]
+    lost = EffectBegin(**ids, attempt_id=uuid.uuid4(), **effect)
+    for name, records, carried in (("lost", [lost, *new_job], True), ("same", new_job, False)):
         with open_journal(rig.journal_path(name), name) as journal:
-            ids = {"tenant": lease.tenant, "job_id": job_id, "generation": lease.generation}
-            await journal.write(EffectBegin(**ids, attempt_id=attempt, effect_key="pay", seq=seq))
-            await journal.write(Claim(**ids, attempt_id=lease.attempt_id))  # something to drop
+            for record in records:
+                await journal.write(record)
         journal = open_journal(rig.journal_path(name), name)
         try:
-            # a start reports it (or not) by the same rule
             found = await recovery.report_unrecorded(rig.pool, journal)
-            assert [entry.ref for entry in found] == ([ref] if carried else []), name
+            assert [(e.ref, e.begin.attempt_id, e.journal_outcome) for e in found] == (
+                [(ref, lost.attempt_id, None)] if carried else []
+            ), name
             rotation = await recovery.rotate_journal(rig.pool, journal)
             assert rotation is not None
             assert (ref in journal.begun()) is carried, name
