@@ -108,7 +108,7 @@ class _Queued:
     error: Exception | None = None
 
 
-def _effect_of(
+def effect_of(
     record: Mapping[str, Any] | BaseModel,
 ) -> tuple[str | None, EffectRef | None, str | None]:
     """(record type, ref, attempt id) of an effect record, else (None, None, None). A
@@ -220,7 +220,7 @@ class RunnerJournal:
     def append(self, record: Mapping[str, Any] | BaseModel) -> int:
         """Blocking: one record, written and fsynced alone; returns the new end offset. Not
         for use while :meth:`write` or :meth:`rotate` may run (they hold no thread lock)."""
-        kind, ref, attempt = _effect_of(record)
+        kind, ref, attempt = effect_of(record)
         [offset] = self._live.append_payloads([encode_payload(record)])
         self._note(kind, ref, attempt, offset)
         self.stats.records += 1
@@ -238,7 +238,7 @@ class RunnerJournal:
         repair, JournalBroken when its group's write or fsync failed.
         """
         done = anyio.Event()
-        queued = _Queued(encode_payload(record), *_effect_of(record), done=done)
+        queued = _Queued(encode_payload(record), *effect_of(record), done=done)
         await anyio.lowlevel.checkpoint_if_cancelled()
         with anyio.CancelScope(shield=True):
             self._queue.append(queued)
@@ -262,7 +262,7 @@ class RunnerJournal:
         docstring): for a record no later step relies on. Raises JournalRecordInvalid (nothing
         queued); a failure to write it later is logged by whoever flushed its group, and the
         journal is then broken for every write after it."""
-        self._queue.append(_Queued(encode_payload(record), *_effect_of(record)))
+        self._queue.append(_Queued(encode_payload(record), *effect_of(record)))
         self.stats.noted += 1
         self._noted.set()
 
@@ -375,7 +375,7 @@ class RunnerJournal:
         self._attempts: dict[EffectRef, str | None] = {}  # ref -> the attempt that began it
         self._records = 0
         for offset, record in zip(scan.offsets, scan.records, strict=True):
-            self._note(*_effect_of(record), offset)
+            self._note(*effect_of(record), offset)
         self._carried = min(scan.carried, len(scan.offsets))
         fresh = scan.offsets[self._carried :]
         self._base = fresh[0] if fresh else scan.end

@@ -23,6 +23,7 @@ from accord.jobs.runner.journal import (
     DEFAULT_SEGMENT_S,
     Rotation,
     RunnerJournal,
+    effect_of,
 )
 from accord.jobs.runner.journal_records import (
     EffectRef,
@@ -105,23 +106,21 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     attempt's publish of the same job id (a restore rewound the ids) says nothing of it."""
     records = journal.scan.records
     published = {
-        (r["job_id"], str(r.get("attempt_id")))
+        (r["job_id"], r.get("attempt_id"))
         for r in records
         if r.get("type") == "publish" and _int(r.get("job_id"))
     }
     asked: dict[EffectRef, Any] = {}  # the first begin of each ref, with its attempt
     recorded: set[EffectRef] = set()
     for record in records:
-        ref = _ref(record) if record.get("type") == "effect_begin" else None
-        # A malformed one is left to unrecorded_effects, which refuses it.
-        if ref is None or not (_int(ref.job_id) and _int(ref.seq)) or ref in asked:
+        # A malformed effect record has no ref: unrecorded_effects refuses it below.
+        kind, ref, attempt = effect_of(record)
+        if kind != RecordType.EFFECT_BEGIN.value or ref is None or ref in asked or ref in recorded:
             continue
-        if not isinstance(ref.effect_key, str) or ref in recorded:
-            continue
-        if (ref.job_id, str(record.get("attempt_id"))) in published:
+        if (ref.job_id, attempt) in published:
             recorded.add(ref)
         else:
-            asked[ref] = record.get("attempt_id")
+            asked[ref] = attempt
     recorded |= await recorded_effects(conn, asked)
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
@@ -184,20 +183,10 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _ref(record: dict[str, Any]) -> EffectRef | None:
-    """The ref of an effect record (None for another record, or one too malformed to tell)."""
-    if record.get("type") not in _EFFECT_TYPES:
-        return None
-    try:
-        return EffectRef(record["job_id"], record["effect_key"], record["seq"])
-    except (KeyError, TypeError):
-        return None
-
-
 def _unrecorded_candidate(record: dict[str, Any], recorded: set[EffectRef]) -> bool:
     """Whether ``record`` is an effect record whose ref the database did not record (or one
     too malformed to tell: unrecorded_effects refuses it)."""
     if record.get("type") not in _EFFECT_TYPES:
         return False
-    ref = _ref(record)
+    _, ref, _ = effect_of(record)
     return ref is None or ref not in recorded
