@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accord.jobs import repair_sql
 from accord.jobs.errors import JournalError, JournalLocked, LedgerUnavailable
-from accord.jobs.framing import Journal, Tail, scan_journal
+from accord.jobs.framing import Journal, Tail, make_dirs, scan_journal
 from accord.schemas.db import connect
 from accord.schemas.errors import ServiceUnavailable
 
@@ -139,7 +139,7 @@ class FileLedger:
     def append_sync(self, *records: LedgerRecord) -> None:
         """Open under the exclusive lock (retrying while another writer holds it), repair a
         torn tail (an unacknowledged intent), append with fsync, close."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         deadline = time.monotonic() + self._lock_timeout_s
         while True:
             try:

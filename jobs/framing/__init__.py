@@ -48,6 +48,7 @@ Here: :mod:`.format` the bytes (encoding, the scan and its tail classes; pure) a
 from accord.jobs.framing.file import (
     Journal,
     fsync_dir,
+    make_dirs,
     quarantine_tail,
     scan_journal,
     truncate_journal,
@@ -89,6 +90,7 @@ __all__ = [
     "encode_payload",
     "frame_payload",
     "fsync_dir",
+    "make_dirs",
     "quarantine_tail",
     "scan_bytes",
     "scan_journal",

@@ -56,6 +56,21 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: str | os.PathLike[str]) -> None:
+    """Create ``directory`` and any missing parents, each durably: a new directory's entry
+    lives in its parent, so each parent is fsynced after the entry is made, from the top
+    down. A directory that already exists costs no fsync."""
+    path = Path(directory)
+    missing: list[Path] = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for new in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            new.mkdir()
+        fsync_dir(new.parent)
+
+
 def _write_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:

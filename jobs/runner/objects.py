@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Protocol
 
 from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
-from accord.jobs.framing import fsync_dir
+from accord.jobs.framing import fsync_dir, make_dirs
 
 _KEY = re.compile(r"sha256-[0-9a-f]{64}")
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
@@ -195,14 +195,8 @@ class LocalDirStore:
         os.rename(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
 
     def _ensure_dir(self, fan: Path) -> None:
-        # A new directory's entry lives in its parent: fsync the parent so it survives a cut.
-        if fan.is_dir():
-            return
-        if not self.root.is_dir():
-            self.root.mkdir(parents=True, exist_ok=True)
-            fsync_dir(self.root.parent)
-        fan.mkdir(exist_ok=True)
-        fsync_dir(self.root)
+        if not fan.is_dir():
+            make_dirs(fan)  # each new directory's entry fsynced in its parent
 
     def get(self, key: str) -> bytes:
         try:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from accord.jobs.framing import Journal, Tail
+from accord.jobs.framing import Journal, Tail, make_dirs
 from accord.jobs.runner import sql
 from accord.jobs.runner.journal import (
     DEFAULT_SEGMENT_BYTES,
@@ -47,7 +47,7 @@ def open_journal(
     a corrupt one is refused (JournalCorrupt, JournalLocked, JournalRunnerMismatch). Reads
     the live segment only: what its start needs, never the history rotations left behind."""
     journal_path = Path(path)
-    journal_path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(journal_path.parent)
     journal = RunnerJournal.open(
         journal_path, runner_id, segment_bytes=segment_bytes, segment_s=segment_s
     )

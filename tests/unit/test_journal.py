@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -756,3 +757,59 @@ async def test_a_0_2_journal_opens_as_it_is_and_its_first_rotation_migrates_it(
     scan = scan_journal(path)
     assert (scan.version, scan.carried) == (GROUPED, 2)
     assert [r["job_id"] for r in scan.records] == [1, 3]
+
+
+# -- new directories are durable: each entry fsynced in its parent ---------------------------
+
+
+def _dir_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Record the directories fsynced, in order (by the path their descriptor names)."""
+    synced: list[Path] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced
+
+
+def test_make_dirs_fsyncs_each_new_directorys_parent_top_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _dir_fsyncs(monkeypatch)
+    (tmp_path / "a").mkdir()  # exists already: nothing of it to commit
+    journal.make_dirs(tmp_path / "a" / "b" / "c")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    assert synced == [tmp_path / "a", tmp_path / "a" / "b"]
+    synced.clear()
+    journal.make_dirs(tmp_path / "a" / "b" / "c")  # control: nothing new, no fsync
+    assert synced == []
+
+
+@pytest.mark.parametrize("opener", ["runner journal", "authority ledger", "object store"])
+def test_a_start_in_a_new_directory_commits_that_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opener: str
+) -> None:
+    """A journal (or ledger, or object) in a directory the start creates: a power cut after
+    the first acknowledged write must not lose the directory's entry, and with it the file."""
+    from accord.jobs.ledger import FileLedger, LedgerRecord, LedgerWhy
+    from accord.jobs.runner.objects import LocalDirStore
+    from accord.jobs.runner.recovery import open_journal
+
+    base = tmp_path / "state"
+    synced = _dir_fsyncs(monkeypatch)
+    if opener == "runner journal":
+        open_journal(base / "journals" / "r.journal", "runner-1").close()
+        made = base / "journals"
+    elif opener == "authority ledger":
+        ledger = FileLedger(base / "ledgers" / "authority.ledger")
+        ledger.append_sync(LedgerRecord(tenant="t", epoch=1, frozen=False, why=LedgerWhy.ROTATE))
+        made = base / "ledgers"
+    else:
+        key = LocalDirStore(base / "objects").put(b"x")
+        made = base / "objects" / key[7:9]
+    assert base in synced and tmp_path in synced  # base's entry, then the new leaf's
+    assert made.parent in synced
