@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.relay_bench [--rows 20000] [--rounds 2] [--tx 1000]
                                           [--latency-rounds 3] [--latency-only]
     .venv/bin/python -m bench.relay_bench --trickle 250 [--rows 2500]
+    .venv/bin/python -m bench.relay_bench --producers 8 [--rounds 2]
 
 1. Throughput: outbox rows → confirmed in a quorum queue, 1 KiB payloads. The relay
    (``relay.Relay``) against the raw limit of the same work written directly with asyncpg
@@ -24,6 +25,12 @@
    enqueued_at``, the database clock) at p50 and p99. Per event, a cycle's fixed part (the
    wake-up, two statements and their commits) is shared by the few events a linger
    gathers at a trickle and by a whole batch in a backlog.
+4. ``--producers K`` (alone): the commit rate of K producer processes, each committing
+   one-row enqueue transactions as fast as it can (3 s per kind, interleaved over
+   ``--rounds``, a connection LISTENing as a relay's would), against the same INSERT
+   without a wake-up: every commit notifying (no relay promised), and with a relay's awake
+   promise in force (relay.awake), when enqueue skips its NOTIFY. A notifying commit
+   holds a global lock through its WAL flush, so notifying producers share no flush.
 
 Needs PostgreSQL and RabbitMQ (ACCORD_PG_DSN's server, ACCORD_AMQP_URL); creates and
 drops its own database and broker names.
@@ -230,6 +237,79 @@ def _enqueue_steadily(dsn: str, rate: float, n: int) -> None:
         await conn.close()
 
     runtime.run(go)
+
+
+# The producers' kinds: the outbox INSERT without a wake-up (their raw limit), then enqueue's
+# own statement with every commit notifying, and with a relay's awake promise in force.
+BARE_ENQUEUE = relay_sql.ENQUEUE.replace(f", {relay_sql.WAKE}", "")
+PRODUCER_KINDS = {
+    "bare": (BARE_ENQUEUE, "-infinity"),
+    "notify": (relay_sql.ENQUEUE, "-infinity"),
+    "promised": (relay_sql.ENQUEUE, "infinity"),
+}
+
+
+def _produce(dsn: str, query: str, start_at: float, seconds: float, out: Any) -> None:
+    """(Another process.) Commit one outbox row per transaction from ``start_at`` (wall
+    clock) for ``seconds``; put how many."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        rest = outbox_args(event(0, SUBJECT))[1:]
+        statement = await conn.prepare(query)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        done, end = 0, start_at + seconds
+        while time.time() < end:
+            async with conn.transaction():
+                await statement.fetchval(uuid.uuid4(), *rest)
+            done += 1
+        await conn.close()
+        out.put(done)
+
+    runtime.run(go)
+
+
+async def producers(dsn: str, k: int, seconds: float, rounds: int) -> dict[str, Any]:
+    """``k`` producer processes, each committing one-row enqueues as fast as it can, for
+    ``seconds`` per kind, the kinds interleaved over ``rounds``; a connection LISTENs, as a
+    relay's would. Best round of each kind, in commits per second."""
+    listener = await asyncpg.connect(dsn)
+    heard = 0
+
+    def hear(*_: Any) -> None:
+        nonlocal heard
+        heard += 1
+
+    await listener.add_listener(relay_sql.NOTIFY_CHANNEL, hear)
+    rates: dict[str, list[float]] = {kind: [] for kind in PRODUCER_KINDS}
+    context = multiprocessing.get_context("spawn")
+    for _ in range(rounds):
+        for kind, (query, until) in PRODUCER_KINDS.items():
+            await listener.execute("UPDATE relay.awake SET until = $1::text::timestamptz", until)
+            await listener.execute("TRUNCATE relay.outbox")
+            out = context.Queue()
+            start_at = time.time() + 2.0  # after every process has connected and prepared
+            procs = [
+                context.Process(target=_produce, args=(dsn, query, start_at, seconds, out))
+                for _ in range(k)
+            ]
+            for proc in procs:
+                proc.start()
+            counts = [await anyio.to_thread.run_sync(out.get) for _ in procs]
+            for proc in procs:
+                proc.join()
+            rates[kind].append(sum(counts) / seconds)
+            print(f"  {k} producers, {kind:8s} {rates[kind][-1]:8.0f} commits/s")
+    await listener.close()
+    best = {kind: max(values) for kind, values in rates.items()}
+    return {
+        "producers": k,
+        "producer_seconds": seconds,
+        "notifications_heard": heard,
+        **{f"producers_{kind}_per_s": rate for kind, rate in best.items()},
+        "producers_notify_ratio": best["notify"] / best["bare"],
+        "producers_promised_ratio": best["promised"] / best["bare"],
+    }
 
 
 async def _relay_cpu(dsn: str, url: str, exchange: str, n: int, rate: float) -> dict[str, float]:
@@ -492,6 +572,7 @@ async def main(
     latency_only: bool,
     backlog: int,
     trickle_rate: float = 0.0,
+    producer_count: int = 0,
 ) -> Any:
     settings = load_settings()
     name = f"accord_bench_{uuid.uuid4().hex[:8]}"
@@ -506,6 +587,10 @@ async def main(
     try:
         conn = await asyncpg.connect(dsn)
         await migrate.migrate(conn)
+        if producer_count:
+            await conn.close()
+            results.update(await producers(dsn, producer_count, 3.0, rounds))
+            return results
         if trickle_rate:
             await conn.close()
             results.update(await trickle(dsn, settings.amqp_url, topo, trickle_rate, rows))
@@ -517,7 +602,7 @@ async def main(
         await conn.close()
         results.update(await enqueue_latency(dsn, tx, latency_rounds))
     finally:
-        if not latency_only or trickle_rate:
+        if (not latency_only or trickle_rate) and not producer_count:
             amqp = await aio_pika.connect(settings.amqp_url)
             channel = await amqp.channel()
             exchanges, names = topo.names()
@@ -532,6 +617,15 @@ async def main(
 
 
 def report(r: dict[str, Any]) -> None:
+    if "producers_notify_ratio" in r:
+        print(
+            f"{r['producers']} producers, one-row enqueue transactions / the outbox INSERT"
+            f" without a wake-up ({r['producers_bare_per_s']:.0f} commits/s):"
+            f" every commit notifying {r['producers_notify_ratio']:.2f}"
+            f" ({r['producers_notify_per_s']:.0f}/s), a relay's awake promise in force"
+            f" {r['producers_promised_ratio']:.2f} ({r['producers_promised_per_s']:.0f}/s)"
+        )
+        return
     if "trickle_cpu_ratio" in r:
         for label, what in (
             ("backlog", f"draining a backlog of {r['trickle_events']}"),
@@ -614,6 +708,13 @@ def cli() -> None:
         help="only: the relay's CPU per event at this steady rate (--rows events) and draining"
         " a backlog of as many",
     )
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=0,
+        help="only: this many producer processes' commit rate, enqueues notifying or under a"
+        " relay's awake promise, against the INSERT without a wake-up (3 s per kind per round)",
+    )
     args = parser.parse_args()
     results = runtime.run(
         main,
@@ -624,6 +725,7 @@ def cli() -> None:
         args.latency_only,
         args.backlog,
         args.trickle,
+        args.producers,
     )
     print(json.dumps(results, indent=2))
     report(results)

@@ -40,6 +40,15 @@ log = logging.getLogger("accord.relay")
 PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
 
 
+# The longest awake promise a relay may make: while one runs, producers do not NOTIFY.
+MAX_AWAKE_S = 60.0
+# A claim of at least this many rows: events come faster than one per linger, so polling
+# every linger costs no more claims than the wake-ups would, and each saves a NOTIFY.
+AWAKE_MIN_ROWS = 2
+# How often a loop polls while awake when linger_s is 0.
+AWAKE_POLL_S = 0.005
+
+
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
     """What one relay needs; built by the composition root from Settings."""
@@ -56,6 +65,10 @@ class RelayConfig:
     # meanwhile share the claim, the pipelined publish and the settle (Kafka's linger.ms).
     # Each event waits at most this long more; a busy relay never lingers. 0: claim at once.
     linger_s: float = 0.01
+    # While this relay finds events at a sustained rate (a claim of two or more), it promises
+    # (relay.awake) to poll every linger for this long, renewed at half of it, and enqueues
+    # meanwhile skip their NOTIFY, which caps producers' commit rate. 0: never promise.
+    awake_s: float = 2.0
     retention_s: float = 7 * 24 * 3600.0
     # Release audit rows (accord relay release-held) leave after this, once their row is
     # published or gone (the composition root keeps it >= the jobs retention).
@@ -98,6 +111,12 @@ class RelayConfig:
                 "linger_s must be at least 0 and shorter than the relay lease",
                 linger_s=self.linger_s,
             )
+        if not 0 <= self.awake_s <= MAX_AWAKE_S:
+            raise ConfigError(
+                f"awake_s must be between 0 and {MAX_AWAKE_S}: while a relay that died promised,"
+                " events wait for another relay's poll",
+                awake_s=self.awake_s,
+            )
 
     @property
     def claim_size(self) -> int:
@@ -117,6 +136,7 @@ class RelayStats:
     pruned_audit: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
+    promises: int = 0  # awake promises written (relay.awake)
 
 
 class Relay:
@@ -133,6 +153,10 @@ class Relay:
         self._missed = False  # a wake-up came while no loop slept: the next one claims at once
         self._lingering = 0  # loops woken and lingering: their claims are still to come
         self._stopping = False
+        # This relay's promise to poll (relay.awake): as the database holds it, and until when
+        # by this process's clock (a little later than the database's: the safe side).
+        self._promised: Any = None
+        self._awake_until = float("-inf")
         self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
@@ -207,15 +231,16 @@ class Relay:
                 continue
             try:
                 reconnect.up()
-                await self._drain(conn, publisher, prunes=index == 0)
+                await self._drain(conn, publisher, first=index == 0)
             except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, reconnect))
             finally:
                 await _close(conn)
 
-    async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, prunes: bool) -> None:
-        """Cycle while there is work; wait for a wake-up or the poll interval otherwise."""
-        next_prune = 0.0 if prunes else float("inf")
+    async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, first: bool) -> None:
+        """Cycle while there is work; wait for a wake-up or the poll interval otherwise. The
+        first loop prunes, and polls every linger while this relay's awake promise runs."""
+        next_prune = 0.0 if first else float("inf")
         within_s = self.config.poll_s + self.config.publish_timeout_s
         while not self._stopping and not publisher.broken():
             observe.beat("relay.publish", within_s=within_s)
@@ -224,9 +249,17 @@ class Relay:
                 full = pruned >= self.config.prune_batch
                 next_prune = anyio.current_time() + (0 if full else self.config.prune_every_s)
             claimed = await self.cycle(conn, publisher)
+            if claimed >= AWAKE_MIN_ROWS:
+                await self._promise(conn)
+            awake = anyio.current_time() < self._awake_until
+            if claimed >= self.config.claim_size and awake:
+                self.wake()  # a backlog no NOTIFY announces: another loop's claim shares it
             if claimed < self.config.claim_size and not self._stopping:
                 if self._missed:  # woken while busy: what the wake-up announced may be due
                     self._missed = False
+                    continue
+                if awake and first:  # promised: the first loop polls; the others, woken
+                    await self._sleep(self.config.linger_s or AWAKE_POLL_S)
                     continue
                 if await self._sleep(self.config.poll_s) and self.config.linger_s:
                     self._lingering += 1
@@ -234,6 +267,26 @@ class Relay:
                         await anyio.sleep(self.config.linger_s)
                     finally:
                         self._lingering -= 1
+        if self._stopping:
+            await self._withdraw(conn)
+
+    async def _promise(self, conn: asyncpg.Connection) -> None:
+        """Promise (again) to poll for ``awake_s``, once less than half of it is left."""
+        awake_s = self.config.awake_s
+        if not awake_s or self._awake_until - anyio.current_time() > awake_s / 2:
+            return
+        row = await conn.fetchrow(sql.PROMISE_AWAKE, awake_s)
+        self._promised = row["until"]
+        self._awake_until = anyio.current_time() + row["remaining_s"]
+        self.stats.promises += 1
+
+    async def _withdraw(self, conn: asyncpg.Connection) -> None:
+        """At a clean stop: take back this relay's promise, so that producers notify again
+        at once (another relay's longer promise stays)."""
+        promised, self._promised = self._promised, None
+        self._awake_until = float("-inf")
+        if promised is not None:
+            await conn.execute(sql.WITHDRAW_AWAKE, promised)
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a wake-up (not the timer, not a stop) ended it."""

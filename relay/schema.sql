@@ -136,6 +136,16 @@ SET default_tablespace = '';
 SET default_table_access_method = heap;
 
 --
+-- Name: awake; Type: TABLE; Schema: relay; Owner: -
+--
+
+CREATE TABLE relay.awake (
+    one boolean DEFAULT true NOT NULL,
+    until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT awake_one_check CHECK (one)
+);
+
+--
 -- Name: outbox; Type: TABLE; Schema: relay; Owner: -
 --
 
@@ -228,6 +238,13 @@ ALTER TABLE relay.release_audit ALTER COLUMN audit_id ADD GENERATED ALWAYS AS ID
 ALTER TABLE ONLY relay.outbox ALTER COLUMN id SET DEFAULT nextval('relay.outbox_id_seq'::regclass);
 
 --
+-- Name: awake awake_pkey; Type: CONSTRAINT; Schema: relay; Owner: -
+--
+
+ALTER TABLE ONLY relay.awake
+    ADD CONSTRAINT awake_pkey PRIMARY KEY (one);
+
+--
 -- Name: outbox outbox_event_unique; Type: CONSTRAINT; Schema: relay; Owner: -
 --
 
@@ -299,6 +316,18 @@ GRANT ALL ON FUNCTION relay.prune_release_audit(p_retention_s double precision, 
 
 REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) FROM PUBLIC;
 GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) TO accord_repair;
+
+--
+-- Name: TABLE awake; Type: ACL; Schema: relay; Owner: -
+--
+
+GRANT SELECT ON TABLE relay.awake TO PUBLIC;
+
+--
+-- Name: COLUMN awake.until; Type: ACL; Schema: relay; Owner: -
+--
+
+GRANT UPDATE(until) ON TABLE relay.awake TO accord_relay;
 
 --
 -- Name: TABLE outbox; Type: ACL; Schema: relay; Owner: -

@@ -3,17 +3,30 @@
 # The LISTEN/NOTIFY channel that wakes relays (a hint only; polling is the truth).
 NOTIFY_CHANNEL = "relay_outbox"
 
+# An enqueue's wake-up: NOTIFY at commit, unless a relay promised to poll for more than
+# AWAKE_MARGIN from now (relay.awake, migration 0030): a notifying commit holds a global lock
+# through its WAL flush, so with many producers NOTIFY caps their commit rate. The margin
+# covers the time from the statement to its transaction's commit; a commit later than that,
+# after the promise ran out, waits for a relay's poll at most. The promise is read at the
+# statement's time (statement_timestamp(), not the transaction's start).
+AWAKE_MARGIN_S = 0.5
+WAKE = (
+    "CASE WHEN (SELECT until FROM relay.awake)"  # noqa: S608 - only constants are formatted
+    f" > statement_timestamp() + interval '{AWAKE_MARGIN_S} s'"
+    f" THEN NULL ELSE pg_notify('{NOTIFY_CHANNEL}', '') END"
+)
+
 # Insert one event and wake relays at commit, in one statement (one round trip, DESIGN §11).
-# pg_notify in RETURNING rather than a CTE around the INSERT: the same single statement, and
-# cheaper per transaction than the CTE (measured: docs/bench-log.md).
-ENQUEUE = """
+# The wake-up in RETURNING rather than a CTE around the INSERT: the same single statement,
+# and cheaper per transaction than the CTE (measured: docs/bench-log.md).
+ENQUEUE = f"""
 INSERT INTO relay.outbox (
     event_id, tenant, operation_id, type, version, authority_epoch,
     digest, body, trace, occurred_at
 )
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING id, pg_notify('relay_outbox', '')
-"""
+RETURNING id, {WAKE}
+"""  # noqa: S608 - WAKE is a constant
 
 #: The column the joined enqueue adds to the domain statement's rows: the outbox row id.
 JOINED_OUTBOX_ID = "accord_outbox_id"
@@ -31,7 +44,7 @@ def enqueue_joined(domain: str, n: int) -> str:
         " INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version,"
         " authority_epoch, digest, body, trace, occurred_at)"
         f" SELECT {', '.join(p)} WHERE EXISTS (SELECT 1 FROM d)"
-        " RETURNING id, pg_notify('relay_outbox', ''))"
+        f" RETURNING id, {WAKE})"
         f" SELECT d.*, (SELECT id FROM o) AS {JOINED_OUTBOX_ID} FROM d"
     )
 
@@ -158,3 +171,15 @@ PREVIOUS_REASONS = (
 # Delete one bounded batch of at most $2 release audit rows older than $1 seconds whose outbox
 # row is resolved (published or pruned; relay.prune_release_audit); the count.
 PRUNE_RELEASE_AUDIT = "SELECT relay.prune_release_audit($1, $2)"
+
+# A relay's promise to poll the outbox for $1 s more (relay.awake, migration 0030): never
+# shortens another relay's. Returns the promise now in force and how long it has to run,
+# by the database clock.
+PROMISE_AWAKE = """
+UPDATE relay.awake SET until = GREATEST(until, now() + make_interval(secs => $1))
+RETURNING until, EXTRACT(epoch FROM until - now())::float8 AS remaining_s
+"""
+
+# A relay stopping cleanly takes back its promise ($1, as PROMISE_AWAKE returned it) unless
+# another relay has promised longer since.
+WITHDRAW_AWAKE = "UPDATE relay.awake SET until = LEAST(until, now()) WHERE until = $1"

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     # After a NOTIFY wakes an idle relay, wait this long so the events committed meanwhile
     # share one claim, publish and settle (0: claim at once).
     relay_linger_s: float = Field(default=0.01, ge=0)
+    # While a relay finds events at a sustained rate it promises to poll for this long
+    # (renewed at half), and enqueues skip their NOTIFY meanwhile (0: never promise).
+    relay_awake_s: float = Field(default=2.0, ge=0, le=60)
     relay_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     relay_prune_batch: int = Field(default=1000, gt=0, le=10_000)
     relay_prune_every_s: float = Field(default=60.0, gt=0)

@@ -157,6 +157,7 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
         lease_s=settings.relay_lease_s,
         poll_s=settings.relay_poll_s,
         linger_s=settings.relay_linger_s,
+        awake_s=settings.relay_awake_s,
         retention_s=settings.relay_retention_s,
         audit_retention_s=settings.audit_retention_s,
         prune_batch=settings.relay_prune_batch,

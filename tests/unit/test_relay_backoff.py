@@ -36,3 +36,15 @@ def test_a_relay_linger_is_a_non_negative_wait_shorter_than_its_lease(value: flo
     assert RelayConfig(**base, linger_s=0).linger_s == 0
     with pytest.raises(ConfigError):
         RelayConfig(**base, linger_s=value)
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), 61.0, float("inf")])
+def test_an_awake_promise_is_off_or_at_most_a_minute(value: float) -> None:
+    """While a promise runs, enqueues do not NOTIFY: an unkept one leaves their events to
+    the other relays' polls for that long, so it stays short and finite."""
+    base = {"pg_dsn": "postgresql://x/y", "amqp_url": "amqp://x/", "exchange": "e"}
+    assert RelayConfig(**base).awake_s == 2.0
+    assert RelayConfig(**base, awake_s=0).awake_s == 0
+    assert RelayConfig(**base, awake_s=60).awake_s == 60
+    with pytest.raises(ConfigError):
+        RelayConfig(**base, awake_s=value)

@@ -104,6 +104,9 @@ async def test_the_relay_publishes_holds_and_prunes_but_cannot_touch_jobs_or_the
     relay = Relay(config)
     await helpers.run_until_settled([relay], pg_dsn, expect=4, within_s=30)
     assert relay.stats.published == 4 and relay.stats.held == 1
+    # its claim of five promised to poll (relay.awake), and its stop took the promise back
+    assert relay.stats.promises == 1
+    assert await pg.fetchval("SELECT until <= now() FROM relay.awake")
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == {str(e.event_id) for e in events}
     held = await pg.fetchrow(

@@ -55,6 +55,17 @@ async def enqueue_committed(dsn: str, events: Iterable[Event]) -> list[uuid.UUID
     return ids
 
 
+async def enqueue_committed_together(dsn: str, events: Iterable[Event]) -> None:
+    """Every event in one committed transaction: one claim can take them all."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            for event in events:
+                await enqueue(conn, event)
+    finally:
+        await conn.close()
+
+
 async def drain(amqp_url: str, queue: str) -> Counter[str]:
     """Every message now in ``queue`` (removed), counted by message id."""
     counts: Counter[str] = Counter()

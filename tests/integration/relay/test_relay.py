@@ -83,6 +83,7 @@ async def test_committed_events_all_arrive_and_rolled_back_never_do(
     assert 0.25 * total < len(rolled_back) < 0.35 * total
     assert set(counts) == set(committed)  # every commit arrived, no rollback ever did
     assert not set(counts) & set(rolled_back)
+    assert relay.stats.promises >= 1  # busy, it promised to poll: most enqueues did not NOTIFY
     # No crash here: a duplicate needs a publish that did not count (e.g. a confirm timeout
     # on a loaded broker), and each such failure can cause at most one.
     assert sum(counts.values()) - len(counts) <= sum(relay.stats.failures.values())
@@ -318,7 +319,7 @@ async def test_published_rows_are_pruned_in_bounded_batches(
 
 async def enqueue_silently(dsn: str, event: Event) -> None:
     """Commit an outbox row exactly as ``enqueue`` writes it, minus its NOTIFY (test-only)."""
-    silent = sql.ENQUEUE.replace(", pg_notify('relay_outbox', '')", "")
+    silent = sql.ENQUEUE.replace(f", {sql.WAKE}", "")
     assert silent != sql.ENQUEUE
     conn = await asyncpg.connect(dsn)
     try:
@@ -465,3 +466,117 @@ async def test_notifies_during_a_linger_ride_the_lingering_claim(
         assert relay.stats.cycles == 1
         relay.stop()
     assert relay.stats.published == 5
+
+
+# -- the awake promise: a busy relay polls, and enqueues skip their NOTIFY (migration 0030) ---
+
+PROMISED = "SELECT until > now() FROM relay.awake"
+
+
+async def _notified(pg_dsn: str, form: str, n: int) -> bool:
+    """Commit one domain row and its event by ``form``; True if its NOTIFY came."""
+    listener = await asyncpg.connect(pg_dsn)
+    came = anyio.Event()
+    await listener.add_listener(sql.NOTIFY_CHANNEL, lambda *_: came.set())
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        async with conn.transaction():
+            await _write(conn, form, n, helpers.make_event(n))
+        with anyio.move_on_after(0.5):
+            await came.wait()
+        return came.is_set()
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+@pytest.mark.parametrize("form", ["plain", "joined"])
+async def test_an_enqueue_skips_its_notify_only_while_a_relay_promised_to_poll(
+    pg_dsn: str, pg: asyncpg.Connection, form: str
+) -> None:
+    """No promise: the NOTIFY comes (control). A promise with ten seconds to run: none. One
+    with less than the margin left: it comes again (the transaction may commit after the
+    promise ran out, when no relay polls any more)."""
+    await pg.execute("CREATE TABLE domain (n int PRIMARY KEY)")
+    assert await pg.fetchval("SELECT until = '-infinity' FROM relay.awake")  # as migrated
+    assert await _notified(pg_dsn, form, 1)
+    await pg.execute("UPDATE relay.awake SET until = now() + interval '10 s'")
+    assert not await _notified(pg_dsn, form, 2)
+    margin = sql.AWAKE_MARGIN_S / 2
+    await pg.execute(f"UPDATE relay.awake SET until = now() + interval '{margin} s'")
+    assert await _notified(pg_dsn, form, 3)
+
+
+@pytest.mark.timeout(60)
+async def test_a_busy_relay_promises_to_poll_keeps_it_and_withdraws_it_at_its_stop(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """A claim of several rows makes the relay promise to poll; while the promise runs, a
+    row no NOTIFY announced is published at once (the poll is 30 s). Control: once the
+    promise ran out the same row waits for the poll. A relay never promising (awake_s 0)
+    leaves relay.awake alone; a clean stop takes the promise back."""
+    awake_s, poll_s = 2.0, 30.0
+    never = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, awake_s=0))
+    await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(10)])
+    await helpers.run_until_settled([never], pg_dsn, 10, within_s=20)
+    assert never.stats.promises == 0 and not await helpers.pg_value(pg_dsn, PROMISED)
+
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, awake_s=awake_s))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await _relay_listens(pg_dsn)
+        await anyio.sleep(0.3)  # idle: each loop claimed once, found nothing, sleeps
+        await helpers.enqueue_committed_together(
+            pg_dsn, [helpers.make_event(n) for n in range(10, 20)]
+        )
+        await helpers.wait_until_settled(pg_dsn, expect_published=20, within_s=10)
+        assert relay.stats.promises == 1 and await helpers.pg_value(pg_dsn, PROMISED)
+        # promised: a row without a NOTIFY is found by the relay's poll at its linger
+        started = anyio.current_time()
+        await enqueue_silently(pg_dsn, helpers.make_event(20))
+        await helpers.wait_until_settled(pg_dsn, expect_published=21, within_s=awake_s / 2)
+        assert anyio.current_time() - started < awake_s / 2
+        # control: the promise ran out (one row per claim renews nothing); the next row
+        # without a NOTIFY waits for the poll
+        await wait_for(lambda: helpers.pg_value(pg_dsn, "SELECT until < now() FROM relay.awake"),
+                       within=awake_s + 2)  # fmt: skip
+        await anyio.sleep(0.2)
+        late = helpers.make_event(21)
+        await enqueue_silently(pg_dsn, late)
+        await anyio.sleep(1.0)
+        assert (await helpers.fetch_row(pg_dsn, late.event_id))["state"] == "pending"
+        # and the next enqueue notifies again, which wakes the relay for both
+        await helpers.enqueue_committed(pg_dsn, [helpers.make_event(22)])
+        await helpers.wait_until_settled(pg_dsn, expect_published=23, within_s=poll_s / 3)
+        # promise again, then a clean stop takes it back
+        await helpers.enqueue_committed_together(
+            pg_dsn, [helpers.make_event(n) for n in range(23, 33)]
+        )
+        await helpers.wait_until_settled(pg_dsn, expect_published=33, within_s=10)
+        assert relay.stats.promises == 2 and await helpers.pg_value(pg_dsn, PROMISED)
+        relay.stop()
+    assert not await helpers.pg_value(pg_dsn, PROMISED)
+
+
+@pytest.mark.timeout(60)
+async def test_a_promise_no_relay_keeps_delays_an_event_by_one_poll_and_loses_nothing(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """A promise left by a relay that died (written by hand, a minute long): enqueues do not
+    NOTIFY, and another relay, which did not promise, finds their rows at its poll."""
+    poll_s = 1.0
+    await helpers.pg_value(pg_dsn, "UPDATE relay.awake SET until = now() + interval '60 s'")
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, awake_s=0))
+    events = [helpers.make_event(n) for n in range(3)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await _relay_listens(pg_dsn)
+        for event in events:
+            started = anyio.current_time()
+            await helpers.enqueue_committed(pg_dsn, [event])
+            await helpers.wait_until_settled(pg_dsn, expect_published=events.index(event) + 1,
+                                             within_s=poll_s + 2)  # fmt: skip
+            assert anyio.current_time() - started < poll_s + 2
+        relay.stop()
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(e.event_id) for e in events}
