@@ -152,6 +152,7 @@ class Relay:
         self._waiters: set[anyio.Event] = set()
         self._missed = False  # a wake-up came while no loop slept: the next one claims at once
         self._lingering = 0  # loops woken and lingering: their claims are still to come
+        self._polling = 0  # loops waiting a linger to poll again, while awake
         self._stopping = False
         # This relay's promise to poll (relay.awake): as the database holds it, and until when
         # by this process's clock (a little later than the database's: the safe side).
@@ -231,16 +232,16 @@ class Relay:
                 continue
             try:
                 reconnect.up()
-                await self._drain(conn, publisher, first=index == 0)
+                await self._drain(conn, publisher, prunes=index == 0)
             except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, reconnect))
             finally:
                 await _close(conn)
 
-    async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, first: bool) -> None:
-        """Cycle while there is work; wait for a wake-up or the poll interval otherwise. The
-        first loop prunes, and polls every linger while this relay's awake promise runs."""
-        next_prune = 0.0 if first else float("inf")
+    async def _drain(self, conn: asyncpg.Connection, publisher: Publisher, *, prunes: bool) -> None:
+        """Cycle while there is work; wait for a wake-up or the poll interval otherwise, or,
+        while this relay's awake promise runs, poll every linger (one loop at a time)."""
+        next_prune = 0.0 if prunes else float("inf")
         within_s = self.config.poll_s + self.config.publish_timeout_s
         while not self._stopping and not publisher.broken():
             observe.beat("relay.publish", within_s=within_s)
@@ -258,8 +259,12 @@ class Relay:
                 if self._missed:  # woken while busy: what the wake-up announced may be due
                     self._missed = False
                     continue
-                if awake and first:  # promised: the first loop polls; the others, woken
-                    await self._sleep(self.config.linger_s or AWAKE_POLL_S)
+                if awake and not self._polling:  # promised: one loop polls, the others woken
+                    self._polling += 1
+                    try:
+                        await self._sleep(self.config.linger_s or AWAKE_POLL_S)
+                    finally:
+                        self._polling -= 1
                     continue
                 if await self._sleep(self.config.poll_s) and self.config.linger_s:
                     self._lingering += 1

@@ -471,6 +471,7 @@ async def test_notifies_during_a_linger_ride_the_lingering_claim(
 # -- the awake promise: a busy relay polls, and enqueues skip their NOTIFY (migration 0030) ---
 
 PROMISED = "SELECT until > now() FROM relay.awake"
+RAN_OUT = "SELECT until < now() FROM relay.awake"
 
 
 async def _notified(pg_dsn: str, form: str, n: int) -> bool:
@@ -513,47 +514,54 @@ async def test_a_busy_relay_promises_to_poll_keeps_it_and_withdraws_it_at_its_st
 ) -> None:
     """A claim of several rows makes the relay promise to poll; while the promise runs, a
     row no NOTIFY announced is published at once (the poll is 30 s). Control: once the
-    promise ran out the same row waits for the poll. A relay never promising (awake_s 0)
-    leaves relay.awake alone; a clean stop takes the promise back."""
-    awake_s, poll_s = 2.0, 30.0
+    promise ran out the same row waits for the poll. Three rounds: the NOTIFY that brings
+    the batch wakes either loop, and whichever claims it, one loop must poll. A relay never
+    promising (awake_s 0) leaves relay.awake alone; a clean stop takes the promise back."""
+    awake_s, poll_s = 1.0, 30.0
     never = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, awake_s=0))
     await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(10)])
     await helpers.run_until_settled([never], pg_dsn, 10, within_s=20)
     assert never.stats.promises == 0 and not await helpers.pg_value(pg_dsn, PROMISED)
 
     relay = Relay(helpers.config(pg_dsn, amqp_url, topo, poll_s=poll_s, awake_s=awake_s))
+    published = 10
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
         await _relay_listens(pg_dsn)
         await anyio.sleep(0.3)  # idle: each loop claimed once, found nothing, sleeps
+        for round_ in range(3):
+            first = 100 * (round_ + 1)
+            batch = [helpers.make_event(n) for n in range(first, first + 10)]
+            await helpers.enqueue_committed_together(pg_dsn, batch)
+            published += 10
+            await helpers.wait_until_settled(pg_dsn, expect_published=published, within_s=10)
+            assert relay.stats.promises == round_ + 1 and await helpers.pg_value(pg_dsn, PROMISED)
+            # promised: a row without a NOTIFY is found by the relay's poll at its linger
+            started = anyio.current_time()
+            await enqueue_silently(pg_dsn, helpers.make_event(first + 10))
+            published += 1
+            await helpers.wait_until_settled(
+                pg_dsn, expect_published=published, within_s=awake_s / 2
+            )
+            assert anyio.current_time() - started < awake_s / 2
+            # control: the promise ran out (a claim of one row renews nothing); the next row
+            # without a NOTIFY waits for the poll
+            await wait_for(lambda: helpers.pg_value(pg_dsn, RAN_OUT), within=awake_s + 2)
+            await anyio.sleep(0.2)
+            late = helpers.make_event(first + 11)
+            await enqueue_silently(pg_dsn, late)
+            await anyio.sleep(1.0)
+            assert (await helpers.fetch_row(pg_dsn, late.event_id))["state"] == "pending"
+            # and the next enqueue notifies again, which wakes the relay for both
+            await helpers.enqueue_committed(pg_dsn, [helpers.make_event(first + 12)])
+            published += 2
+            await helpers.wait_until_settled(pg_dsn, expect_published=published, within_s=10)
+        # promise again, then a clean stop takes it back
         await helpers.enqueue_committed_together(
             pg_dsn, [helpers.make_event(n) for n in range(10, 20)]
         )
-        await helpers.wait_until_settled(pg_dsn, expect_published=20, within_s=10)
-        assert relay.stats.promises == 1 and await helpers.pg_value(pg_dsn, PROMISED)
-        # promised: a row without a NOTIFY is found by the relay's poll at its linger
-        started = anyio.current_time()
-        await enqueue_silently(pg_dsn, helpers.make_event(20))
-        await helpers.wait_until_settled(pg_dsn, expect_published=21, within_s=awake_s / 2)
-        assert anyio.current_time() - started < awake_s / 2
-        # control: the promise ran out (one row per claim renews nothing); the next row
-        # without a NOTIFY waits for the poll
-        await wait_for(lambda: helpers.pg_value(pg_dsn, "SELECT until < now() FROM relay.awake"),
-                       within=awake_s + 2)  # fmt: skip
-        await anyio.sleep(0.2)
-        late = helpers.make_event(21)
-        await enqueue_silently(pg_dsn, late)
-        await anyio.sleep(1.0)
-        assert (await helpers.fetch_row(pg_dsn, late.event_id))["state"] == "pending"
-        # and the next enqueue notifies again, which wakes the relay for both
-        await helpers.enqueue_committed(pg_dsn, [helpers.make_event(22)])
-        await helpers.wait_until_settled(pg_dsn, expect_published=23, within_s=poll_s / 3)
-        # promise again, then a clean stop takes it back
-        await helpers.enqueue_committed_together(
-            pg_dsn, [helpers.make_event(n) for n in range(23, 33)]
-        )
-        await helpers.wait_until_settled(pg_dsn, expect_published=33, within_s=10)
-        assert relay.stats.promises == 2 and await helpers.pg_value(pg_dsn, PROMISED)
+        await helpers.wait_until_settled(pg_dsn, expect_published=published + 10, within_s=10)
+        assert relay.stats.promises == 4 and await helpers.pg_value(pg_dsn, PROMISED)
         relay.stop()
     assert not await helpers.pg_value(pg_dsn, PROMISED)
 
