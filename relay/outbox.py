@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind
 
 from accord.relay import sql
 from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseRefused
+from accord.relay.statement import split_with
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
 from accord.schemas.errors import PayloadTooLarge
@@ -218,20 +219,24 @@ _CHECK = "accord_joined_check"
 
 async def _joined(tx: Tx, statement: str, n: int) -> str:
     """The joined statement for a domain statement, checked once per process and statement
-    text. Refused with JoinedStatementInvalid (never cached), the caller's transaction
-    still usable: a first word other than INSERT, UPDATE or DELETE (a SELECT would enqueue
-    with no write; a statement with its own WITH cannot nest in one); a statement
-    PostgreSQL refuses alone; one whose parameters are not exactly ``$1``..``$n`` (the
-    outbox's follow as ``$n+1``.., so a domain ``$k`` past the arguments would silently take
-    an outbox value); no RETURNING; a returned column named like the outbox id; a statement
-    that does not compose (a trailing ``;``). PostgreSQL judges by preparing the statement
-    alone, then the joined one, each inside a savepoint."""
+    text. A statement with its own WITH list has that list put first in the joined one (a
+    data-modifying CTE may stand only at the top level; relay.statement finds where the list
+    ends). Refused with JoinedStatementInvalid (never cached), the caller's transaction
+    still usable: a statement other than INSERT, UPDATE or DELETE after any WITH list (a
+    SELECT would enqueue with no write); a statement PostgreSQL refuses alone; one whose
+    parameters are not exactly ``$1``..``$n`` (the outbox's follow as ``$n+1``.., so a
+    domain ``$k`` past the arguments would silently take an outbox value); no RETURNING; a
+    returned column named like the outbox id; a statement that does not compose (a
+    trailing ``;``, a CTE named like the joined statement's own). PostgreSQL judges by
+    preparing the statement alone, then the joined one, each inside a savepoint."""
     composed = _JOINED.get((statement, n))
     if composed is not None:
         return composed
-    if not _DML.match(statement):
+    ctes, main = split_with(statement)
+    if not _DML.match(main):
         raise JoinedStatementInvalid(
-            detail="the statement must start with INSERT, UPDATE or DELETE (no WITH of its own)"
+            detail="the statement must be an INSERT, UPDATE or DELETE (after its WITH list, if"
+            " it has one)"
         )
     domain = await _prepare_or_refuse(tx, statement, "the statement")
     params, columns = len(domain.get_parameters()), [a.name for a in domain.get_attributes()]
@@ -243,7 +248,7 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
         raise JoinedStatementInvalid(detail="the statement has no RETURNING clause")
     if sql.JOINED_OUTBOX_ID in columns:
         raise JoinedStatementInvalid(detail=f"a returned column is named {sql.JOINED_OUTBOX_ID}")
-    composed = sql.enqueue_joined(statement, n)
+    composed = sql.enqueue_joined(main, n, ctes)
     await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
     if len(_JOINED) >= _JOINED_MAX:
         _JOINED.pop(next(iter(_JOINED)))

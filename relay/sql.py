@@ -32,20 +32,24 @@ RETURNING id, {WAKE}
 JOINED_OUTBOX_ID = "accord_outbox_id"
 
 
-def enqueue_joined(domain: str, n: int) -> str:
+def enqueue_joined(domain: str, n: int, ctes: str | None = None) -> str:
     """The domain statement (parameters $1..$n, with RETURNING) and the outbox row in one
     statement: the row is written only when the domain statement returned a row; the outbox
     parameters follow as $n+1..$n+10 (ENQUEUE's, in its order), so the domain statement must
     use exactly $1..$n (relay.outbox._joined checks it). Every row comes back with the
-    outbox id."""
+    outbox id. ``ctes``: the domain statement's own WITH list (what followed its WITH), put
+    first, since a data-modifying CTE may stand only at the top level; ``domain`` is then
+    the statement after it."""
     p = [f"${n + i}" for i in range(1, 11)]
+    head = "WITH " if ctes is None else f"WITH {ctes}\n, "
     return (  # the domain on lines of its own: a comment ending it ends with its line
-        f"WITH d AS (\n{domain}\n), o AS ("  # noqa: S608 - only parameter numbers are formatted
+        f"{head}accord_domain AS (\n{domain}\n), accord_outbox AS ("  # noqa: S608 - parameter numbers
         " INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version,"
         " authority_epoch, digest, body, trace, occurred_at)"
-        f" SELECT {', '.join(p)} WHERE EXISTS (SELECT 1 FROM d)"
+        f" SELECT {', '.join(p)} WHERE EXISTS (SELECT 1 FROM accord_domain)"
         f" RETURNING id, {WAKE})"
-        f" SELECT d.*, (SELECT id FROM o) AS {JOINED_OUTBOX_ID} FROM d"
+        f" SELECT accord_domain.*, (SELECT id FROM accord_outbox) AS {JOINED_OUTBOX_ID}"
+        " FROM accord_domain"
     )
 
 

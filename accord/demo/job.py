@@ -11,9 +11,9 @@ Steps, each with its own guarantee:
 2. The report body is rendered and stored as an immutable, content-addressed object. It is
    not authoritative yet: a stale worker's object stays unreferenced (``accord gc-objects``).
 3. ``ctx.publish(callback, object_key=...)``: one fenced transaction writes demo.reports,
-   marks the submission published and enqueues ``report.published.v1`` (one statement,
-   ``enqueue_joined``), and its fenced succeeded statement writes the ``jobs.results``
-   manifest row naming the object; or (fence lost) none of them.
+   marks the submission published and enqueues ``report.published.v1`` (all three in one
+   statement, ``enqueue_joined``), and its fenced succeeded statement writes the
+   ``jobs.results`` manifest row naming the object; or (fence lost) none of them.
 """
 
 from __future__ import annotations
@@ -66,15 +66,6 @@ def publish_report(
     lease = ctx.lease
 
     async def write(tx: Tx) -> None:
-        await tx.execute(
-            sql.INSERT_REPORT,
-            lease.tenant,
-            request.report_id,
-            lease.job_id,
-            object_key,
-            receipt,
-            lease.generation,
-        )
         published = Event(
             tenant=lease.tenant,
             operation_id=lease.operation_id,
@@ -86,14 +77,18 @@ def publish_report(
                 "provider_receipt": receipt,
             },
         )
-        # The submission marked published and the event enqueued in one statement; the
-        # event is enqueued whatever the count says (a job submitted without the demo's
-        # acceptance has no submission row to mark), but then on its own.
+        # The report row, the submission marked published and the event enqueued in one
+        # statement; the event is enqueued whatever the count says (a job submitted without
+        # the demo's acceptance has no submission row to mark), but then on its own.
         joined = await enqueue_joined(
             tx,
-            sql.MARK_PUBLISHED,
+            sql.PUBLISH_REPORT,
             lease.tenant,
             request.report_id,
+            lease.job_id,
+            object_key,
+            receipt,
+            lease.generation,
             event=published,
             catalog=CATALOG,
         )

@@ -15,19 +15,19 @@ SUBMISSION = (
     " FROM demo.submissions WHERE tenant = $1 AND report_id = $2"
 )
 
-# The published report row, written only by the report job's fenced publish callback.
-INSERT_REPORT = (
-    "INSERT INTO demo.reports"
-    " (tenant, report_id, job_id, object_key, provider_receipt, generation)"
-    " VALUES ($1, $2, $3, $4, $5, $6)"
+# The published report row ($1 tenant, $2 report id, $3 job id, $4 object key, $5 provider
+# receipt, $6 generation) and its submission marked published, in one statement, written only
+# by the report job's fenced publish callback. Returns the submission's report id when there
+# is one to mark; the report job joins report.published.v1's outbox row to it
+# (relay.enqueue_joined puts this WITH list first).
+PUBLISH_REPORT = """
+WITH report AS (
+    INSERT INTO demo.reports (tenant, report_id, job_id, object_key, provider_receipt, generation)
+    VALUES ($1, $2, $3, $4, $5, $6)
 )
-
-# Mark submission $2 of tenant $1 published (same fenced transaction as its report row);
-# the report job joins report.published.v1's outbox row to it (relay.enqueue_joined).
-MARK_PUBLISHED = (
-    "UPDATE demo.submissions SET state = 'published' WHERE tenant = $1 AND report_id = $2"
-    " RETURNING report_id"
-)
+UPDATE demo.submissions SET state = 'published' WHERE tenant = $1 AND report_id = $2
+RETURNING report_id
+"""
 
 # One published report (for the demo's summary and the tests' oracle).
 REPORT = (

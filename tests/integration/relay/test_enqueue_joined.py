@@ -34,7 +34,7 @@ async def test_one_statement_writes_both_and_returns_the_domain_rows(
         done = await enqueue_joined(pg, PLACE, 1, event=event, catalog=DEMO_CATALOG)
     assert done.rows == [{"id": 1, "state": "placed"}] and done.outbox_id is not None
     assert await outbox(pg) == [str(event.event_id)]
-    assert "WITH d AS (" in sql.enqueue_joined(PLACE, 1)  # one statement: one round trip
+    assert "accord_domain AS (" in sql.enqueue_joined(PLACE, 1)  # one statement: one round trip
 
 
 async def test_no_affected_row_writes_no_outbox_row(pg: asyncpg.Connection) -> None:
@@ -92,8 +92,12 @@ async def test_a_statement_that_cannot_be_joined_is_refused_and_the_transaction_
     refused = {
         # too few arguments: the domain's $2 would take the outbox's event id
         "INSERT INTO notes (ref, n) VALUES ($1, $2) RETURNING id": "2 parameters",
-        "SELECT id FROM orders WHERE id = $1": "must start with",
-        "WITH x AS (SELECT 1) INSERT INTO orders (id) VALUES ($1) RETURNING id": "must start",
+        "SELECT id FROM orders WHERE id = $1": "must be an INSERT",
+        "WITH x AS (INSERT INTO notes (n) VALUES ($1) RETURNING id) SELECT id FROM x": "must be",
+        "WITH x AS (SELECT 1 AS accord_domain)": "must be an INSERT",
+        "WITH accord_domain AS (SELECT 1) DELETE FROM orders WHERE id = $1 RETURNING id": (
+            "joined to the outbox row"  # the joined statement's own CTE name
+        ),
         "UPDATE orders SET state = 'returning' WHERE id = $1": "no RETURNING",
         "INSERT INTO orders (id) VALUES ($1) RETURNING id;": "joined to the outbox row",
         "INSERT INTO orders (id) VALUES ($1) RETURNING id /* unclosed": "refused the statement",
@@ -139,3 +143,33 @@ async def test_an_application_constraint_of_the_outbox_s_name_is_not_a_duplicate
             await enqueue_joined(pg, insert, 1, event=make_event(2), catalog=DEMO_CATALOG)
     assert not isinstance(caught.value, DuplicateEvent)
     assert len(await outbox(pg)) == 1
+
+
+async def test_a_statement_with_its_own_with_list_is_joined_whole(pg: asyncpg.Connection) -> None:
+    """A domain statement with its own WITH list, a data-modifying CTE among it: the list is
+    put first in the joined statement, so the CTE writes as it would alone, and the outbox
+    row follows the main statement's rows. The lexing around it: a string, a dollar quote,
+    an E-string with an escaped quote and a comment, each holding a parenthesis or a word
+    that could begin a statement. Control: the main statement affecting no row writes no
+    outbox row, while the CTE's own write stands, exactly as without the event."""
+    await pg.execute(DOMAIN)
+    await pg.execute("CREATE TABLE notes (id serial PRIMARY KEY, ref text, n int)")
+    ship_noting = (
+        "WITH RECURSIVE noted AS (\n"
+        "  INSERT INTO notes (ref, n) VALUES ('update (' || $$ delete ) $$ || E'\\' select', $1)"
+        "  RETURNING n  -- ) insert\n"
+        "), /* (nested /* ) */ update */ wanted AS MATERIALIZED (SELECT n FROM noted)\n"
+        "UPDATE orders SET state = 'shipped'"
+        " WHERE id = (SELECT n FROM wanted) AND state = 'placed' RETURNING id, state"
+    )
+    async with pg.transaction():
+        await enqueue_joined(pg, PLACE, 7, event=make_event(1), catalog=DEMO_CATALOG)
+        shipped = await enqueue_joined(
+            pg, ship_noting, 7, event=make_event(2), catalog=DEMO_CATALOG
+        )
+        again = await enqueue_joined(pg, ship_noting, 7, event=make_event(3), catalog=DEMO_CATALOG)
+    assert shipped.rows == [{"id": 7, "state": "shipped"}] and shipped.outbox_id is not None
+    assert again.rows == [] and again.outbox_id is None  # control: already shipped
+    assert len(await outbox(pg)) == 2
+    notes = await pg.fetch("SELECT ref, n FROM notes ORDER BY id")
+    assert [tuple(r) for r in notes] == [("update ( delete ) ' select", 7)] * 2
