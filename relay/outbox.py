@@ -232,7 +232,8 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
     composed = _JOINED.get((statement, n))
     if composed is not None:
         return composed
-    ctes, main = split_with(statement)
+    standard = await tx.fetchval("SELECT current_setting('standard_conforming_strings')")
+    ctes, main = split_with(statement, standard_strings=standard == "on")
     if not _DML.match(main):
         raise JoinedStatementInvalid(
             detail="the statement must be an INSERT, UPDATE or DELETE (after its WITH list, if"
@@ -249,11 +250,19 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
     if sql.JOINED_OUTBOX_ID in columns:
         raise JoinedStatementInvalid(detail=f"a returned column is named {sql.JOINED_OUTBOX_ID}")
     composed = sql.enqueue_joined(main, n, ctes)
-    await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
+    joined = await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
+    if _shape(joined)[:-1] != _shape(domain) or len(joined.get_parameters()) != n + 10:
+        # Read wrong where its WITH list ends: the joined statement would not be this one.
+        raise JoinedStatementInvalid(detail="its WITH list could not be told from the rest")
     if len(_JOINED) >= _JOINED_MAX:
         _JOINED.pop(next(iter(_JOINED)))
     _JOINED[(statement, n)] = composed
     return composed
+
+
+def _shape(prepared: Any) -> list[tuple[str, int]]:
+    """What a prepared statement returns: each column's name and type."""
+    return [(a.name, a.type.oid) for a in prepared.get_attributes()]
 
 
 async def _prepare_or_refuse(tx: Tx, query: str, what: str) -> Any:

@@ -158,6 +158,7 @@ class Relay:
         # by this process's clock (a little later than the database's: the safe side).
         self._promised: Any = None
         self._awake_until = float("-inf")
+        self._promise_refused: BaseException | None = None  # then it promises no more
         self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
@@ -262,7 +263,7 @@ class Relay:
                 if awake and not self._polling:  # promised: one loop polls, the others woken
                     self._polling += 1
                     try:
-                        await self._sleep(self.config.linger_s or AWAKE_POLL_S)
+                        await self._sleep(self._awake_poll_s)
                     finally:
                         self._polling -= 1
                     continue
@@ -275,12 +276,33 @@ class Relay:
         if self._stopping:
             await self._withdraw(conn)
 
+    @property
+    def _awake_poll_s(self) -> float:
+        """How often a loop polls while awake: every linger, never less often than idle."""
+        return min(self.config.linger_s or AWAKE_POLL_S, self.config.poll_s)
+
     async def _promise(self, conn: asyncpg.Connection) -> None:
-        """Promise (again) to poll for ``awake_s``, once less than half of it is left."""
+        """Promise (again) to poll for ``awake_s``, once less than half of it is left. A
+        refusal (a role without its grant) ends the promises, not the relay: enqueues go on
+        notifying."""
         awake_s = self.config.awake_s
-        if not awake_s or self._awake_until - anyio.current_time() > awake_s / 2:
+        left_s = self._awake_until - anyio.current_time()
+        if not awake_s or self._promise_refused is not None or left_s > awake_s / 2:
             return
-        row = await conn.fetchrow(sql.PROMISE_AWAKE, awake_s)
+        try:
+            row = await conn.fetchrow(sql.PROMISE_AWAKE, awake_s)
+        except DB_CONNECTION_LOST:
+            raise
+        except asyncpg.PostgresError as exc:
+            self._promise_refused = exc
+            log.error(
+                "relay: cannot promise to poll (%s: %s); enqueues keep notifying and this"
+                " relay tries no more until it restarts. Grant UPDATE (until) ON relay.awake"
+                " to the relay's role, or set ACCORD_RELAY_AWAKE_S=0",
+                type(exc).__name__,
+                exc,
+            )
+            return
         self._promised = row["until"]
         self._awake_until = anyio.current_time() + row["remaining_s"]
         self.stats.promises += 1

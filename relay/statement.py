@@ -2,11 +2,13 @@
 list (hoisted in front of the joined statement's, since a data-modifying CTE may stand only
 at the top level) and the statement after it.
 
-Only the lexical rules that decide where a top-level word can be are followed: comments
-(``--`` and nested ``/* */``), quoted strings (``'…'``, ``E'…'`` with backslash escapes),
-quoted identifiers and dollar quotes, and parentheses. PostgreSQL judges the rest when the
-statement and the joined statement are prepared (relay.outbox._joined); a split in the wrong
-place cannot prepare.
+Only the lexical rules that decide where a top-level word can be are followed, as
+PostgreSQL's scanner (src/backend/parser/scan.l) states them: its whitespace, comments
+(``--`` and nested ``/* */``), quoted strings (``'…'``, with backslash escapes in ``E'…'``
+and, when the session's ``standard_conforming_strings`` is off, in ``'…'`` too; a string
+continued on a later line), quoted identifiers, dollar quotes and parentheses. PostgreSQL
+judges the rest when the statement and the joined statement are prepared, and
+relay.outbox._joined checks that the joined statement returns what the statement returns.
 """
 
 from __future__ import annotations
@@ -15,15 +17,23 @@ import re
 
 # The words that can begin the statement after a WITH list.
 _MAIN = frozenset({"insert", "update", "delete", "select", "values", "table", "merge"})
-_WORD = re.compile(r"[A-Za-z_\x80-\uffff][A-Za-z0-9_$\x80-\uffff]*")
-_DOLLAR = re.compile(r"\$([A-Za-z_\x80-\uffff][A-Za-z0-9_\x80-\uffff]*)?\$")
+_WORD = re.compile(r"[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*")
+_DOLLAR = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$")
+# scan.l's {space}: nothing else is whitespace (a no-break space is part of an identifier).
+_SPACE = frozenset(" \t\n\r\f\v")
+# After a string's closing quote, blanks with a newline among them, then a quote: the same
+# string goes on (scan.l's {quotecontinue}: `--` comments may stand among the blanks, never
+# a `/* */` one).
+_CONTINUE = re.compile(r"(?:[ \t\f]|--[^\n\r]*)*[\n\r](?:[ \t\n\r\f\v]+|--[^\n\r]*[\n\r])*'")
 
 
-def split_with(statement: str) -> tuple[str | None, str]:
+def split_with(statement: str, *, standard_strings: bool = True) -> tuple[str | None, str]:
     """``(ctes, main)``: what follows the statement's leading ``WITH`` up to its main
     statement (``RECURSIVE`` and every CTE, as written), and the main statement. ``(None,
     statement)`` for a statement that does not begin with WITH, or whose main statement
-    cannot be found (an unterminated string or comment, a WITH with nothing after it)."""
+    cannot be found (an unterminated string or comment, a WITH with nothing after it).
+    ``standard_strings``: the session's ``standard_conforming_strings`` (off: a backslash
+    escapes in every string)."""
     i = _skip_blank(statement, 0)
     word = _WORD.match(statement, i)
     if word is None or word.group().lower() != "with":
@@ -34,12 +44,12 @@ def split_with(statement: str) -> tuple[str | None, str]:
     n = len(statement)
     while i < n:
         c = statement[i]
-        if c.isspace():
+        if c in _SPACE:
             i += 1
         elif statement.startswith("--", i) or statement.startswith("/*", i):
             i = _skip_blank(statement, i)
         elif c == "'":
-            i = _skip_quoted(statement, i, "'", backslash=False)
+            i = _skip_string(statement, i, backslash=not standard_strings)
         elif c == '"':
             i = _skip_quoted(statement, i, '"', backslash=False)
         elif c == "$" and (dollar := _DOLLAR.match(statement, i)) is not None:
@@ -54,7 +64,7 @@ def split_with(statement: str) -> tuple[str | None, str]:
         elif (word := _WORD.match(statement, i)) is not None:
             text = word.group()
             if text in ("e", "E") and statement.startswith("'", word.end()):
-                i = _skip_quoted(statement, word.end(), "'", backslash=True)
+                i = _skip_string(statement, word.end(), backslash=True)
             elif depth == 0 and text.lower() in _MAIN:
                 return statement[start:i], statement[i:]
             else:
@@ -69,7 +79,7 @@ def _skip_blank(s: str, i: int) -> int:
     PostgreSQL); the end of ``s`` for an unterminated comment."""
     n = len(s)
     while i < n:
-        if s[i].isspace():
+        if s[i] in _SPACE:
             i += 1
         elif s.startswith("--", i):
             end = s.find("\n", i)
@@ -85,6 +95,15 @@ def _skip_blank(s: str, i: int) -> int:
                     i += 1
         else:
             break
+    return i
+
+
+def _skip_string(s: str, i: int, *, backslash: bool) -> int:
+    """The index after the string constant opening at ``i``, with its continuations on later
+    lines (each read with the same escapes)."""
+    i = _skip_quoted(s, i, "'", backslash=backslash)
+    while (more := _CONTINUE.match(s, i)) is not None:
+        i = _skip_quoted(s, more.end() - 1, "'", backslash=backslash)
     return i
 
 

@@ -43,3 +43,37 @@ def test_the_with_list_ends_where_the_main_statement_begins(ctes: str) -> None:
 )
 def test_no_with_list_or_no_main_statement_leaves_the_statement_whole(statement: str) -> None:
     assert split_with(statement) == (None, statement)
+
+
+def test_a_string_continued_on_a_later_line_keeps_its_escapes() -> None:
+    """scan.l's quote continuation: ``E'x'`` then a newline then ``'\\''`` is one E-string,
+    so the ``')`` in the comment after it is a comment, not the end of the CTE. Found by a
+    review: read as a plain string, the split fell inside the comment."""
+    ctes = " x AS (SELECT E'x'\n'\\'') -- ') UPDATE t SET a = 1 RETURNING a, $q$\n"
+    main = "UPDATE t SET a = 2 RETURNING a -- $q$"
+    assert split_with(f"WITH{ctes}{main}") == (ctes, main)
+    # control: with no newline between them they are two tokens (PostgreSQL refuses that)
+    assert split_with("WITH x AS (SELECT 'a' 'b') " + MAIN) == (" x AS (SELECT 'a' 'b') ", MAIN)
+    # `--` comments among the blanks still continue it (checked on PostgreSQL 15), a
+    # `/* */` one does not
+    for between in (
+        " x AS (SELECT E'a' -- note\n  '\\' ) delete') ",
+        " x AS (SELECT E'a'\n-- note\n'\\' ) delete') ",
+    ):
+        assert split_with(f"WITH{between}{MAIN}") == (between, MAIN)
+    assert split_with(f"WITH x AS (SELECT 'a' /* c */\n 'b') {MAIN}")[1] == MAIN
+
+
+def test_backslashes_escape_in_plain_strings_when_the_session_says_so() -> None:
+    ctes = " x AS (SELECT 'it\\' ) update') "
+    assert split_with(f"WITH{ctes}{MAIN}", standard_strings=False) == (ctes, MAIN)
+    # control: standard strings (the default since PostgreSQL 9.1): the backslash is a
+    # character, the quote after it ends the string, and the word after that is read
+    assert split_with(f"WITH{ctes}{MAIN}")[1] != MAIN
+
+
+def test_only_postgresqls_whitespace_is_blank() -> None:
+    """A no-break space is part of an identifier to PostgreSQL, so ``$q$`` after it is no
+    dollar quote; the split must not open one."""
+    ctes = " x AS (SELECT 1 AS a\u00a0$q$) "
+    assert split_with(f"WITH{ctes}{MAIN}") == (ctes, MAIN)

@@ -7,6 +7,7 @@ import pytest
 from accord.relay import Relay, RelayConfig
 from accord.relay.errors import Nacked
 from accord.relay.outbox import OutboxRow, OutboxState
+from accord.relay.relay import AWAKE_POLL_S
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Event
 
@@ -48,3 +49,11 @@ def test_an_awake_promise_is_off_or_at_most_a_minute(value: float) -> None:
     assert RelayConfig(**base, awake_s=60).awake_s == 60
     with pytest.raises(ConfigError):
         RelayConfig(**base, awake_s=value)
+
+
+def test_an_awake_relay_polls_every_linger_and_never_less_often_than_idle() -> None:
+    base = {"pg_dsn": "postgresql://x/y", "amqp_url": "amqp://x/", "exchange": "e"}
+    assert Relay(RelayConfig(**base))._awake_poll_s == 0.01  # the linger
+    assert Relay(RelayConfig(**base, linger_s=0))._awake_poll_s == AWAKE_POLL_S
+    slow = RelayConfig(**base, linger_s=5.0, poll_s=1.0)
+    assert Relay(slow)._awake_poll_s == 1.0  # a linger longer than the poll: the poll

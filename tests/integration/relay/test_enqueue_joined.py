@@ -173,3 +173,59 @@ async def test_a_statement_with_its_own_with_list_is_joined_whole(pg: asyncpg.Co
     assert len(await outbox(pg)) == 2
     notes = await pg.fetch("SELECT ref, n FROM notes ORDER BY id")
     assert [tuple(r) for r in notes] == [("update ( delete ) ' select", 7)] * 2
+
+
+# Found by a review: read as a plain string, the continued E-string's escaped quote ended
+# the string early, and the split fell in the comment after it; the joined statement then
+# prepared and ran the comment's UPDATE (a = 1) instead of the statement's (a = 2).
+TRICKY = (
+    "WITH x AS (SELECT E'x'\n'\\'') -- ') UPDATE t SET a = 1 RETURNING a, $q$\n"
+    "UPDATE t SET a = 2 RETURNING a -- $q$"
+)
+
+
+@pytest.mark.parametrize("standard", ["on", "off"])
+async def test_the_joined_statement_does_what_the_statement_does_alone(
+    pg: asyncpg.Connection, standard: str
+) -> None:
+    """Run alone (control), then joined: the same write and the same rows, whatever the
+    session's standard_conforming_strings (off: a backslash escapes in every string)."""
+    await pg.execute("CREATE TABLE t (a int)")
+    tricky = TRICKY
+    if standard == "off":  # the same statement, spelled for a session without them
+        tricky = TRICKY.replace("E'x'\n'\\''", "'x'\n'\\''")
+    async with pg.transaction():
+        await pg.execute(f"SET LOCAL standard_conforming_strings = {standard}")
+        await pg.execute("INSERT INTO t VALUES (0)")
+        alone = [dict(r) for r in await pg.fetch(tricky)]
+        assert alone == [{"a": 2}]
+        await pg.execute("UPDATE t SET a = 0")
+        done = await enqueue_joined(pg, tricky, event=make_event(1), catalog=DEMO_CATALOG)
+        assert done.rows == alone and done.outbox_id is not None
+        assert await pg.fetchval("SELECT a FROM t") == 2
+
+
+async def test_a_split_read_wrong_is_refused_not_joined(
+    pg: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second guard, should the reading of where a WITH list ends ever be wrong: the
+    joined statement must return what the statement returns alone. Here the split that an
+    earlier reading made of TRICKY (it prepares, and returns a column more): refused, nothing
+    written. Control: the right split is joined."""
+    from accord.relay import outbox as outbox_module
+
+    await pg.execute("CREATE TABLE t (a int)")
+    await pg.execute("INSERT INTO t VALUES (0)")
+    wrong = (
+        TRICKY[4 : TRICKY.index("UPDATE t SET a = 1")],
+        TRICKY[TRICKY.index("UPDATE t SET a = 1") :],
+    )
+    monkeypatch.setattr(outbox_module, "_JOINED", {})  # not the right split, checked before
+    monkeypatch.setattr(outbox_module, "split_with", lambda statement, **_: wrong)
+    async with pg.transaction():
+        with pytest.raises(JoinedStatementInvalid, match="WITH list could not be told"):
+            await enqueue_joined(pg, TRICKY, event=make_event(1), catalog=DEMO_CATALOG)
+        monkeypatch.undo()
+        done = await enqueue_joined(pg, TRICKY, event=make_event(2), catalog=DEMO_CATALOG)
+        assert done.rows == [{"a": 2}] and done.outbox_id is not None
+    assert len(await outbox(pg)) == 1

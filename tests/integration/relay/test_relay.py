@@ -567,6 +567,38 @@ async def test_a_busy_relay_promises_to_poll_keeps_it_and_withdraws_it_at_its_st
 
 
 @pytest.mark.timeout(60)
+async def test_a_relay_whose_role_cannot_promise_publishes_everything_and_says_why(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The promise is an optimisation: a role without its grant (this database's relay
+    role, its UPDATE on relay.awake taken back here) gets an error logged once, naming the
+    grant, and the relay publishes on, by NOTIFY and poll. Control: the same batches under
+    the granted role promise."""
+    batches = [[helpers.make_event(100 * b + n) for n in range(10)] for b in range(4)]
+    for granted, pair in ((True, batches[:2]), (False, batches[2:])):
+        if not granted:
+            await pg.execute("REVOKE UPDATE (until) ON relay.awake FROM accord_relay")
+        relay = Relay(helpers.config(pg_dsn, amqp_url, topo, pg_role="accord_relay"))
+        caplog.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            for batch in pair:
+                await helpers.enqueue_committed_together(pg_dsn, batch)
+                done = 10 * (batches.index(batch) + 1)
+                await helpers.wait_until_settled(pg_dsn, expect_published=done, within_s=10)
+            relay.stop()
+        refusals = [r for r in caplog.records if "cannot promise to poll" in r.getMessage()]
+        if granted:
+            assert relay.stats.promises >= 1 and not refusals
+        else:
+            assert relay.stats.promises == 0 and relay.stats.published == 20
+            assert len(refusals) == 1 and "GRANT" in refusals[0].getMessage().upper()
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(e.event_id) for batch in batches for e in batch}
+
+
+@pytest.mark.timeout(60)
 async def test_a_promise_no_relay_keeps_delays_an_event_by_one_poll_and_loses_nothing(
     pg_dsn: str, amqp_url: str, topo: Topology
 ) -> None:
