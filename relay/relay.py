@@ -303,7 +303,7 @@ class Relay:
                 exc,
             )
             return
-        self._promised = row["until"]
+        self._promised = row["until"] if row["own"] else None  # never withdraw another's
         self._awake_until = anyio.current_time() + row["remaining_s"]
         self.stats.promises += 1
 

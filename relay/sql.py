@@ -177,13 +177,14 @@ PREVIOUS_REASONS = (
 PRUNE_RELEASE_AUDIT = "SELECT relay.prune_release_audit($1, $2)"
 
 # A relay's promise to poll the outbox for $1 s more (relay.awake, migration 0030): never
-# shortens another relay's. Returns the promise now in force and how long it has to run,
-# by the database clock.
+# shortens another relay's. Returns the promise now in force, how long it has to run (by
+# the database clock) and whether it is this one (not another relay's longer one).
 PROMISE_AWAKE = """
 UPDATE relay.awake SET until = GREATEST(until, now() + make_interval(secs => $1))
-RETURNING until, EXTRACT(epoch FROM until - now())::float8 AS remaining_s
+RETURNING until, EXTRACT(epoch FROM until - now())::float8 AS remaining_s,
+          until = now() + make_interval(secs => $1) AS own
 """
 
-# A relay stopping cleanly takes back its promise ($1, as PROMISE_AWAKE returned it) unless
-# another relay has promised longer since.
+# A relay stopping cleanly takes back its own promise ($1, as PROMISE_AWAKE returned it)
+# unless another relay has promised longer since.
 WITHDRAW_AWAKE = "UPDATE relay.awake SET until = LEAST(until, now()) WHERE until = $1"

@@ -599,6 +599,22 @@ async def test_a_relay_whose_role_cannot_promise_publishes_everything_and_says_w
 
 
 @pytest.mark.timeout(60)
+async def test_a_relay_stopping_leaves_another_relays_longer_promise(
+    pg_dsn: str, amqp_url: str, topo: Topology
+) -> None:
+    """Another relay promised for a minute (written by hand); this one, busy, promises for
+    a second, which does not shorten it, and at its stop leaves it in force. (The control,
+    a relay taking back its own promise, is the busy relay's test above.)"""
+    await helpers.pg_value(pg_dsn, "UPDATE relay.awake SET until = now() + interval '60 s'")
+    longer = await helpers.pg_value(pg_dsn, "SELECT until FROM relay.awake")
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, awake_s=1.0))
+    await helpers.enqueue_committed_together(pg_dsn, [helpers.make_event(n) for n in range(10)])
+    await helpers.run_until_settled([relay], pg_dsn, 10, within_s=20)
+    assert relay.stats.promises == 1
+    assert await helpers.pg_value(pg_dsn, "SELECT until FROM relay.awake") == longer
+
+
+@pytest.mark.timeout(60)
 async def test_a_promise_no_relay_keeps_delays_an_event_by_one_poll_and_loses_nothing(
     pg_dsn: str, amqp_url: str, topo: Topology
 ) -> None:
