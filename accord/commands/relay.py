@@ -202,10 +202,11 @@ async def _main(settings: Settings, app: App) -> int:
         tg.cancel_scope.cancel()
     stats = relay.stats
     log.info(
-        "relay stopped: published=%d held=%d claims=%d cycles=%d",
+        "relay stopped: published=%d held=%d claims=%d cycles=%d awake_promises=%d",
         stats.published,
         stats.held,
         stats.claims,
         stats.cycles,
+        stats.promises,
     )
     return 0
