@@ -42,9 +42,11 @@ PublisherFactory = Callable[[], AbstractAsyncContextManager[Publisher]]
 
 # The longest awake promise a relay may make: while one runs, producers do not NOTIFY.
 MAX_AWAKE_S = 60.0
-# A claim of at least this many rows: events come faster than one per linger, so polling
-# every linger costs no more claims than the wake-ups would, and each saves a NOTIFY.
-AWAKE_MIN_ROWS = 2
+# A claim of at least this many rows: events come several times faster than one per
+# linger, where polling every linger costs fewer claims than the wake-ups would and every
+# NOTIFY saved is a producer's commit no longer serialized. (At two, one event per linger,
+# promised relays left the machine less busy in the pipeline: docs/bench-log.md.)
+AWAKE_MIN_ROWS = 8
 # How often a loop polls while awake when linger_s is 0.
 AWAKE_POLL_S = 0.005
 
@@ -65,7 +67,7 @@ class RelayConfig:
     # meanwhile share the claim, the pipelined publish and the settle (Kafka's linger.ms).
     # Each event waits at most this long more; a busy relay never lingers. 0: claim at once.
     linger_s: float = 0.01
-    # While this relay finds events at a sustained rate (a claim of two or more), it promises
+    # While this relay finds events at a sustained rate (a claim of eight or more), it promises
     # (relay.awake) to poll every linger for this long, renewed at half of it, and enqueues
     # meanwhile skip their NOTIFY, which caps producers' commit rate. 0: never promise.
     awake_s: float = 2.0

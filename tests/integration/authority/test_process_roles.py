@@ -22,6 +22,7 @@ from accord.demo import app as demo_app
 from accord.demo import demo_topology
 from accord.jobs import EffectState, JobState, Store, repair_sql, sql
 from accord.relay import Relay
+from accord.relay import sql as relay_sql
 from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.conftest import BrokerNames
@@ -104,8 +105,10 @@ async def test_the_relay_publishes_holds_and_prunes_but_cannot_touch_jobs_or_the
     relay = Relay(config)
     await helpers.run_until_settled([relay], pg_dsn, expect=4, within_s=30)
     assert relay.stats.published == 4 and relay.stats.held == 1
-    # its claim of five promised to poll (relay.awake), and its stop took the promise back
-    assert relay.stats.promises == 1
+    # it may promise to poll (relay.awake) and take its promise back, and nothing more there
+    promise = await relay_conn.fetchrow(relay_sql.PROMISE_AWAKE, 1.0)
+    assert promise["own"] and await pg.fetchval("SELECT until > now() FROM relay.awake")
+    await relay_conn.execute(relay_sql.WITHDRAW_AWAKE, promise["until"])
     assert await pg.fetchval("SELECT until <= now() FROM relay.awake")
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == {str(e.event_id) for e in events}
@@ -143,6 +146,7 @@ async def test_the_relay_publishes_holds_and_prunes_but_cannot_touch_jobs_or_the
             # its own table: it settles rows, it never rewrites or injects an event
             ("UPDATE relay.outbox SET body = ''::bytea", ()),
             ("UPDATE relay.outbox SET tenant = 'other'", ()),
+            ("UPDATE relay.awake SET one = false", ()),  # only its promise's end
         ],
     )
     with pytest.raises(DENIED):
