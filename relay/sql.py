@@ -124,7 +124,9 @@ SELECT count(*) FILTER (WHERE state = 'pending')::bigint AS pending,
        count(*) FILTER (WHERE state = 'held')::bigint AS held,
        COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')),
                 0)::float8 AS lag_s,
-       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts
+       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts,
+       (SELECT CASE WHEN until > now() THEN EXTRACT(EPOCH FROM until - now()) ELSE 0 END
+        FROM relay.awake)::float8 AS awake_s
 FROM relay.outbox
 WHERE state IN ('pending', 'held')
 """

@@ -206,16 +206,18 @@ class WorkflowClass:
 
 @dataclass(frozen=True, slots=True)
 class RelayFigures:
-    """The outbox: unpublished rows, held rows, relay lag (oldest unpublished age)."""
+    """The outbox: unpublished rows, held rows, relay lag (oldest unpublished age), and how
+    long a relay's promise to poll still runs (0: none; enqueues skip NOTIFY meanwhile)."""
 
     pending: int
     held: int
     lag_s: float
     pending_attempts: int
+    awake_s: float
 
     @classmethod
     def from_record(cls, r: Record) -> RelayFigures:
-        return cls(r["pending"], r["held"], r["lag_s"], r["pending_attempts"])
+        return cls(r["pending"], r["held"], r["lag_s"], r["pending_attempts"], r["awake_s"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,7 @@ def to_json(report: StatusReport) -> dict[str, Any]:
             "relay_lag_s": _plain(report.relay.lag_s),
             "relay_pending": report.relay.pending,
             "relay_held": report.relay.held,
+            "relay_awake_s": _plain(report.relay.awake_s),
             "inbox_conflicts": report.inbox_conflicts,
             "poison_messages": report.poison_messages,
             "escalated_effects": report.escalated_effects,
@@ -219,8 +220,9 @@ def render_table(report: StatusReport) -> str:
          for w in r.workflows],
     )  # fmt: skip
     lines += _table(
-        "relay", ["pending", "held", "lag_s", "pending_attempts"],
-        [(r.relay.pending, r.relay.held, r.relay.lag_s, r.relay.pending_attempts)],
+        "relay", ["pending", "held", "lag_s", "pending_attempts", "awake_s"],
+        [(r.relay.pending, r.relay.held, r.relay.lag_s, r.relay.pending_attempts,
+          r.relay.awake_s)],
     )  # fmt: skip
     lines += _table(
         "held outbox rows", ["reason", "rows", "oldest_s"],

@@ -150,8 +150,21 @@ async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
     assert report.jobs == report.waiting == report.effects == report.poison == ()
     assert report.miscounted == report.key_mismatches == ()
     assert (report.relay.pending, report.relay.held, report.relay.lag_s) == (0, 0, 0.0)
+    assert report.relay.awake_s == 0.0  # no relay promised to poll
     assert to_json(report)["totals"]["queued"] == 0
     assert "jobs: none" in render_table(report)
+
+
+async def test_status_says_how_long_a_relays_promise_to_poll_runs(pool: asyncpg.Pool) -> None:
+    """While a relay promises to poll (relay.awake), enqueues skip their NOTIFY: status and
+    /metrics say for how long more. Control: a promise that ran out reads 0."""
+    await pool.execute("UPDATE relay.awake SET until = now() - interval '1 s'")
+    assert (await snapshot(pool)).relay.awake_s == 0.0
+    await pool.execute("UPDATE relay.awake SET until = now() + interval '30 s'")
+    report = await snapshot(pool)
+    assert 25 < report.relay.awake_s <= 30
+    assert to_json(report)["totals"]["relay_awake_s"] == round(report.relay.awake_s, 3)
+    assert "awake_s" in render_table(report)
 
 
 def _stable(data: Any) -> Any:
@@ -233,6 +246,7 @@ async def test_metrics_endpoint_agrees(pg_dsn: str, pool: asyncpg.Pool, seeded: 
     assert samples[("accord_relay_pending", ())] == seeded.relay_pending
     assert samples[("accord_relay_held", ())] == seeded.relay_held
     assert samples[("accord_relay_lag_seconds", ())] > 0
+    assert samples[("accord_relay_awake_seconds", ())] == 0  # no relay promised to poll
     assert samples[("accord_inbox_conflicts", ())] == 1
     assert by(samples, "accord_poison_messages", "consumer", "reason") == seeded.poison
     assert by(samples, "accord_replay_refusals_total", "workflow", "reason") == seeded.refusals
