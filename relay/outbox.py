@@ -240,7 +240,7 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
             " it has one)"
         )
     domain = await _prepare_or_refuse(tx, statement, "the statement")
-    params, columns = len(domain.get_parameters()), [a.name for a in domain.get_attributes()]
+    params, columns = len(domain.get_parameters()), [name for name, _ in _shape(domain)]
     if params != n:
         raise JoinedStatementInvalid(
             detail=f"the statement takes {params} parameters ($1..${params}); {n} were given"
@@ -251,7 +251,10 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
         raise JoinedStatementInvalid(detail=f"a returned column is named {sql.JOINED_OUTBOX_ID}")
     composed = sql.enqueue_joined(main, n, ctes)
     joined = await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
-    if _shape(joined)[:-1] != _shape(domain) or len(joined.get_parameters()) != n + 10:
+    if (
+        _shape(joined)[:-1] != _shape(domain)
+        or len(joined.get_parameters()) != n + sql.OUTBOX_PARAMS
+    ):
         # Read wrong where its WITH list ends: the joined statement would not be this one.
         raise JoinedStatementInvalid(detail="its WITH list could not be told from the rest")
     if len(_JOINED) >= _JOINED_MAX:

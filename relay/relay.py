@@ -160,7 +160,7 @@ class Relay:
         # by this process's clock (a little later than the database's: the safe side).
         self._promised: Any = None
         self._awake_until = float("-inf")
-        self._promise_refused: BaseException | None = None  # then it promises no more
+        self._promise_refused = False  # then it promises no more (logged once)
         self._run_scope: anyio.CancelScope | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
@@ -289,14 +289,14 @@ class Relay:
         notifying."""
         awake_s = self.config.awake_s
         left_s = self._awake_until - anyio.current_time()
-        if not awake_s or self._promise_refused is not None or left_s > awake_s / 2:
+        if not awake_s or self._promise_refused or left_s > awake_s / 2:
             return
         try:
             row = await conn.fetchrow(sql.PROMISE_AWAKE, awake_s)
         except DB_CONNECTION_LOST:
             raise
         except asyncpg.PostgresError as exc:
-            self._promise_refused = exc
+            self._promise_refused = True
             log.error(
                 "relay: cannot promise to poll (%s: %s); enqueues keep notifying and this"
                 " relay tries no more until it restarts. Grant UPDATE (until) ON relay.awake"

@@ -30,6 +30,8 @@ RETURNING id, {WAKE}
 
 #: The column the joined enqueue adds to the domain statement's rows: the outbox row id.
 JOINED_OUTBOX_ID = "accord_outbox_id"
+#: ENQUEUE's parameters, which the joined statement takes after the domain statement's.
+OUTBOX_PARAMS = 10
 
 
 def enqueue_joined(domain: str, n: int, ctes: str | None = None) -> str:
@@ -40,7 +42,7 @@ def enqueue_joined(domain: str, n: int, ctes: str | None = None) -> str:
     outbox id. ``ctes``: the domain statement's own WITH list (what followed its WITH), put
     first, since a data-modifying CTE may stand only at the top level; ``domain`` is then
     the statement after it."""
-    p = [f"${n + i}" for i in range(1, 11)]
+    p = [f"${n + i}" for i in range(1, OUTBOX_PARAMS + 1)]
     head = "WITH " if ctes is None else f"WITH {ctes}\n, "
     return (  # the domain on lines of its own: a comment ending it ends with its line
         f"{head}accord_domain AS (\n{domain}\n), accord_outbox AS ("  # noqa: S608 - parameter numbers
