@@ -59,12 +59,16 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 def make_dirs(directory: str | os.PathLike[str]) -> None:
     """Create ``directory`` and any missing parents, each durably: a new directory's entry
     lives in its parent, so each parent is fsynced after the entry is made, from the top
-    down. A directory that already exists costs no fsync."""
+    down. The deepest level that already exists has its parent fsynced too: a process that
+    crashed between that level's mkdir and the fsync left an entry only a later fsync
+    commits (creating top down, no level above it can be in that state). One fsync when
+    nothing is missing: a start's cost."""
     path = Path(directory)
     missing: list[Path] = []
     while not path.is_dir():
         missing.append(path)
         path = path.parent
+    fsync_dir(path.parent)
     for new in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
             new.mkdir()

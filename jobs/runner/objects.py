@@ -96,6 +96,7 @@ class LocalDirStore:
         # Unnamed files need O_TMPFILE and /proc to link them; else, or once the file system
         # refuses O_TMPFILE, a named temporary file.
         self._tmpfile = _O_TMPFILE != 0 and os.path.isdir("/proc/self/fd")
+        self._root_synced = False
 
     def _path(self, key: str) -> Path:
         check_key(key)
@@ -106,6 +107,8 @@ class LocalDirStore:
         final = self._path(key)
         if self._stored(final, data):
             return key
+        if not self._root_synced:
+            self._sync_root()
         try:
             fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
@@ -193,6 +196,15 @@ class LocalDirStore:
             temp = f".{name}.{uuid.uuid4().hex}.tmp"
             os.link(f"/proc/self/fd/{fd}", temp, dst_dir_fd=fan, follow_symlinks=True)
         os.rename(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
+
+    def _sync_root(self) -> None:
+        """Before this store's first write: the root exists with a durable entry, and so do
+        the fan directories in it. A process that crashed between a fan's mkdir and the root's
+        fsync left a fan that later puts would write into (it opens) with its entry never
+        committed, and a power cut would then take the fan with every object in it."""
+        make_dirs(self.root)
+        fsync_dir(self.root)
+        self._root_synced = True
 
     def _ensure_dir(self, fan: Path) -> None:
         if not fan.is_dir():

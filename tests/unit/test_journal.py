@@ -780,13 +780,48 @@ def test_make_dirs_fsyncs_each_new_directorys_parent_top_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced = _dir_fsyncs(monkeypatch)
-    (tmp_path / "a").mkdir()  # exists already: nothing of it to commit
+    (tmp_path / "a").mkdir()  # exists already: its own entry committed again, once
     journal.make_dirs(tmp_path / "a" / "b" / "c")
     assert (tmp_path / "a" / "b" / "c").is_dir()
-    assert synced == [tmp_path / "a", tmp_path / "a" / "b"]
+    assert synced == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
     synced.clear()
-    journal.make_dirs(tmp_path / "a" / "b" / "c")  # control: nothing new, no fsync
-    assert synced == []
+    journal.make_dirs(tmp_path / "a" / "b" / "c")  # nothing new: one fsync, c's entry
+    assert synced == [tmp_path / "a" / "b"]
+
+
+def test_make_dirs_commits_a_directory_a_crashed_start_made_and_never_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that crashed between its mkdir and the parent's fsync left the directory with
+    an entry nothing committed; the next start's make_dirs finds it existing and still
+    fsyncs its parent (the old make_dirs took an existing directory as durable)."""
+    (tmp_path / "journals").mkdir()  # the crashed start's mkdir, no fsync after it
+    synced = _dir_fsyncs(monkeypatch)
+    journal.make_dirs(tmp_path / "journals")
+    assert synced == [tmp_path]
+
+
+def test_an_object_store_commits_fans_a_crashed_process_left_before_its_first_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that crashed between a fan directory's mkdir and the root's fsync left the
+    fan; the next process's puts open it (it exists) and fsync only the fan, so the fan's
+    own entry in the root needs the root fsynced once before the store's first write. The
+    old store never did: a power cut then took the fan with the objects in it."""
+    from accord.jobs.runner.objects import LocalDirStore, key_for
+
+    root = tmp_path / "objects"
+    fan = root / key_for(b"x")[7:9]
+    fan.mkdir(parents=True)  # the crashed process's mkdirs, no fsync after them
+    synced = _dir_fsyncs(monkeypatch)
+    store = LocalDirStore(root)
+    store.put(b"x")
+    assert root in synced and tmp_path in synced  # the fan's entry and the root's
+    assert synced.index(root) < synced.index(fan)  # before the object's name is committed
+    synced.clear()
+    same_fan = next(d for i in range(10_000) if key_for(d := b"y%d" % i)[7:9] == fan.name)
+    store.put(same_fan)  # control: once per store, not per put
+    assert synced == [fan]
 
 
 @pytest.mark.parametrize("opener", ["runner journal", "authority ledger", "object store"])
