@@ -3,7 +3,8 @@
 Every subcommand (and every repair operation) takes ``--app MODULE:ATTRIBUTE`` (default
 ``ACCORD_APP``): the application whose declarations it runs. Errors accord can name (a
 missing or invalid application, settings that cannot work, a schema behind the code) end
-the command with one line on stderr and exit status 2.
+the command with one line on stderr and exit status 2, as does a PostgreSQL session lost
+where nothing reconnects (ConnectionLost).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from accord import logs
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
 from accord.schemas import db
-from accord.schemas.errors import AccordError
+from accord.schemas.errors import AccordError, ConnectionLost
 from accord.schemas.settings import Settings, load_settings
 
 
@@ -60,9 +61,14 @@ def _settings() -> Settings:
 
 def _accord_error(exc: BaseException) -> AccordError | None:
     """The AccordError a failure comes down to: itself, or the first in a task group's
-    exception group whose other members are only the cancellations it caused."""
+    exception group whose other members are only the cancellations it caused. A PostgreSQL
+    session that ended under a call no loop retries (a process's start, before its loops
+    reconnect on their own) is ConnectionLost: one line, exit 2, and the supervisor starts
+    the process again, as after any failed start."""
     if isinstance(exc, AccordError):
         return exc
+    if isinstance(exc, db.DB_SESSION_ENDED):
+        return ConnectionLost(service="postgresql", error=type(exc).__name__)
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             found = _accord_error(inner)

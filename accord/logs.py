@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 from opentelemetry import trace
 
-#: ``log.info("relay ready: ...", extra=READY)``: the process serves (also sent to stdout).
+#: The ready line's marker (``accord.runtime.ready`` logs with it): the process serves (also
+#: sent to stdout).
 READY: dict[str, str] = {"event": "ready"}
 
 # Extras that would carry content rather than identifiers: never written.

@@ -150,6 +150,9 @@ def _age_s(since: datetime | None) -> float | None:
 
 
 _measuring = False
+# Set once this process has started: what its start had to do (recovery, checks, the first
+# claim or consume) is done and it serves. /readyz says "starting" until then.
+_serving = threading.Event()
 
 
 def start_measuring() -> None:
@@ -160,6 +163,15 @@ def start_measuring() -> None:
 
 def measuring() -> bool:
     return _measuring
+
+
+def serving() -> None:
+    """This process has started and serves (the moment it logs its ready line)."""
+    _serving.set()
+
+
+def is_serving() -> bool:
+    return _serving.is_set()
 
 
 def beat(loop: str, within_s: float = 0.0) -> None:

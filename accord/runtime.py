@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from accord import observe, telemetry
+from accord import logs, observe, telemetry
 from accord.schemas.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,6 +38,13 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         except ImportError:
             return anyio.run(main, *args)
         return anyio.run(main, *args, backend_options={"use_uvloop": True})
+
+
+def ready(logger: logging.Logger, message: str, *args: object) -> None:
+    """The process has started and serves: its ready line (``event=ready``, also on stdout)
+    and, from now on, `/readyz` may say ready (before, it says ``startup: starting``)."""
+    observe.serving()
+    logger.info(message, *args, extra=logs.READY)
 
 
 class Stoppable(Protocol):

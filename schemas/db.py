@@ -234,10 +234,17 @@ async def ensure_database(dsn: str) -> bool:
 
 
 async def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
-    """Open a pool; errors mapped as :func:`connect` maps them."""
+    """Open a pool; errors mapped as :func:`connect` maps them, on every connection the pool
+    opens: its first ones and each that replaces a lost one (an acquire after the server went
+    away raises ServiceUnavailable, not the socket's error)."""
     kwargs.setdefault("command_timeout", DEFAULT_COMMAND_TIMEOUT_S)
     _named(dsn, kwargs)
-    with _mapped(dsn, kwargs):
-        pool = await asyncpg.create_pool(dsn, **kwargs)
+    settings = dict(kwargs)
+
+    async def connect_mapped(*args: Any, **pool_kwargs: Any) -> asyncpg.Connection:
+        with _mapped(dsn, settings):
+            return await asyncpg.connect(*args, **pool_kwargs)
+
+    pool = await asyncpg.create_pool(dsn, connect=connect_mapped, **kwargs)
     assert pool is not None
     return pool

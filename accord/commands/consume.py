@@ -11,7 +11,7 @@ import logging
 
 import anyio
 
-from accord import logs, runtime
+from accord import runtime
 from accord.app import App
 from accord.commands.common import check_retention, prefix, require_app
 from accord.consumers import ConsumerRuntime, RuntimeConfig
@@ -104,11 +104,11 @@ async def _main(settings: Settings, config: RuntimeConfig, app: App) -> int:
 
         async def announce() -> None:
             await consumer.consuming.wait()
-            log.info(
+            runtime.ready(
+                log,
                 "consumer ready: workflow=%s queue=%s",
                 config.workflow,
                 consumer.topology.queue(config.workflow),
-                extra=logs.READY,
             )
 
         tg.start_soon(announce)

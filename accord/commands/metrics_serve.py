@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from accord import logs, runtime
+from accord import runtime
 from accord.ops import checks, install_span_metrics, serving
 from accord.ops.health import Readiness
 from accord.schemas import migrate
@@ -42,6 +42,6 @@ async def _main(dsn: str, port: int, addr: str) -> int:
         install_span_metrics(server.messaging)
         # The ready line names the bound port; it also reaches stdout (accord.logs), so a
         # supervisor or test can find an ephemeral one there.
-        log.info("serving /metrics on http://%s:%d/metrics", addr, server.port, extra=logs.READY)
+        runtime.ready(log, "serving /metrics on http://%s:%d/metrics", addr, server.port)
         await runtime.wait_for_signal()
     return 0

@@ -197,7 +197,7 @@ async def _main(settings: Settings, app: App) -> int:
     relay = Relay(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(runtime.stop_on_signals, relay, "relay")
-        log.info("relay ready: exchange=%s", config.exchange)
+        runtime.ready(log, "relay ready: exchange=%s", config.exchange)
         await relay.run()
         tg.cancel_scope.cancel()
     stats = relay.stats

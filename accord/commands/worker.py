@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from accord import logs, runtime
+from accord import runtime
 from accord.app import App
 from accord.commands.common import check_retention, require_app
 from accord.commands.repair import ledger_from_settings
@@ -208,7 +208,8 @@ async def _run(
 
         tg.start_soon(runtime.stop_on_signals, worker, "worker")
         await tg.start(run_then_stop)
-        log.info(
+        runtime.ready(
+            log,
             "worker ready: workflow=%s owner=%s runner=%s concurrency=%d lease_s=%g"
             " unrecorded_effects=%d",
             options.workflow,
@@ -217,7 +218,6 @@ async def _run(
             options.config.concurrency,
             options.config.lease_s,
             len(worker.unrecorded),
-            extra=logs.READY,
         )
     stats, written = worker.stats, worker.journal.stats
     log.info(

@@ -6,11 +6,14 @@ the stuck loops. A loop waiting for outside work (an idle consumer lane) is not 
 A process whose loops are slow because a dependency is down stays live (restarting it
 would not help); that is what ``/readyz`` says.
 
-``/readyz``: the dependencies answer. A background thread runs the process's checks
-(PostgreSQL reachable and its schema current, RabbitMQ reachable, the workflow class
-registered, ...) every ``every_s`` with a deadline each, and caches the result, so a probe
-never waits on a dependency. 200 while the last round passed, else 503 with the failing
-checks and their typed reasons (exception type names, never messages).
+``/readyz``: the process has started and its dependencies answer. Until the process says it
+serves (``accord.observe.serving``, where it logs its ready line) it is 503 with ``startup:
+starting``, whatever the checks say: a worker still recovering its journal or checking its
+authority is not serving yet. A background thread runs the process's checks (PostgreSQL
+reachable and its schema current, RabbitMQ reachable, the workflow class registered, ...)
+every ``every_s`` with a deadline each, and caches the result, so a probe never waits on a
+dependency. 200 while the process serves and the last round passed, else 503 with the
+failing checks and their typed reasons (exception type names, never messages).
 
 Both bodies are one line of JSON.
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from accord.observe import LIVENESS, Liveness
+from accord.observe import LIVENESS, Liveness, is_serving
 from accord.schemas.errors import AccordError
 
 #: One named readiness check: returns when the dependency is fine, raises otherwise.
@@ -46,11 +49,13 @@ def reason_of(exc: BaseException) -> str:
 
 @dataclass
 class Readiness:
-    """The process's readiness checks, run every ``every_s`` on a thread of their own."""
+    """The process's readiness checks, run every ``every_s`` on a thread of their own, and
+    whether the process has started (``started``: the process-wide flag by default)."""
 
     checks: Sequence[Check]
     every_s: float = 2.0
     timeout_s: float = 3.0
+    started: Callable[[], bool] = is_serving
     _failing: dict[str, str] = field(default_factory=lambda: {"startup": "not_checked_yet"})
     # Rounds are numbered as they start; a round's result is kept unless one that started
     # later has already reported (two threads may run rounds: the loop's and a caller's).
@@ -61,9 +66,13 @@ class Readiness:
     _thread: threading.Thread | None = None
 
     def failing(self) -> dict[str, str]:
-        """The checks that failed in the last round (empty: ready)."""
+        """The checks that failed in the last round, and ``startup`` until the process has
+        started (empty: ready)."""
         with self._lock:
-            return dict(self._failing)
+            failing = dict(self._failing)
+        if not self.started():
+            failing.setdefault("startup", "starting")
+        return failing
 
     def check_once(self) -> dict[str, str]:
         """Run every check now (on this thread's own event loop); cache and return failures,

@@ -194,10 +194,12 @@ class ProcessCollector(Collector):
         )  # fmt: skip
         if self._readiness is not None:
             ready = GaugeMetricFamily(
-                "accord_ready", "1 when every readiness check passed", labels=["check"]
+                "accord_ready",
+                "1 when the readiness check passed (startup: the process has started)",
+                labels=["check"],
             )
             failing = self._readiness.failing()
-            for name, _ in self._readiness.checks:
+            for name in ["startup", *(name for name, _ in self._readiness.checks)]:
                 ready.add_metric([name], float(name not in failing))
             yield ready
 

@@ -1,10 +1,12 @@
 """/healthz and /readyz over HTTP, with loops and checks of the test's own: a loop that
 stops beating turns /healthz red naming it (after its promise and the grace), an idle
-one never does, an ended one is forgotten; /readyz says which check fails and why."""
+one never does, an ended one is forgotten; /readyz says which check fails and why, and that
+the process is still starting until it says it serves."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -102,7 +104,9 @@ def test_readyz_names_the_failing_check_and_metrics_still_serve() -> None:
     async def broker() -> None:
         pass
 
-    readiness = Readiness([("postgresql", database), ("rabbitmq", broker)], every_s=0.05)
+    readiness = Readiness(
+        [("postgresql", database), ("rabbitmq", broker)], every_s=0.05, started=lambda: True
+    )
     server = serve_metrics(0, dsn=None, readiness=readiness)
     try:
         readiness.check_once()
@@ -134,7 +138,7 @@ def test_a_round_that_started_earlier_never_overwrites_a_later_one() -> None:
             return
         raise ConnectionRefusedError("down")
 
-    readiness = Readiness([("postgresql", database)], timeout_s=10.0)
+    readiness = Readiness([("postgresql", database)], timeout_s=10.0, started=lambda: True)
     slow_saw: list[dict[str, str]] = []
     slow = threading.Thread(target=lambda: slow_saw.append(readiness.check_once()))
     slow.start()
@@ -145,3 +149,49 @@ def test_a_round_that_started_earlier_never_overwrites_a_later_one() -> None:
     slow.join(5)
     assert not slow.is_alive() and slow_saw == [{}]  # control: the slow round saw it up
     assert readiness.failing() == down  # and the later round's word stands
+
+
+def test_readyz_says_starting_until_the_process_serves() -> None:
+    """Every check passes, but the process has not said it serves (its start is still
+    recovering, checking authority, ...): /readyz is 503 naming ``startup`` alone and the
+    ``startup`` gauge is 0. Once it serves: 200, gauge 1 (the control)."""
+    started = threading.Event()
+
+    async def database() -> None:
+        pass
+
+    readiness = Readiness([("postgresql", database)], started=started.is_set)
+    server = serve_metrics(0, dsn=None, readiness=readiness)
+    try:
+        readiness.check_once()
+        assert get(server.port, "/readyz") == (
+            503,
+            {"status": "not_ready", "failing": {"startup": "starting"}},
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as response:
+            text = response.read().decode()
+        assert 'accord_ready{check="startup"} 0.0' in text
+        assert 'accord_ready{check="postgresql"} 1.0' in text
+        started.set()
+        assert get(server.port, "/readyz") == (200, {"status": "ready"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as response:
+            assert 'accord_ready{check="startup"} 1.0' in response.read().decode()
+    finally:
+        server.close()
+
+
+def test_the_process_wide_flag_is_what_a_ready_line_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runtime.ready`` (every long-running command's ready line) sets the flag a Readiness
+    reads by default: before it the default Readiness says starting, after it not."""
+    from accord import runtime
+
+    monkeypatch.setattr(observe, "_serving", threading.Event())  # this test's own process state
+
+    async def database() -> None:
+        pass
+
+    readiness = Readiness([("postgresql", database)])
+    readiness.check_once()
+    assert readiness.failing() == {"startup": "starting"}
+    runtime.ready(logging.getLogger("test"), "test ready")
+    assert readiness.failing() == {}

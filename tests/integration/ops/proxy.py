@@ -21,6 +21,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._up = True
         self._stalled = threading.Event()  # set: bytes are held, connections stay open
+        self._holding = 0  # pipes holding a chunk now
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
@@ -50,11 +51,20 @@ class Proxy:
             self._spawn(self._pipe, client, upstream)
             self._spawn(self._pipe, upstream, client)
 
+    def holding(self) -> bool:
+        """Whether bytes are being held now (stalled, and a client has sent some)."""
+        return self._holding > 0
+
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while chunk := source.recv(65536):
-                while self._stalled.is_set() and not self._closed:
-                    time.sleep(0.05)
+                if self._stalled.is_set():
+                    with self._lock:
+                        self._holding += 1
+                    while self._stalled.is_set() and not self._closed:
+                        time.sleep(0.05)
+                    with self._lock:
+                        self._holding -= 1
                 sink.sendall(chunk)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)

@@ -4,6 +4,7 @@ restored, it is 200 again. /healthz and /metrics answer on the same port through
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from accord.demo.job import DEFAULT_OWNER
+from accord.jobs.ledger import PgLedger
 from tests.integration.ops.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +37,11 @@ def get(port: int, path: str) -> tuple[int, dict[str, object]]:
             return exc.code, json.loads(exc.read())
 
 
-def until(port: int, path: str, code: int, within: float) -> tuple[float, dict[str, object]]:
+def until(
+    port: int, path: str, code: int, within: float, failing: set[str] | None = None
+) -> tuple[float, dict[str, object]]:
+    """Poll ``path`` until it answers ``code`` (and, given ``failing``, names exactly those
+    failing checks); returns how long that took and the body."""
     started = time.monotonic()
     last: tuple[int, dict[str, object]] = (0, {})
     while time.monotonic() - started < within:
@@ -43,7 +49,10 @@ def until(port: int, path: str, code: int, within: float) -> tuple[float, dict[s
             last = get(port, path)
         except OSError:
             last = (0, {})
-        if last[0] == code:
+        named = last[1].get("failing")
+        if last[0] == code and (
+            failing is None or (isinstance(named, dict) and set(named) == failing)
+        ):
             return time.monotonic() - started, last[1]
         time.sleep(0.2)
     raise AssertionError(f"{path} not {code} within {within}s: {last}")
@@ -112,6 +121,98 @@ def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) 
     assert records and len(records) == len(lines), lines[:5]  # every line is one JSON object
     assert any(r["message"].startswith("worker ready") and r.get("event") == "ready"
                for r in records)  # fmt: skip
+
+
+def _worker_env(pg_dsn: str, proxy: Proxy, tmp_path: Path, **extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    return {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
+            "ACCORD_PG_DSN": through(pg_dsn, proxy.port),
+            "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
+            "ACCORD_OBJECT_DIR": str(tmp_path / "objects"), **extra}  # fmt: skip
+
+
+def _register(env: dict[str, str]) -> None:
+    register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
+                "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
+    done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+WORKER = [sys.executable, "-m", "accord", "worker", "--workflow", "report", "--poll-s", "0.2"]
+
+
+def test_readyz_waits_for_the_start_to_finish(
+    pg_dsn: str, empty_pg_dsn: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    """The worker's start checks its authority against the ledger, here a database of the
+    test's own behind a second proxy that holds every byte: the readiness checks pass (its
+    database answers, the class is registered) but the worker does not serve yet, so /readyz
+    is 503 naming only ``startup``. Once the ledger answers, the start finishes and /readyz
+    is 200 (the control). Before, /readyz said ready as soon as the checks passed, while the
+    start could still fail."""
+    asyncio.run(PgLedger(empty_pg_dsn).ensure())
+    ledger = Proxy(urlsplit(empty_pg_dsn).port or 5432)
+    metrics_port = free_port()
+    env = _worker_env(pg_dsn, proxy, tmp_path, ACCORD_METRICS_PORT=str(metrics_port),
+                      ACCORD_LEDGER_PG_DSN=through(empty_pg_dsn, ledger.port))  # fmt: skip
+    _register(env)
+    ledger.stall()
+    log = (tmp_path / "worker.log").open("wb")
+    try:
+        with log, subprocess.Popen(WORKER, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
+            try:
+                _, body = until(metrics_port, "/readyz", 503, within=30, failing={"startup"})
+                assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
+                time.sleep(1.0)  # still held: still starting, whatever the checks say
+                assert get(metrics_port, "/readyz") == (503, body)
+                assert b"worker ready" not in (tmp_path / "worker.log").read_bytes()
+                ledger.restore()
+                _, body = until(metrics_port, "/readyz", 200, within=30)
+                assert body == {"status": "ready"}
+                assert b"worker ready" in (tmp_path / "worker.log").read_bytes()
+            finally:
+                process.send_signal(signal.SIGTERM)
+                code = process.wait(timeout=30)
+        assert code == 0, (tmp_path / "worker.log").read_text()[-2000:]
+    finally:
+        ledger.close()
+
+
+def test_a_session_lost_during_the_start_is_one_line(
+    pg_dsn: str, empty_pg_dsn: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    """The worker's database goes away while its start waits on the ledger (the flake that
+    found this: a cut landing inside a slow start). The start's next call fails, and nothing
+    in a start reconnects: the process ends with one line naming the lost PostgreSQL and exit
+    2, for its supervisor to start it again, not with a driver's traceback (before: exit 1,
+    ConnectionDoesNotExistError or ConnectionResetError from asyncpg)."""
+    asyncio.run(PgLedger(empty_pg_dsn).ensure())
+    ledger = Proxy(urlsplit(empty_pg_dsn).port or 5432)
+    env = _worker_env(pg_dsn, proxy, tmp_path,
+                      ACCORD_LEDGER_PG_DSN=through(empty_pg_dsn, ledger.port))  # fmt: skip
+    _register(env)
+    ledger.stall()
+    try:
+        with subprocess.Popen(
+            WORKER, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as process:
+            deadline = time.monotonic() + 30
+            while not ledger.holding() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert ledger.holding(), "the start never reached the ledger"
+            proxy.cut()
+            ledger.restore()
+            _, err = process.communicate(timeout=60)
+    finally:
+        ledger.close()
+    assert process.returncode == 2, err.decode()[-2000:]
+    lines = err.decode().strip().splitlines()
+    # The last line is the process's own (an uncaught error would end with its traceback):
+    # the session that ended (ConnectionLost) or the pool's reconnect refused
+    # (ServiceUnavailable), whichever the start's next call met first.
+    last = lines[-1]
+    assert last.startswith(("accord: ConnectionLost: ", "accord: ServiceUnavailable: ")), lines
+    assert "service='postgresql'" in last
 
 
 def test_healthz_turns_red_when_a_loop_is_stuck(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
