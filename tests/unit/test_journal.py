@@ -801,6 +801,30 @@ def test_make_dirs_commits_a_directory_a_crashed_start_made_and_never_synced(
     assert synced == [tmp_path]
 
 
+def test_make_dirs_leaves_an_existing_directory_whose_parent_it_may_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's directory in a parent this process may only traverse: the start goes
+    on (before the existing level's commit it did, and nothing of ours made it); a missing
+    level under it is still created and committed. Control: a readable parent is fsynced."""
+    (tmp_path / "given").mkdir()
+    real = journal.fsync_dir
+    synced: list[Path] = []
+
+    def refusing(directory: str | os.PathLike[str]) -> None:
+        if Path(directory) == tmp_path:
+            raise PermissionError(13, "Permission denied", str(directory))
+        synced.append(Path(directory))
+        real(directory)
+
+    monkeypatch.setattr(framing_file, "fsync_dir", refusing)
+    journal.make_dirs(tmp_path / "given" / "journals")
+    assert (tmp_path / "given" / "journals").is_dir()
+    assert synced == [tmp_path / "given"]  # the new level's entry, committed
+    with pytest.raises(PermissionError):  # a new level's parent must be committed
+        journal.make_dirs(tmp_path / "new")
+
+
 def test_an_object_store_commits_fans_a_crashed_process_left_before_its_first_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
