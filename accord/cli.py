@@ -4,24 +4,28 @@ Every subcommand (and every repair operation) takes ``--app MODULE:ATTRIBUTE`` (
 ``ACCORD_APP``): the application whose declarations it runs. Errors accord can name (a
 missing or invalid application, settings that cannot work, a schema behind the code) end
 the command with one line on stderr and exit status 2, as does a PostgreSQL session lost
-where nothing reconnects (ConnectionLost).
+during a process's start, where nothing reconnects (ConnectionLost).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
+import asyncpg
 from pydantic import ValidationError
 
-from accord import logs
+from accord import logs, observe
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
 from accord.schemas import db
 from accord.schemas.errors import AccordError, ConnectionLost
 from accord.schemas.settings import Settings, load_settings
+
+log = logging.getLogger("accord.cli")
 
 
 def _add_app_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -61,13 +65,20 @@ def _settings() -> Settings:
 
 def _accord_error(exc: BaseException) -> AccordError | None:
     """The AccordError a failure comes down to: itself, or the first in a task group's
-    exception group whose other members are only the cancellations it caused. A PostgreSQL
-    session that ended under a call no loop retries (a process's start, before its loops
-    reconnect on their own) is ConnectionLost: one line, exit 2, and the supervisor starts
-    the process again, as after any failed start."""
+    exception group whose other members are only the cancellations it caused. Before a
+    process serves (its start: nothing there reconnects), a PostgreSQL session that ended
+    under a call is ConnectionLost: one line, exit 2, and the supervisor starts the process
+    again, as after any failed start. A protocol violation is not a lost session (it is a
+    bug: its traceback stands), nor is a session lost once the process serves (its loops
+    reconnect; one that did not is a bug too)."""
     if isinstance(exc, AccordError):
         return exc
-    if isinstance(exc, db.DB_SESSION_ENDED):
+    if (
+        isinstance(exc, db.DB_SESSION_ENDED)
+        and not isinstance(exc, asyncpg.ProtocolViolationError)
+        and not observe.is_serving()
+    ):
+        log.warning("the database session ended during the start", exc_info=exc)
         return ConnectionLost(service="postgresql", error=type(exc).__name__)
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:

@@ -14,7 +14,7 @@ import anyio
 import asyncpg
 
 from accord.schemas.db import DB_CONNECTION_LOST
-from accord.schemas.errors import ConnectionLost
+from accord.schemas.errors import ConnectionLost, ServiceUnavailable
 
 
 class Held:
@@ -192,4 +192,7 @@ def clean(conn: Any) -> bool:
 
 
 def lost(exc: BaseException) -> ConnectionLost:
-    return ConnectionLost(service="postgresql", error=type(exc).__name__)
+    """ConnectionLost naming the driver's or the socket's error: a pool's reconnect refused
+    arrives as ServiceUnavailable (schemas.db.create_pool), whose cause names it."""
+    cause = exc.__cause__ if isinstance(exc, ServiceUnavailable) and exc.__cause__ else exc
+    return ConnectionLost(service="postgresql", error=type(cause).__name__)

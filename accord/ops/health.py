@@ -71,7 +71,7 @@ class Readiness:
         with self._lock:
             failing = dict(self._failing)
         if not self.started():
-            failing.setdefault("startup", "starting")
+            failing["startup"] = "starting"  # before the first round too
         return failing
 
     def check_once(self) -> dict[str, str]:

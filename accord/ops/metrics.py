@@ -195,7 +195,8 @@ class ProcessCollector(Collector):
         if self._readiness is not None:
             ready = GaugeMetricFamily(
                 "accord_ready",
-                "1 when the readiness check passed (startup: the process has started)",
+                "1 when the readiness check passed (startup: the process has started and its"
+                " checks have run once)",
                 labels=["check"],
             )
             failing = self._readiness.failing()

@@ -62,16 +62,19 @@ def make_dirs(directory: str | os.PathLike[str]) -> None:
     down. The deepest level that already exists has its parent fsynced too: a process that
     crashed between that level's mkdir and the fsync left an entry only a later fsync
     commits (creating top down, no level above it can be in that state). One fsync when
-    nothing is missing: a start's cost. A parent this process may not read cannot be
-    fsynced: its existing child was made by someone else (a start of ours that made it
-    would have failed on that very fsync), so it is left as it is."""
+    nothing is missing. A parent this process may not read cannot be fsynced: an existing
+    directory another user owns there (an operator's) is left as it is; one this user owns
+    may be a crashed start's, so the PermissionError stands."""
     path = Path(directory)
     missing: list[Path] = []
     while not path.is_dir():
         missing.append(path)
         path = path.parent
-    with contextlib.suppress(PermissionError):
+    try:
         fsync_dir(path.parent)
+    except PermissionError:
+        if path.stat().st_uid == os.geteuid():
+            raise
     for new in reversed(missing):
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
             new.mkdir()

@@ -96,7 +96,7 @@ class LocalDirStore:
         # Unnamed files need O_TMPFILE and /proc to link them; else, or once the file system
         # refuses O_TMPFILE, a named temporary file.
         self._tmpfile = _O_TMPFILE != 0 and os.path.isdir("/proc/self/fd")
-        self._root_synced = False
+        self._committed: set[str] = set()  # fans whose entry this store made durable
 
     def _path(self, key: str) -> Path:
         check_key(key)
@@ -105,14 +105,14 @@ class LocalDirStore:
     def put(self, data: bytes) -> str:
         key = key_for(data)
         final = self._path(key)
+        if final.parent.name not in self._committed:
+            self._commit(final.parent)
         if self._stored(final, data):
             return key
-        if not self._root_synced:
-            self._sync_root()
         try:
             fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            self._ensure_dir(final.parent)
+        except FileNotFoundError:  # removed since: made again, durably
+            self._commit(final.parent)
             fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             if self._write(fan, final, data):
@@ -197,18 +197,15 @@ class LocalDirStore:
             os.link(f"/proc/self/fd/{fd}", temp, dst_dir_fd=fan, follow_symlinks=True)
         os.rename(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
 
-    def _sync_root(self) -> None:
-        """Before this store's first write: the root exists with a durable entry, and so do
-        the fan directories in it. A process that crashed between a fan's mkdir and the root's
-        fsync left a fan that later puts would write into (it opens) with its entry never
-        committed, and a power cut would then take the fan with every object in it."""
-        make_dirs(self.root)
-        fsync_dir(self.root)
-        self._root_synced = True
-
-    def _ensure_dir(self, fan: Path) -> None:
-        if not fan.is_dir():
-            make_dirs(fan)  # each new directory's entry fsynced in its parent
+    def _commit(self, fan: Path) -> None:
+        """The first time this store uses a fan directory: it exists and its entry in the
+        root is durable (``make_dirs``: made and committed level by level, or, existing,
+        committed once more). A process that crashed between a fan's mkdir and the root's
+        fsync, this one or another sharing the root, left a fan that a put would otherwise
+        write into (it opens) with its entry never committed: a power cut would then take
+        the fan with every object in it. At most 256 fans, each once per store."""
+        make_dirs(fan)
+        self._committed.add(fan.name)
 
     def get(self, key: str) -> bytes:
         try:

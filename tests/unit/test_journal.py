@@ -804,9 +804,9 @@ def test_make_dirs_commits_a_directory_a_crashed_start_made_and_never_synced(
 def test_make_dirs_leaves_an_existing_directory_whose_parent_it_may_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An operator's directory in a parent this process may only traverse: the start goes
-    on (before the existing level's commit it did, and nothing of ours made it); a missing
-    level under it is still created and committed. Control: a readable parent is fsynced."""
+    """An operator's directory (another user's) in a parent this process may only traverse:
+    the start goes on, and a missing level under it is still created and committed. The
+    same directory owned by this user may be a crashed start's: the start stops."""
     (tmp_path / "given").mkdir()
     real = journal.fsync_dir
     synced: list[Path] = []
@@ -818,6 +818,11 @@ def test_make_dirs_leaves_an_existing_directory_whose_parent_it_may_not_read(
         real(directory)
 
     monkeypatch.setattr(framing_file, "fsync_dir", refusing)
+    with pytest.raises(PermissionError):  # ours: it may be a crashed start's
+        journal.make_dirs(tmp_path / "given" / "journals")
+    assert synced == []
+    owner = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # now another user's
     journal.make_dirs(tmp_path / "given" / "journals")
     assert (tmp_path / "given" / "journals").is_dir()
     assert synced == [tmp_path / "given"]  # the new level's entry, committed
@@ -829,23 +834,36 @@ def test_an_object_store_commits_fans_a_crashed_process_left_before_its_first_wr
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process that crashed between a fan directory's mkdir and the root's fsync left the
-    fan; the next process's puts open it (it exists) and fsync only the fan, so the fan's
-    own entry in the root needs the root fsynced once before the store's first write. The
-    old store never did: a power cut then took the fan with the objects in it."""
+    fan; a later put opens it (it exists) and fsyncs only the fan, so the fan's own entry
+    needs the root fsynced the first time a store uses that fan, before its object's name
+    is committed, and also when the object is found already stored. The old store never
+    did: a power cut then took the fan with the objects in it."""
     from accord.jobs.runner.objects import LocalDirStore, key_for
 
     root = tmp_path / "objects"
+
+    def in_fan(fan: str, tag: bytes) -> bytes:
+        return next(d for i in range(10_000) if key_for(d := tag + b"%d" % i)[7:9] == fan)
+
     fan = root / key_for(b"x")[7:9]
     fan.mkdir(parents=True)  # the crashed process's mkdirs, no fsync after them
     synced = _dir_fsyncs(monkeypatch)
     store = LocalDirStore(root)
     store.put(b"x")
-    assert root in synced and tmp_path in synced  # the fan's entry and the root's
-    assert synced.index(root) < synced.index(fan)  # before the object's name is committed
+    assert synced == [root, fan]  # the fan's entry, then the object's name
     synced.clear()
-    same_fan = next(d for i in range(10_000) if key_for(d := b"y%d" % i)[7:9] == fan.name)
-    store.put(same_fan)  # control: once per store, not per put
+    store.put(in_fan(fan.name, b"y"))  # control: once per fan and store, not per put
     assert synced == [fan]
+
+    # A fan whose object is already there (a crashed put linked it): found stored, and the
+    # fan's entry still committed first.
+    other = root / "ff" if fan.name != "ff" else root / "fe"
+    data = in_fan(other.name, b"z")
+    other.mkdir()
+    (other / key_for(data)).write_bytes(data)
+    synced.clear()
+    assert LocalDirStore(root).put(data) == key_for(data)
+    assert synced == [root, other]
 
 
 @pytest.mark.parametrize("opener", ["runner journal", "authority ledger", "object store"])

@@ -1,0 +1,52 @@
+"""How a database lost during a process's start ends it: the pool's later connections map
+their errors as ``connect`` does, and the CLI turns a session that ended before the process
+serves into one line (ConnectionLost), but never a protocol violation (a bug) or a session
+lost once the process serves (its loops reconnect; one that escaped is a bug too)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import asyncpg
+import pytest
+
+from accord import cli, observe
+from accord.schemas.db import create_pool
+from accord.schemas.errors import ConnectionLost, ServiceUnavailable
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_connection_the_pool_opens_later_maps_its_errors() -> None:
+    """min_size 0: the pool opens its first connection at the first acquire, as it reopens
+    one that was lost. Refused there, it is ServiceUnavailable naming host:port, not the
+    socket's ConnectionRefusedError."""
+    pool = await create_pool(f"postgresql://u@127.0.0.1:{closed_port()}/d", min_size=0)
+    try:
+        with pytest.raises(ServiceUnavailable) as info:
+            await pool.acquire(timeout=10)
+        assert info.value.fields["service"] == "postgresql"
+        assert info.value.fields["at"].startswith("127.0.0.1:")
+        assert isinstance(info.value.__cause__, OSError)
+    finally:
+        await pool.close()
+
+
+def test_a_session_that_ended_during_the_start_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(observe, "_serving", threading.Event())  # this test's own state
+    ended = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+    found = cli._accord_error(ExceptionGroup("start", [ended]))
+    assert isinstance(found, ConnectionLost)
+    assert found.fields == {"service": "postgresql", "error": "ConnectionDoesNotExistError"}
+    # Not a lost session: a protocol violation is a bug, its traceback stands.
+    assert cli._accord_error(asyncpg.ProtocolViolationError("unexpected message")) is None
+    # Once the process serves, a session error that escaped its loops is a bug too.
+    observe.serving()
+    assert cli._accord_error(ended) is None
