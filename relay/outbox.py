@@ -109,6 +109,10 @@ class Prepared:
     body: bytes
     digest: str
     catalog: Catalog = field(repr=False)
+    # Set by ``prepare`` alone: one built by hand, or a copy with a field replaced
+    # (``dataclasses.replace``), is not trusted for its body and digest and is prepared
+    # again from its event at enqueue.
+    issued: bool = field(default=False, init=False, repr=False, compare=False)
 
 
 def prepare(
@@ -120,14 +124,17 @@ def prepare(
     enqueue of it is a DuplicateEvent); enqueued under another catalog, it is prepared again
     by that one."""
     body, digest = catalog.prepare(event, max_payload_bytes)
-    return Prepared(event, body, digest, catalog)
+    prepared = Prepared(event, body, digest, catalog)
+    object.__setattr__(prepared, "issued", True)  # frozen: only here
+    return prepared
 
 
 def _ready(event: Event | Prepared, catalog: Catalog, max_payload_bytes: int) -> Prepared:
-    """``event`` prepared by ``catalog`` within ``max_payload_bytes``: as given when it
-    already is (its size checked again against this limit), else prepared now."""
+    """``event`` prepared by ``catalog`` within ``max_payload_bytes``: as given when
+    ``prepare`` made it with this catalog (its size checked again against this limit), else
+    prepared now (a hand-built Prepared's body and digest are never written as given)."""
     if isinstance(event, Prepared):
-        if event.catalog is not catalog:
+        if event.catalog is not catalog or not event.issued:
             return prepare(event.event, catalog=catalog, max_payload_bytes=max_payload_bytes)
         if len(event.body) > max_payload_bytes:
             raise PayloadTooLarge(

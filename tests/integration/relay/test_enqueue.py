@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -139,6 +140,38 @@ async def test_a_prepared_event_is_written_as_prepared_and_checked_at_enqueue(
         async with pg.transaction():
             await enqueue(pg, ready)
     assert await count(pg) == 1
+
+
+async def test_a_prepared_event_built_by_hand_is_prepared_again(
+    pg: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only ``prepare`` issues a Prepared whose body and digest enqueue writes as given. One
+    built by hand, or a prepared one with its body replaced, carries a body and a digest
+    nobody computed from its event: enqueue prepares the event again and writes what that
+    gives. Control: ``prepare``'s own is not prepared again."""
+    calls: list[Event] = []
+    real = Catalog.prepare
+
+    def counting(self: Catalog, event: Event, limit: int) -> tuple[bytes, str]:
+        calls.append(event)
+        return real(self, event, limit)
+
+    ready = prepare(make_event(1), catalog=DEMO_CATALOG)
+    monkeypatch.setattr(Catalog, "prepare", counting)
+    forged = [
+        Prepared(make_event(2), b'{"forged":true}', "sha256:forged", DEMO_CATALOG),
+        dataclasses.replace(prepare(make_event(3), catalog=DEMO_CATALOG), body=b"{}"),
+    ]
+    calls.clear()
+    async with pg.transaction():
+        await enqueue(pg, ready)  # control
+        assert calls == []
+        ids = [await enqueue(pg, p) for p in forged]
+    assert [e.event_id for e in calls] == [p.event.event_id for p in forged]
+    for row_id, p in zip(ids, forged, strict=True):
+        row = await pg.fetchrow("SELECT body, digest FROM relay.outbox WHERE id = $1", row_id)
+        assert row["digest"] == DEMO_CATALOG.digest(p.event)
+        assert bytes(row["body"]) != p.body  # the event's own body, not the one given
 
 
 async def test_enqueue_is_one_statement(pg: asyncpg.Connection) -> None:
