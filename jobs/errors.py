@@ -32,6 +32,7 @@
         │   ├── JournalCorrupt        a bad frame followed by valid frames: fatal, never truncated
         │   ├── JournalTornTail       append refused: the torn tail must be repaired first
         │   ├── JournalRecordInvalid  a record that is not a JSON object, or too large
+        │   ├── JournalUnavailable    its file or directory cannot be created or opened
         │   └── JournalBroken         a write or fsync failed: the handle is finished, reopen
         └── ObjectStoreError          the result object store cannot serve the request
             ├── ObjectKeyInvalid      not a content address (``sha256-<64 hex>``)
@@ -240,6 +241,15 @@ class JournalRecordInvalid(JournalError):
     """The journal record is not a JSON object of a known shape, or is too large."""
 
     reason = "journal_record"
+
+
+class JournalUnavailable(JournalError):
+    """The runner journal's file or directory cannot be created or opened: fix its path.
+
+    A path under a file, or one without permission: ACCORD_JOURNAL_DIR (or --journal) and
+    its permissions."""
+
+    reason = "journal_unavailable"
 
 
 class JournalBroken(JournalError):

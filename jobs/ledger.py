@@ -139,7 +139,10 @@ class FileLedger:
     def append_sync(self, *records: LedgerRecord) -> None:
         """Open under the exclusive lock (retrying while another writer holds it), repair a
         torn tail (an unacknowledged intent), append with fsync, close."""
-        make_dirs(self.path.parent)
+        try:
+            make_dirs(self.path.parent)
+        except OSError as exc:
+            raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
         deadline = time.monotonic() + self._lock_timeout_s
         while True:
             try:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from accord.jobs.errors import JournalUnavailable
 from accord.jobs.framing import Journal, Tail, make_dirs
 from accord.jobs.runner import sql
 from accord.jobs.runner.journal import (
@@ -45,12 +46,16 @@ def open_journal(
 ) -> RunnerJournal:
     """Open (creating) and lock this runner's journal; a torn tail is quarantined and cut,
     a corrupt one is refused (JournalCorrupt, JournalLocked, JournalRunnerMismatch). Reads
-    the live segment only: what its start needs, never the history rotations left behind."""
+    the live segment only: what its start needs, never the history rotations left behind.
+    A path that cannot be created or opened is JournalUnavailable (one line at a start)."""
     journal_path = Path(path)
-    make_dirs(journal_path.parent)
-    journal = RunnerJournal.open(
-        journal_path, runner_id, segment_bytes=segment_bytes, segment_s=segment_s
-    )
+    try:
+        make_dirs(journal_path.parent)
+        journal = RunnerJournal.open(
+            journal_path, runner_id, segment_bytes=segment_bytes, segment_s=segment_s
+        )
+    except OSError as exc:
+        raise JournalUnavailable(path=str(journal_path), detail=str(exc)) from exc
     if journal.scan.tail is Tail.TORN:
         repair = journal.repair()
         if repair is not None:

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from accord.demo.job import DEFAULT_OWNER
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = "accord.demo:app"
 pytestmark = pytest.mark.timeout(180)
@@ -84,6 +86,35 @@ def test_a_database_that_does_not_exist_names_accord_migrate(pg_dsn: str) -> Non
         assert "`accord migrate` creates it" in line
     checked = accord("migrate", "--check", ACCORD_PG_DSN=dsn)
     assert checked.returncode == 1 and "`accord migrate` creates it" in checked.stdout
+
+
+def test_a_journal_path_that_cannot_be_made(pg_dsn: str, tmp_path: Path) -> None:
+    """The worker's journal under a file (or without permission): one line naming the path,
+    exit 2, not the file system's traceback. Control: a journal directory that can be made
+    lets the same worker start (it then stops on SIGTERM)."""
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"),
+           "ACCORD_OBJECT_DIR": str(tmp_path / "objects")}  # fmt: skip
+    register = ["register", "--workflow", "report", "--owner", DEFAULT_OWNER, "--who", "test"]
+    assert accord(*register, **env).returncode == 0
+    (tmp_path / "file").write_bytes(b"")
+    bad = str(tmp_path / "file" / "journals" / "w.journal")
+    line = one_line(accord("worker", "--workflow", "report", "--journal", bad, **env),
+                    "JournalUnavailable", bad)  # fmt: skip
+    assert "Not a directory" in line
+    good = str(tmp_path / "journals" / "w.journal")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    argv = [sys.executable, "-m", "accord", "worker", "--workflow", "report", "--journal", good]
+    with subprocess.Popen(
+        argv, env={**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": APP, **env}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as worker:  # fmt: skip
+        try:
+            assert worker.stdout is not None
+            assert "worker ready" in worker.stdout.readline()  # the ready line, on stdout
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=30)
+    assert worker.returncode == 0
 
 
 def test_an_invalid_dsn_and_an_invalid_url() -> None:

@@ -167,6 +167,7 @@ EXPECTED: dict[str, set[str]] = {
         "JournalRunnerMismatch",
         "JournalScan",
         "JournalTornTail",
+        "JournalUnavailable",
         "LocalDirStore",
         "ObjectCorrupt",
         "ObjectInfo",

@@ -108,3 +108,17 @@ async def test_a_worker_journal_is_not_a_ledger(tmp_path: Path) -> None:
         await FileLedger(path).read()
     with pytest.raises(LedgerUnavailable):
         await FileLedger(path).append(record("acme", 2))
+
+
+async def test_a_ledger_whose_directory_cannot_be_made_is_unavailable(tmp_path: Path) -> None:
+    """Its directory cannot be made (a file stands where it should be): LedgerUnavailable
+    naming the path, as for any ledger the process cannot write, not a bare OSError.
+    Control: the same ledger once the path is a directory appends."""
+    (tmp_path / "state").write_bytes(b"")
+    ledger = FileLedger(tmp_path / "state" / "authority" / "ledger")
+    with pytest.raises(LedgerUnavailable) as info:
+        await ledger.append(record("acme", 2))
+    assert info.value.fields["path"] == str(ledger.path)
+    (tmp_path / "state").unlink()
+    await ledger.append(record("acme", 2))
+    assert (await ledger.read())["acme"].epoch == 2
