@@ -37,7 +37,8 @@
         └── ObjectStoreError          the result object store cannot serve the request
             ├── ObjectKeyInvalid      not a content address (``sha256-<64 hex>``)
             ├── ObjectNotFound        no object under that key
-            └── ObjectCorrupt         the stored bytes no longer hash to their key
+            ├── ObjectCorrupt         the stored bytes no longer hash to their key
+            └── ObjectStoreUnavailable its directory cannot be created or written
 
 ``FenceLost.failed_check`` is the first lease field that no longer matches (its typed
 ``reason`` stays ``fence_lost``): ``missing``,
@@ -280,6 +281,14 @@ class ObjectCorrupt(ObjectStoreError):
     """The stored object no longer hashes to its key."""
 
     reason = "object_corrupt"
+
+
+class ObjectStoreUnavailable(ObjectStoreError):
+    """The object store's directory cannot be created or written: fix its path.
+
+    A path under a file, or one without permission: ACCORD_OBJECT_DIR and its permissions."""
+
+    reason = "object_store_unavailable"
 
 
 class PruneBlocked(JobsError):

@@ -176,6 +176,8 @@ async def serve(
                 restore.tenant,
                 extra={"tenant": restore.tenant, "reason": "restore_detected"},
             )
+        objects = LocalDirStore(settings.object_dir)
+        await anyio.to_thread.run_sync(objects.require_writable)
         # Only the live segment is read here; a rotation sealed everything before it.
         segment_bytes = settings.journal_segment_bytes
         with open_journal(
@@ -185,7 +187,7 @@ async def serve(
                 options.config,
                 store=store,
                 journal=journal,
-                objects=LocalDirStore(settings.object_dir),
+                objects=objects,
                 pool=pool,
             )
             worker.register_all(chosen)

@@ -14,6 +14,7 @@ from accord.jobs.errors import (
     ObjectKeyInvalid,
     ObjectNotFound,
     ObjectStoreError,
+    ObjectStoreUnavailable,
 )
 from accord.jobs.framing import Defect, Journal, JournalScan, Repair, Tail, scan_journal
 from accord.jobs.runner.config import Handler, Registered, WorkerConfig
@@ -73,6 +74,7 @@ __all__: list[str] = [
     "ObjectNotFound",
     "ObjectStore",
     "ObjectStoreError",
+    "ObjectStoreUnavailable",
     "Publish",
     "RecordType",
     "Registered",

@@ -29,6 +29,7 @@ import errno
 import hashlib
 import os
 import re
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Set
@@ -36,7 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from accord.jobs.errors import ObjectCorrupt, ObjectKeyInvalid, ObjectNotFound
+from accord.jobs.errors import (
+    ObjectCorrupt,
+    ObjectKeyInvalid,
+    ObjectNotFound,
+    ObjectStoreUnavailable,
+)
 from accord.jobs.framing import fsync_dir, make_dirs
 
 _KEY = re.compile(r"sha256-[0-9a-f]{64}")
@@ -196,6 +202,17 @@ class LocalDirStore:
             temp = f".{name}.{uuid.uuid4().hex}.tmp"
             os.link(f"/proc/self/fd/{fd}", temp, dst_dir_fd=fan, follow_symlinks=True)
         os.rename(temp, name, src_dir_fd=fan, dst_dir_fd=fan)
+
+    def require_writable(self) -> None:
+        """At a worker's start: the root exists (made durably if not) and a file can be
+        created in it; raises ObjectStoreUnavailable (one line) otherwise, before any job
+        runs, rather than failing every job's put as if it were transient."""
+        try:
+            make_dirs(self.root)
+            with tempfile.TemporaryFile(dir=self.root):
+                pass
+        except OSError as exc:
+            raise ObjectStoreUnavailable(root=str(self.root), detail=str(exc)) from exc
 
     def _commit(self, fan: Path) -> None:
         """The first time this store uses a fan directory: it exists and its entry in the

@@ -88,10 +88,11 @@ def test_a_database_that_does_not_exist_names_accord_migrate(pg_dsn: str) -> Non
     assert checked.returncode == 1 and "`accord migrate` creates it" in checked.stdout
 
 
-def test_a_journal_path_that_cannot_be_made(pg_dsn: str, tmp_path: Path) -> None:
-    """The worker's journal under a file (or without permission): one line naming the path,
-    exit 2, not the file system's traceback. Control: a journal directory that can be made
-    lets the same worker start (it then stops on SIGTERM)."""
+def test_a_journal_or_object_path_that_cannot_be_made(pg_dsn: str, tmp_path: Path) -> None:
+    """The worker's journal or object store under a file (or without permission): one line
+    naming the path, exit 2, not the file system's traceback (nor, for the objects, every
+    job failing its put). Control: directories that can be made let the same worker start
+    (it then stops on SIGTERM)."""
     env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"),
            "ACCORD_OBJECT_DIR": str(tmp_path / "objects")}  # fmt: skip
     register = ["register", "--workflow", "report", "--owner", DEFAULT_OWNER, "--who", "test"]
@@ -100,6 +101,11 @@ def test_a_journal_path_that_cannot_be_made(pg_dsn: str, tmp_path: Path) -> None
     bad = str(tmp_path / "file" / "journals" / "w.journal")
     line = one_line(accord("worker", "--workflow", "report", "--journal", bad, **env),
                     "JournalUnavailable", bad)  # fmt: skip
+    assert "Not a directory" in line
+    objects = str(tmp_path / "file" / "objects")  # the object store's, likewise, at the start
+    line = one_line(accord("worker", "--workflow", "report", "--journal", bad,
+                           **{**env, "ACCORD_OBJECT_DIR": objects}),
+                    "ObjectStoreUnavailable", objects)  # fmt: skip
     assert "Not a directory" in line
     good = str(tmp_path / "journals" / "w.journal")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}

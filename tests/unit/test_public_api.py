@@ -175,6 +175,7 @@ EXPECTED: dict[str, set[str]] = {
         "ObjectNotFound",
         "ObjectStore",
         "ObjectStoreError",
+        "ObjectStoreUnavailable",
         "Publish",
         "RecordType",
         "Registered",
