@@ -79,21 +79,31 @@ def through(dsn: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
 
 
-def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
+def _worker_env(pg_dsn: str, proxy: Proxy, tmp_path: Path, **extra: str) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
-    metrics_port = free_port()
-    env = {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
-           "ACCORD_PG_DSN": through(pg_dsn, proxy.port),
-           "ACCORD_METRICS_PORT": str(metrics_port), "ACCORD_LOG_FORMAT": "json",
-           "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
-           "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
-           "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger")}  # fmt: skip
+    return {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
+            "ACCORD_PG_DSN": through(pg_dsn, proxy.port),
+            "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
+            "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
+            "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"), **extra}  # fmt: skip
+
+
+def _register(env: dict[str, str]) -> None:
     register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
                 "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
     done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    worker = [sys.executable, "-m", "accord", "worker", "--workflow", "report",
-              "--poll-s", "0.2", "--rescue-every-s", "1"]  # fmt: skip
+
+
+WORKER = [sys.executable, "-m", "accord", "worker", "--workflow", "report", "--poll-s", "0.2"]
+
+
+def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
+    metrics_port = free_port()
+    env = _worker_env(pg_dsn, proxy, tmp_path, ACCORD_METRICS_PORT=str(metrics_port),
+                      ACCORD_LOG_FORMAT="json")  # fmt: skip
+    _register(env)
+    worker = [*WORKER, "--rescue-every-s", "1"]
     log = (tmp_path / "worker.log").open("wb")
     with log, subprocess.Popen(worker, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
         try:
@@ -121,24 +131,6 @@ def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) 
     assert records and len(records) == len(lines), lines[:5]  # every line is one JSON object
     assert any(r["message"].startswith("worker ready") and r.get("event") == "ready"
                for r in records)  # fmt: skip
-
-
-def _worker_env(pg_dsn: str, proxy: Proxy, tmp_path: Path, **extra: str) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
-    return {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
-            "ACCORD_PG_DSN": through(pg_dsn, proxy.port),
-            "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
-            "ACCORD_OBJECT_DIR": str(tmp_path / "objects"), **extra}  # fmt: skip
-
-
-def _register(env: dict[str, str]) -> None:
-    register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
-                "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
-    done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-
-
-WORKER = [sys.executable, "-m", "accord", "worker", "--workflow", "report", "--poll-s", "0.2"]
 
 
 def test_readyz_waits_for_the_start_to_finish(
@@ -219,20 +211,11 @@ def test_healthz_turns_red_when_a_loop_is_stuck(pg_dsn: str, proxy: Proxy, tmp_p
     """The worker's database stops answering (the test's own proxy holds every byte): its
     claim loop blocks inside a query, stops reporting in, and /healthz turns 503 naming that
     loop within the grace; once the database answers again it is 200. Control: 200 first."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
     metrics_port = free_port()
-    env = {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
-           "ACCORD_PG_DSN": through(pg_dsn, proxy.port), "ACCORD_HEALTH_GRACE_S": "2",
-           "ACCORD_METRICS_PORT": str(metrics_port),
-           "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
-           "ACCORD_OBJECT_DIR": str(tmp_path / "objects"),
-           "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger")}  # fmt: skip
-    register = [sys.executable, "-m", "accord", "register", "--workflow", "report",
-                "--owner", DEFAULT_OWNER, "--effects", "enabled", "--who", "test"]  # fmt: skip
-    done = subprocess.run(register, env=env, cwd=ROOT, capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    worker = [sys.executable, "-m", "accord", "worker", "--workflow", "report",
-              "--poll-s", "0.2", "--rescue-every-s", "0"]  # fmt: skip
+    env = _worker_env(pg_dsn, proxy, tmp_path, ACCORD_METRICS_PORT=str(metrics_port),
+                      ACCORD_HEALTH_GRACE_S="2")  # fmt: skip
+    _register(env)
+    worker = [*WORKER, "--rescue-every-s", "0"]
     log = (tmp_path / "worker.log").open("wb")
     with log, subprocess.Popen(worker, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
         try:
