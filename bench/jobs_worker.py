@@ -80,8 +80,7 @@ class TwoCommitStore(LocalDirStore):
         with contextlib.suppress(FileNotFoundError):
             os.utime(final)
             return key
-        if final.parent.name not in self._committed:
-            self._commit(final.parent)
+        self._commit(final.parent)
         temp = final.parent / f".{key}.{uuid.uuid4().hex}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
         try:

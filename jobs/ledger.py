@@ -112,6 +112,7 @@ class FileLedger:
     def __init__(self, path: str | Path, *, lock_timeout_s: float = 10.0) -> None:
         self.path = Path(path)
         self._lock_timeout_s = lock_timeout_s
+        self._dir_made = False  # its directory made (and committed) once, not per append
 
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
@@ -139,10 +140,12 @@ class FileLedger:
     def append_sync(self, *records: LedgerRecord) -> None:
         """Open under the exclusive lock (retrying while another writer holds it), repair a
         torn tail (an unacknowledged intent), append with fsync, close."""
-        try:
-            make_dirs(self.path.parent)
-        except OSError as exc:
-            raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+        if not self._dir_made:
+            try:
+                make_dirs(self.path.parent)
+            except OSError as exc:
+                raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+            self._dir_made = True
         deadline = time.monotonic() + self._lock_timeout_s
         while True:
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,13 @@ DEMO_CATALOG = demo_catalog()
 
 SOAK = os.environ.get("ACCORD_SOAK", "") not in ("", "0")
 IN_CI = os.environ.get("CI", "") not in ("", "0", "false")
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def scaled(default: int, soak: int) -> int:

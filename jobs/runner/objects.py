@@ -111,13 +111,13 @@ class LocalDirStore:
     def put(self, data: bytes) -> str:
         key = key_for(data)
         final = self._path(key)
-        if final.parent.name not in self._committed:
-            self._commit(final.parent)
+        self._commit(final.parent)
         if self._stored(final, data):
             return key
         try:
             fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:  # removed since: made again, durably
+            self._committed.discard(final.parent.name)
             self._commit(final.parent)
             fan = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -221,6 +221,8 @@ class LocalDirStore:
         fsync, this one or another sharing the root, left a fan that a put would otherwise
         write into (it opens) with its entry never committed: a power cut would then take
         the fan with every object in it. At most 256 fans, each once per store."""
+        if fan.name in self._committed:
+            return
         make_dirs(fan)
         self._committed.add(fan.name)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +21,7 @@ from accord.demo.provider import (
     ProviderRefused,
     ProviderServer,
 )
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = {"report": "q3", "rows": 12}
@@ -120,12 +120,6 @@ async def test_slow_answer_past_the_client_timeout_is_ambiguous(
     server.set_fault(Fault.NONE)
     found = await client.lookup("op-5b")
     assert found is not None and found.idempotency_key == "op-5b"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_nobody_listening_is_a_refusal() -> None:

@@ -5,7 +5,6 @@ lost once the process serves (its loops reconnect; one that escaped is a bug too
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import asyncpg
@@ -14,19 +13,14 @@ import pytest
 from accord import cli, observe
 from accord.schemas.db import create_pool
 from accord.schemas.errors import ConnectionLost, ServiceUnavailable
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 async def test_a_connection_the_pool_opens_later_maps_its_errors() -> None:
     """min_size 0: the pool opens its first connection at the first acquire, as it reopens
     one that was lost. Refused there, it is ServiceUnavailable naming host:port, not the
     socket's ConnectionRefusedError."""
-    pool = await create_pool(f"postgresql://u@127.0.0.1:{closed_port()}/d", min_size=0)
+    pool = await create_pool(f"postgresql://u@127.0.0.1:{free_port()}/d", min_size=0)
     try:
         with pytest.raises(ServiceUnavailable) as info:
             await pool.acquire(timeout=10)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,14 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accord.demo import demo_topology
 from accord.schemas.events import Event
 from tests.conftest import BrokerNames
-from tests.support import enqueue
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+from tests.support import enqueue, free_port
 
 
 def scrape(port: int) -> dict[str, float] | None:

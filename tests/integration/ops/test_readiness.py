@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 from accord.demo.job import DEFAULT_OWNER
 from accord.jobs.ledger import PgLedger
 from tests.integration.ops.proxy import Proxy
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(120)
@@ -56,12 +56,6 @@ def until(
             return time.monotonic() - started, last[1]
         time.sleep(0.2)
     raise AssertionError(f"{path} not {code} within {within}s: {last}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
