@@ -162,6 +162,9 @@ class Relay:
         self._awake_until = float("-inf")
         self._promise_refused = False  # then it promises no more (logged once)
         self._run_scope: anyio.CancelScope | None = None
+        # Set once a loop holds both a broker session and a database link: the relay then
+        # publishes (what its process's ready line and /readyz wait for).
+        self.publishing = anyio.Event()
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
         self._pg_args: dict[str, Any] = (
@@ -235,6 +238,7 @@ class Relay:
                 continue
             try:
                 reconnect.up()
+                self.publishing.set()
                 await self._drain(conn, publisher, prunes=index == 0)
             except DB_CONNECTION_LOST as exc:
                 await self._sleep(self._lost(exc, reconnect))

@@ -20,6 +20,7 @@ same transaction; a row that is not held refuses the whole release.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import uuid
@@ -34,7 +35,7 @@ from accord.commands.repair import repair_connection
 from accord.relay import Relay, RelayConfig, outbox
 from accord.schemas import broker, migrate, topology
 from accord.schemas.db import connect
-from accord.schemas.errors import ConfigError, ServiceUnavailable
+from accord.schemas.errors import ConfigError, ConnectionLost, ServiceUnavailable
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.relay")
@@ -170,6 +171,12 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
     )
 
 
+# What a broker connection lost under a call raises: the connection's own error (an
+# AMQPConnectionError, a reset: ConnectionError), or, on a channel whose connection closed,
+# ChannelInvalidStateError.
+_BROKER_LOST = (ConnectionError, aiormq.exceptions.ChannelInvalidStateError)
+
+
 async def _prepare(settings: Settings, app: App) -> None:
     await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     try:
@@ -187,8 +194,14 @@ async def _prepare(settings: Settings, app: App) -> None:
             exchange=names.exchange,
             detail=str(exc)[:200],
         ) from None
+    except _BROKER_LOST as exc:
+        # Nothing in a start reconnects: one line and exit 2, and the supervisor starts the
+        # relay again, as after any failed start (the driver's error logged first).
+        log.warning("the broker connection ended during the start", exc_info=exc)
+        raise ConnectionLost(service="rabbitmq", error=type(exc).__name__) from None
     finally:
-        await amqp.close()
+        with contextlib.suppress(*_BROKER_LOST):  # already gone, when it was lost
+            await amqp.close()
 
 
 async def _main(settings: Settings, app: App) -> int:
@@ -196,8 +209,13 @@ async def _main(settings: Settings, app: App) -> int:
     await _prepare(settings, app)
     relay = Relay(config)
     async with anyio.create_task_group() as tg:
+
+        async def announce() -> None:
+            await relay.publishing.wait()  # a broker session and a database link
+            runtime.ready(log, "relay ready: exchange=%s", config.exchange)
+
+        tg.start_soon(announce)
         tg.start_soon(runtime.stop_on_signals, relay, "relay")
-        runtime.ready(log, "relay ready: exchange=%s", config.exchange)
         await relay.run()
         tg.cancel_scope.cancel()
     stats = relay.stats

@@ -21,6 +21,8 @@ class Proxy:
         self._lock = threading.Lock()
         self._up = True
         self._stalled = threading.Event()  # set: bytes are held, connections stay open
+        self._stall_on: bytes | None = None  # a connection that sends these bytes is held
+        self._restores = 0  # restore() calls so far: a held connection waits for the next
         self._holding = 0  # pipes holding a chunk now
         self._closed = False
         self._threads: list[threading.Thread] = []
@@ -57,11 +59,17 @@ class Proxy:
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
+            held_until = -1  # this pipe met the marker: held until the next restore()
             while chunk := source.recv(65536):
-                if self._stalled.is_set():
+                marker = self._stall_on
+                if marker is not None and marker in chunk:
+                    held_until = self._restores + 1
+                if self._stalled.is_set() or held_until > self._restores:
                     with self._lock:
                         self._holding += 1
-                    while self._stalled.is_set() and not self._closed:
+                    while (
+                        self._stalled.is_set() or held_until > self._restores
+                    ) and not self._closed:
                         time.sleep(0.05)
                     with self._lock:
                         self._holding -= 1
@@ -87,8 +95,17 @@ class Proxy:
         hung server or a black-holed network looks like to a client)."""
         self._stalled.set()
 
+    def stall_on(self, marker: bytes) -> None:
+        """Hold each connection, from the first chunk that holds ``marker`` (either way, that
+        chunk included), until ``restore``; the others pass: a test can stop one client at a
+        chosen request (a role in its startup packet, a name it declares)."""
+        self._stall_on = marker
+
     def restore(self) -> None:
+        self._stall_on = None
         self._stalled.clear()
+        with self._lock:
+            self._restores += 1
         self._up = True
 
     def close(self) -> None:

@@ -1,0 +1,124 @@
+"""The real `accord relay`'s start: it says ready only once it can publish, and a broker lost
+in the middle of its start ends it with one line and exit 2. PostgreSQL and RabbitMQ are
+reached through proxies of this test's own, which hold or cut what passes; the shared
+services are never touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from accord.demo import demo_topology
+from tests.conftest import BrokerNames
+from tests.integration.ops.proxy import Proxy
+from tests.integration.ops.test_readiness import get, until
+from tests.support import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+RELAY = [sys.executable, "-m", "accord", "relay"]
+pytestmark = pytest.mark.timeout(120)
+
+
+def through(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by the proxy's (user and password kept)."""
+    parts = urlsplit(url)
+    user = parts.netloc.rpartition("@")[0]
+    return urlunsplit(
+        parts._replace(netloc=f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}")
+    )
+
+
+def _env(pg_dsn: str, amqp_url: str, names: BrokerNames, **extra: str) -> dict[str, str]:
+    exchanges, queues = demo_topology(names.prefix).names()
+    names.exchanges.extend(exchanges)
+    names.queues.extend(queues)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+    return {**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": "accord.demo:app",
+            "ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url,
+            "ACCORD_TOPOLOGY_PREFIX": names.prefix, **extra}  # fmt: skip
+
+
+def _wait_holding(proxy: Proxy, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while not proxy.holding() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proxy.holding(), "the relay never reached the held request"
+
+
+def test_the_relay_is_ready_once_its_loops_connect(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames, tmp_path: Path
+) -> None:
+    """The relay's start passes (schema current, topology declared), then its loops connect
+    to PostgreSQL as the relay role: the test's proxy holds those connections (the first
+    bytes naming ``accord_relay``). The readiness checks pass (they connect without the
+    role), yet the relay publishes nothing, so /readyz is 503 naming only ``startup`` and no
+    ready line is logged. Once the proxy lets them through, the relay is ready (the control).
+    Before, it logged its ready line and /readyz said 200 before any loop had connected."""
+    proxy = Proxy(urlsplit(pg_dsn).port or 5432)
+    port = free_port()
+    env = _env(through(pg_dsn, proxy.port), amqp_url, broker_names,
+               ACCORD_METRICS_PORT=str(port))  # fmt: skip
+    proxy.stall_on(b"accord_relay")  # the loops' startup packets (role=accord_relay)
+    log = (tmp_path / "relay.log").open("wb")
+    try:
+        with log, subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=log, stderr=log) as relay:
+            try:
+                _wait_holding(proxy)
+                _, body = until(port, "/readyz", 503, within=30, failing={"startup"})
+                assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
+                time.sleep(1.0)  # still held: still not publishing, whatever the checks say
+                assert get(port, "/readyz") == (503, body)
+                assert b"relay ready" not in (tmp_path / "relay.log").read_bytes()
+                proxy.restore()
+                _, body = until(port, "/readyz", 200, within=30)
+                assert body == {"status": "ready"}
+                assert b"relay ready" in (tmp_path / "relay.log").read_bytes()
+            finally:
+                relay.send_signal(signal.SIGTERM)
+                code = relay.wait(timeout=30)
+        assert code == 0, (tmp_path / "relay.log").read_text()[-2000:]
+    finally:
+        proxy.close()
+
+
+def test_a_broker_lost_during_the_relay_start_is_one_line(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    """RabbitMQ goes away while the relay's start declares the topology (the proxy holds the
+    exchange's declaration, then cuts the connection). Nothing in a start reconnects: the
+    relay ends with one line naming the lost broker and exit 2, for its supervisor to start
+    it again, not with aiormq's traceback (before: exit 1). Control: through the same proxy,
+    restored, the same relay starts and says ready."""
+    proxy = Proxy(urlsplit(amqp_url).port or 5672)
+    env = _env(pg_dsn, through(amqp_url, proxy.port), broker_names)
+    exchange = demo_topology(broker_names.prefix).exchange.encode()
+    try:
+        proxy.stall_on(exchange)
+        with subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) as relay:  # fmt: skip
+            _wait_holding(proxy)
+            proxy.cut()
+            proxy.restore()
+            _, err = relay.communicate(timeout=60)
+        assert relay.returncode == 2, err.decode()[-2000:]
+        last = err.decode().strip().splitlines()[-1]
+        assert last.startswith("accord: ConnectionLost: "), err.decode()[-2000:]
+        assert "service='rabbitmq'" in last
+        with subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as relay:  # fmt: skip
+            try:
+                assert relay.stdout is not None
+                assert "relay ready" in relay.stdout.readline()
+            finally:
+                relay.send_signal(signal.SIGTERM)
+                relay.communicate(timeout=30)
+        assert relay.returncode == 0
+    finally:
+        proxy.close()
