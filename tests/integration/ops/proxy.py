@@ -57,6 +57,14 @@ class Proxy:
         """Whether bytes are being held now (stalled, and a client has sent some)."""
         return self._holding > 0
 
+    def wait_holding(self, within: float = 30) -> None:
+        """Wait until bytes are held (``stall`` or ``stall_on``); AssertionError after
+        ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while not self.holding() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.holding(), f"no client reached the held bytes within {within}s"
+
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             held_until = -1  # this pipe met the marker: held until the next restore()

@@ -58,6 +58,21 @@ def until(
     raise AssertionError(f"{path} not {code} within {within}s: {last}")
 
 
+def held_then_ready(port: int, held: Proxy, log: Path, ready_line: bytes) -> None:
+    """While ``held`` holds what the start waits for, /readyz is 503 naming only
+    ``startup`` (whatever the checks say) and ``log`` has no ready line; once it lets the
+    bytes through (the control), /readyz is 200 and the ready line is there."""
+    _, body = until(port, "/readyz", 503, within=30, failing={"startup"})
+    assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
+    time.sleep(1.0)  # still held: still starting
+    assert get(port, "/readyz") == (503, body)
+    assert ready_line not in log.read_bytes()
+    held.restore()
+    _, body = until(port, "/readyz", 200, within=30)
+    assert body == {"status": "ready"}
+    assert ready_line in log.read_bytes()
+
+
 @pytest.fixture
 def proxy(pg_dsn: str) -> Iterator[Proxy]:
     p = Proxy(urlsplit(pg_dsn).port or 5432)
@@ -147,15 +162,7 @@ def test_readyz_waits_for_the_start_to_finish(
     try:
         with log, subprocess.Popen(WORKER, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
             try:
-                _, body = until(metrics_port, "/readyz", 503, within=30, failing={"startup"})
-                assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
-                time.sleep(1.0)  # still held: still starting, whatever the checks say
-                assert get(metrics_port, "/readyz") == (503, body)
-                assert b"worker ready" not in (tmp_path / "worker.log").read_bytes()
-                ledger.restore()
-                _, body = until(metrics_port, "/readyz", 200, within=30)
-                assert body == {"status": "ready"}
-                assert b"worker ready" in (tmp_path / "worker.log").read_bytes()
+                held_then_ready(metrics_port, ledger, tmp_path / "worker.log", b"worker ready")
             finally:
                 process.send_signal(signal.SIGTERM)
                 code = process.wait(timeout=30)
@@ -182,10 +189,7 @@ def test_a_session_lost_during_the_start_is_one_line(
         with subprocess.Popen(
             WORKER, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         ) as process:
-            deadline = time.monotonic() + 30
-            while not ledger.holding() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert ledger.holding(), "the start never reached the ledger"
+            ledger.wait_holding()  # the start reached the ledger
             proxy.cut()
             ledger.restore()
             _, err = process.communicate(timeout=60)

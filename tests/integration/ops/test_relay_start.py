@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,7 +17,7 @@ import pytest
 from accord.demo import demo_topology
 from tests.conftest import BrokerNames
 from tests.integration.ops.proxy import Proxy
-from tests.integration.ops.test_readiness import get, until
+from tests.integration.ops.test_readiness import held_then_ready
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,13 +44,6 @@ def _env(pg_dsn: str, amqp_url: str, names: BrokerNames, **extra: str) -> dict[s
             "ACCORD_TOPOLOGY_PREFIX": names.prefix, **extra}  # fmt: skip
 
 
-def _wait_holding(proxy: Proxy, within: float = 30) -> None:
-    deadline = time.monotonic() + within
-    while not proxy.holding() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proxy.holding(), "the relay never reached the held request"
-
-
 def test_the_relay_is_ready_once_its_loops_connect(
     pg_dsn: str, amqp_url: str, broker_names: BrokerNames, tmp_path: Path
 ) -> None:
@@ -70,16 +62,8 @@ def test_the_relay_is_ready_once_its_loops_connect(
     try:
         with log, subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=log, stderr=log) as relay:
             try:
-                _wait_holding(proxy)
-                _, body = until(port, "/readyz", 503, within=30, failing={"startup"})
-                assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
-                time.sleep(1.0)  # still held: still not publishing, whatever the checks say
-                assert get(port, "/readyz") == (503, body)
-                assert b"relay ready" not in (tmp_path / "relay.log").read_bytes()
-                proxy.restore()
-                _, body = until(port, "/readyz", 200, within=30)
-                assert body == {"status": "ready"}
-                assert b"relay ready" in (tmp_path / "relay.log").read_bytes()
+                proxy.wait_holding()
+                held_then_ready(port, proxy, tmp_path / "relay.log", b"relay ready")
             finally:
                 relay.send_signal(signal.SIGTERM)
                 code = relay.wait(timeout=30)
@@ -103,7 +87,7 @@ def test_a_broker_lost_during_the_relay_start_is_one_line(
         proxy.stall_on(exchange)
         with subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) as relay:  # fmt: skip
-            _wait_holding(proxy)
+            proxy.wait_holding()
             proxy.cut()
             proxy.restore()
             _, err = relay.communicate(timeout=60)
