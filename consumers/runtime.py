@@ -52,12 +52,6 @@ RECONNECTABLE: tuple[type[BaseException], ...] = (
     aiormq.exceptions.ChannelInvalidStateError,
 )
 
-_TOPOLOGY_MISMATCH = (
-    aiormq.exceptions.ChannelPreconditionFailed,
-    aiormq.exceptions.ChannelNotFoundEntity,
-    aiormq.exceptions.ChannelAccessRefused,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
@@ -231,7 +225,7 @@ class ConsumerRuntime:
             await topology.declare(
                 await connection.channel(), self.topology, passive=not cfg.declare
             )
-        except _TOPOLOGY_MISMATCH as exc:
+        except topology.MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
             raise ConfigError(
                 "the broker's topology differs from the code's",

@@ -13,8 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import aiormq
 
 DEFAULT_DELIVERY_LIMIT = 5
+
+# What the broker answers a declaration it will never accept: a name declared otherwise
+# (type, arguments), one missing from a passive check, or one this user may not declare.
+# Not a lost connection: declaring again fails the same way for ever.
+MISMATCH: tuple[type[Exception], ...] = (
+    aiormq.exceptions.ChannelPreconditionFailed,
+    aiormq.exceptions.ChannelNotFoundEntity,
+    aiormq.exceptions.ChannelAccessRefused,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,6 +194,14 @@ async def _prepare(settings: Settings, app: App) -> None:
             exchange=names.exchange,
             detail=str(exc)[:200],
         ) from None
+    except topology.MISMATCH as exc:
+        raise ConfigError(
+            "the broker's topology differs from the code's, or this user may not declare it:"
+            " see detail (a queue's arguments cannot change in place: delete it, or use"
+            " another ACCORD_TOPOLOGY_PREFIX)",
+            exchange=names.exchange,
+            detail=str(exc)[:200],
+        ) from None
     except _BROKER_LOST as exc:
         # Nothing in a start reconnects: one line and exit 2, and the supervisor starts the
         # relay again, as after any failed start (the driver's error logged first).

@@ -11,6 +11,7 @@ never touched.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -19,12 +20,17 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import pytest
 
+from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
+from accord.schemas import topology
+from tests.conftest import BrokerNames
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "accord.demo:app"
@@ -156,6 +162,41 @@ def test_a_refused_broker_login_stops_the_consumer_within_seconds(
     line = one_line(done, "BrokerLoginRefused", "user='guest'", "vhost='/'")
     assert "wrong-password" not in line  # the password is never printed
     assert elapsed < 15, elapsed  # stopped, not retried for ever
+
+
+async def test_a_topology_the_broker_holds_otherwise_stops_the_relay(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    """A queue of the application's topology already declared with another delivery limit
+    (a queue's arguments cannot change in place): the relay's start refuses with one line
+    naming the exchange and the broker's own words, exit 2 (before: aiormq's
+    ChannelPreconditionFailed traceback, exit 1). Control: once that queue is gone, the same
+    relay declares the topology and says ready."""
+    code = demo_topology(broker_names.prefix)
+    exchanges, queues = code.names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    first = code.workflows[0]
+    other = topology.Topology(
+        code.prefix, (replace(first, delivery_limit=first.delivery_limit + 4),)
+    )
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await topology.declare(await connection.channel(), other)
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url,
+           "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix}  # fmt: skip
+    done = await asyncio.to_thread(accord, "relay", **env)
+    line = one_line(done, "ConfigError", code.exchange, "x-delivery-limit")
+    assert "differs from the code's" in line
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await (await connection.channel()).queue_delete(code.queue(first.workflow))
+    with _start("relay", **env) as relay:
+        try:
+            await asyncio.to_thread(_wait_for_line, relay, "relay ready", within=30)
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(relay.wait, 30) == 0
 
 
 @pytest.fixture
