@@ -170,6 +170,12 @@ def serving() -> None:
     _serving.set()
 
 
+def starting() -> None:
+    """A command's run begins: it does not serve until it says ready (``serving``). A
+    process runs one command, but an in-process driver (a test) may run several."""
+    _serving.clear()
+
+
 def is_serving() -> bool:
     return _serving.is_set()
 

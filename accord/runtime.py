@@ -32,6 +32,7 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     nothing has been claimed, consumed or published yet, so there is nothing to drain.
     """
     signal.signal(signal.SIGTERM, _stop_before_ready)
+    observe.starting()
     with telemetry.tracing():  # OTEL_* configure this process's traces; flushed on return
         try:
             import uvloop  # noqa: F401

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -195,3 +196,18 @@ def test_the_process_wide_flag_is_what_a_ready_line_sets(monkeypatch: pytest.Mon
     assert readiness.failing() == {"startup": "starting"}
     runtime.ready(logging.getLogger("test"), "test ready")
     assert readiness.failing() == {}
+    # A command's run begins unserved, whatever ran before in this process (a test driving
+    # several commands in process); the flag stays set while that run serves.
+    seen: list[bool] = []
+
+    async def main() -> None:
+        seen.append(observe.is_serving())
+        runtime.ready(logging.getLogger("test"), "test ready")
+        seen.append(observe.is_serving())
+
+    sigterm = signal.getsignal(signal.SIGTERM)  # runtime.run installs its own
+    try:
+        runtime.run(main)
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert seen == [False, True]
