@@ -228,9 +228,10 @@ class ConsumerRuntime:
         except topology.MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
             raise ConfigError(
-                "the broker's topology differs from the code's",
+                topology.MISMATCH_MESSAGE,
                 queue=self._queue_name,
                 error=type(exc).__name__,
+                detail=str(exc)[:200],
             ) from exc
         async with pool.acquire() as conn:  # before the first delivery of this session
             await inbox.declare_window(conn, self._consumer)

@@ -14,6 +14,7 @@ from accord.schemas.errors import (
     DatabaseLoginRefused,
     DatabaseMissing,
     InvalidDsn,
+    MigrationRefused,
     NotInTransaction,
     RetentionTooShort,
     ServiceUnavailable,
@@ -194,7 +195,9 @@ def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
         ) from None
     except asyncpg.InvalidCatalogNameError:
         raise DatabaseMissing(**where(dsn)) from None
-    except (OSError, asyncpg.CannotConnectNowError) as exc:
+    except (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError) as exc:
+        # Too many connections (53300: the server's max_connections or the role's CONNECTION
+        # LIMIT) passes when others close theirs: transient, as a server not up yet.
         raise ServiceUnavailable(service="postgresql", detail=str(exc), **where(dsn)) from exc
 
 
@@ -228,6 +231,12 @@ async def ensure_database(dsn: str) -> bool:
             await admin.execute(f"CREATE DATABASE {quoted}")
         except asyncpg.DuplicateDatabaseError:
             return False
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise MigrationRefused(
+                f"the database does not exist and this user may not create it ({exc}):"
+                " create it as an administrator (createdb), or grant the user CREATEDB",
+                **where(dsn),
+            ) from None
         return True
     finally:
         await admin.close()

@@ -135,6 +135,14 @@ class MigrationTampered(MigrationError):
     reason = "migration_tampered"
 
 
+class MigrationRefused(ServiceRefused):
+    """PostgreSQL refused the migrating user a privilege a migration needs (creating the
+    database, a schema, the process roles, grants): migrate as a user that has it (a
+    superuser, or the database's owner with CREATEROLE; CREATEDB for a new database)."""
+
+    reason = "migration_refused"
+
+
 class SchemaBehind(MigrationError):
     """The database schema is older than this code; run `accord migrate`."""
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -26,7 +27,13 @@ import asyncpg
 
 from accord.schemas import sql
 from accord.schemas.db import connect
-from accord.schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
+from accord.schemas.errors import (
+    MigrationError,
+    MigrationRefused,
+    MigrationTampered,
+    SchemaAhead,
+    SchemaBehind,
+)
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 ACCORD = "accord"
@@ -213,7 +220,8 @@ async def migrate(
     await conn.execute(sql.LOCK, sql.MIGRATION_LOCK_KEY)
     try:
         async with conn.transaction():
-            await conn.execute(sql.ENSURE_LEDGER)
+            with _refused("the migration ledger (schema schemas)"):
+                await conn.execute(sql.ENSURE_LEDGER)
             await _adopt_retired(conn)
         status = await _verify(conn, chains)
         pending = dict(status.pending_by_component)
@@ -229,7 +237,8 @@ async def migrate(
                 ):
                     break
                 async with conn.transaction():
-                    await conn.execute(migration.text)
+                    with _refused(f"{chain.component} {migration.version:04d}_{migration.name}"):
+                        await conn.execute(migration.text)
                     await conn.execute(
                         sql.RECORD,
                         chain.component,
@@ -243,6 +252,20 @@ async def migrate(
         return applied
     finally:
         await conn.execute(sql.UNLOCK, sql.MIGRATION_LOCK_KEY)
+
+
+@contextmanager
+def _refused(what: str) -> Iterator[None]:
+    """A privilege PostgreSQL refused the migrating user: MigrationRefused naming ``what``
+    (its transaction rolls back: nothing of it applied)."""
+    try:
+        yield
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise MigrationRefused(
+            f"PostgreSQL refused the migrating user a privilege ({exc}): migrate as a superuser"
+            " or as the database's owner with CREATEROLE",
+            applying=what,
+        ) from None
 
 
 async def require_current_at(dsn: str, app_chains: Sequence[Chain] = ()) -> None:

@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     # A provider's "never seen" is trusted only for effects older than this.
     reconcile_settle_s: float = Field(default=60.0, ge=0)
     object_dir: str = "var/objects"
-    metrics_port: int = Field(default=0, ge=0)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
     # How late a process loop may report in before /healthz calls it stuck.
     health_grace_s: float = Field(default=30.0, gt=0)
     # Log lines: "text" (default) or "json" (one object per line, trace ids inside spans).

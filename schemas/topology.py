@@ -25,6 +25,11 @@ MISMATCH: tuple[type[Exception], ...] = (
     aiormq.exceptions.ChannelNotFoundEntity,
     aiormq.exceptions.ChannelAccessRefused,
 )
+MISMATCH_MESSAGE = (
+    "the broker's topology differs from the code's, or this user may not declare it: see"
+    " detail (a queue's arguments cannot change in place: delete it, or use another"
+    " ACCORD_TOPOLOGY_PREFIX)"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,10 +196,9 @@ async def _prepare(settings: Settings, app: App) -> None:
         ) from None
     except topology.MISMATCH as exc:
         raise ConfigError(
-            "the broker's topology differs from the code's, or this user may not declare it:"
-            " see detail (a queue's arguments cannot change in place: delete it, or use"
-            " another ACCORD_TOPOLOGY_PREFIX)",
+            topology.MISMATCH_MESSAGE,
             exchange=names.exchange,
+            error=type(exc).__name__,
             detail=str(exc)[:200],
         ) from None
     except _BROKER_LOST as exc:

@@ -32,6 +32,7 @@ from accord.ops.messaging import MessagingMetrics
 from accord.ops.models import REPORTED_STATES, StatusReport
 from accord.ops.status import collect_status
 from accord.schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.errors import ConfigError
 
 #: What a scrape maps to ``accord_status_up 0``: the database is unreachable or refused.
 UNAVAILABLE: tuple[type[BaseException], ...] = (*DB_CONNECTION_LOST, asyncpg.PostgresError)
@@ -251,10 +252,21 @@ def serve_metrics(
     if dsn is not None:
         registry.register(StatusCollector.from_dsn(dsn, timeout_s=timeout_s))
     registry.register(ProcessCollector(readiness))
+    app = routes(make_wsgi_app(registry), readiness)
+    try:
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    except OSError as exc:  # in use, an address this host does not have, a privileged port
+        messaging.shutdown()
+        raise ConfigError(
+            "the metrics address cannot be bound: another process holds the port, or the"
+            " address is not this host's; choose another ACCORD_METRICS_PORT (0: any free"
+            " port) or metrics address",
+            addr=addr,
+            port=port,
+            detail=str(exc),
+        ) from None
     if readiness is not None:
         readiness.start()
-    app = routes(make_wsgi_app(registry), readiness)
-    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = Thread(target=server.serve_forever, name="accord-metrics", daemon=True)
     thread.start()
     return MetricsServer(registry, messaging, server.server_address[1], server, thread, readiness)

@@ -12,6 +12,7 @@ never touched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -19,17 +20,20 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
+import asyncpg
 import pytest
 
 from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
 from accord.schemas import topology
+from accord.schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.errors import ServiceUnavailable
 from tests.conftest import BrokerNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +96,102 @@ def test_a_database_that_does_not_exist_names_accord_migrate(pg_dsn: str) -> Non
         assert "`accord migrate` creates it" in line
     checked = accord("migrate", "--check", ACCORD_PG_DSN=dsn)
     assert checked.returncode == 1 and "`accord migrate` creates it" in checked.stdout
+
+
+@contextlib.asynccontextmanager
+async def login_role(admin_dsn: str, options: str = "") -> AsyncIterator[str]:
+    """A login role of this test's own (``options`` as CREATE ROLE takes them), dropped at
+    the end: a user with limits or without privileges, on the shared server, touching
+    nothing else."""
+    name = f"t_role_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {name} LOGIN {options}")
+        yield name
+    finally:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
+        )
+        await admin.execute(f"DROP ROLE IF EXISTS {name}")
+        await admin.close()
+
+
+async def test_a_role_at_its_connection_limit_is_transient(pg_dsn: str, pg_admin_dsn: str) -> None:
+    """PostgreSQL refuses a connection past the role's CONNECTION LIMIT (or the server's
+    max_connections) with 53300: that passes once others close theirs, so it is
+    ServiceUnavailable (a serving process's loops retry it; a start ends with one line, exit
+    2), not asyncpg's TooManyConnectionsError escaping as a traceback (before: exit 1, and a
+    serving loop that met it crashed). Control: with the limit lifted, the same user
+    connects."""
+    async with login_role(pg_admin_dsn, "CONNECTION LIMIT 0") as role:
+        dsn = with_db(pg_dsn, user=role)
+        with pytest.raises(ServiceUnavailable) as refused:
+            await connect(dsn)
+        assert isinstance(refused.value, DB_CONNECTION_LOST)  # what every loop retries
+        assert "too many connections" in str(refused.value)
+        done = await asyncio.to_thread(accord, "status", ACCORD_PG_DSN=dsn)
+        one_line(done, "ServiceUnavailable", "too many connections", "at='127.0.0.1:")
+        admin = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        finally:
+            await admin.close()
+        conn = await connect(dsn)  # control
+        assert await conn.fetchval("SELECT current_user") == role
+        await conn.close()
+
+
+async def test_migrate_by_a_user_without_the_privileges_is_one_line(
+    empty_pg_dsn: str, pg_admin_dsn: str
+) -> None:
+    """`accord migrate` as a user that may not create the database, or may not create the
+    migration ledger's schema in an existing one: one line naming what it was applying and
+    what to do, exit 2, nothing applied (before: InsufficientPrivilegeError's traceback).
+    Control: the same command as the administrator migrates that database."""
+    async with login_role(pg_admin_dsn) as role:
+        missing = f"missing_{uuid.uuid4().hex[:8]}"
+        done = await asyncio.to_thread(
+            accord, "migrate", ACCORD_PG_DSN=with_db(empty_pg_dsn, user=role, database=missing)
+        )
+        line = one_line(done, "MigrationRefused", "may not create it", "CREATEDB")
+        done = await asyncio.to_thread(
+            accord, "migrate", ACCORD_PG_DSN=with_db(empty_pg_dsn, user=role)
+        )
+        line = one_line(done, "MigrationRefused", "applying='the migration ledger")
+        assert "superuser" in line
+    admin = await asyncpg.connect(empty_pg_dsn)
+    try:  # nothing applied
+        assert await admin.fetchval("SELECT to_regclass('schemas.migrations')") is None
+    finally:
+        await admin.close()
+    done = await asyncio.to_thread(accord, "migrate", ACCORD_PG_DSN=empty_pg_dsn)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_metrics_port_another_process_holds_is_one_line(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    """ACCORD_METRICS_PORT held by another process (two processes given one port, or a
+    restart while the old one still stops): one line naming the port, exit 2 (before:
+    OSError's traceback, exit 1). Control: once the port is free, the same relay serves."""
+    exchanges, queues = demo_topology(broker_names.prefix).names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url,
+           "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix}  # fmt: skip
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    with holder:
+        line = one_line(accord("relay", ACCORD_METRICS_PORT=str(port), **env), "ConfigError",
+                        f"port={port}", "ACCORD_METRICS_PORT")  # fmt: skip
+        assert "Address already in use" in line
+    one_line(accord("relay", ACCORD_METRICS_PORT="70000", **env), "SettingsInvalid", "METRICS_PORT")
+    with _start("relay", ACCORD_METRICS_PORT=str(port), **env) as relay:
+        try:
+            _wait_for_line(relay, "relay ready", within=30)
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            assert relay.wait(timeout=30) == 0
 
 
 def test_a_journal_or_object_path_that_cannot_be_made(pg_dsn: str, tmp_path: Path) -> None:

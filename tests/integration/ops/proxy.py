@@ -69,9 +69,11 @@ class Proxy:
         with contextlib.suppress(OSError):
             held_until = -1  # this pipe met the marker: held until the next restore()
             while chunk := source.recv(65536):
-                marker = self._stall_on
+                # The count before the marker: a restore() between the two reads then
+                # releases this chunk, never one that never comes.
+                restores, marker = self._restores, self._stall_on
                 if marker is not None and marker in chunk:
-                    held_until = self._restores + 1
+                    held_until = restores + 1
                 if self._stalled.is_set() or held_until > self._restores:
                     with self._lock:
                         self._holding += 1
