@@ -1,6 +1,12 @@
 """Ownership and effects: the SQL jobs module, the single claimant, and its fences."""
 
-from accord.jobs.authority import TenantRestore, authority_watch, check_restore, require_authority
+from accord.jobs.authority import (
+    AuthorityGate,
+    TenantRestore,
+    authority_watch,
+    check_restore,
+    require_authority,
+)
 from accord.jobs.errors import (
     AuthorityError,
     AuthorityRefused,
@@ -48,6 +54,7 @@ __all__ = [
     "Answer",
     "AuditRow",
     "AuthorityError",
+    "AuthorityGate",
     "AuthorityRefused",
     "Callback",
     "Cancellation",

@@ -33,9 +33,10 @@ import anyio.abc
 import asyncpg
 
 from accord.jobs import repair_sql
-from accord.jobs.errors import AuthorityRefused, RestoreDetected
+from accord.jobs.errors import AuthorityRefused, LedgerUnavailable, RestoreDetected
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
-from accord.schemas.db import Tx, require_transaction
+from accord.schemas.backoff import Reconnect
+from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
 
 log = logging.getLogger("jobs.authority")
 
@@ -176,23 +177,83 @@ async def require_authority(
 OnRestore = Callable[[list[TenantRestore]], Awaitable[None]]
 
 
+class AuthorityGate:
+    """Whether a worker may claim (DESIGN §8): shut until an authority check passes, and
+    shut again by a lost database connection, since the database may come back restored:
+    nothing is claimed until a check that began after the loss has passed. The claim loops
+    wait on it and report their losses (``lost``); the authority watch reports its passes."""
+
+    def __init__(self) -> None:
+        self._open = anyio.Event()
+        self._lost = anyio.Event()  # pulsed by each loss (replaced, then set)
+        self._losses = 0
+
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    async def wait_open(self) -> None:
+        await self._open.wait()
+
+    def lost(self) -> None:
+        """A connection to the database was lost: shut until the next check passes."""
+        self._losses += 1
+        if self._open.is_set():  # an unset one stays: its waiters are waiting on it
+            self._open = anyio.Event()
+        pulse, self._lost = self._lost, anyio.Event()
+        pulse.set()
+
+    def mark(self) -> int:
+        """Taken before a check: ``passed(mark)`` opens only if no loss came since."""
+        return self._losses
+
+    def passed(self, mark: int) -> None:
+        if mark == self._losses:
+            self._open.set()
+
+    async def until_lost(self, since: int, timeout_s: float) -> None:
+        """Return after ``timeout_s``, or once a loss came after ``since`` (a mark)."""
+        with anyio.move_on_after(timeout_s):
+            while self._losses == since:
+                await self._lost.wait()
+
+
 async def authority_watch(
     pool: asyncpg.Pool,
     ledger: Ledger,
     interval_s: float,
     *,
+    gate: AuthorityGate | None = None,
     on_restore: OnRestore | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run :func:`check_restore` now and every ``interval_s`` seconds, for ever (start it in
-    the process's task group with ``tg.start``: it reports started after the first pass).
-    ``on_restore`` gets each pass's new detections. Errors propagate: a ledger that cannot be
-    verified stops the process rather than letting it run unchecked."""
+    the process's task group with ``tg.start``: it reports started after the first pass, whose
+    errors propagate). ``on_restore`` gets each pass's new detections; ``gate`` opens on each
+    pass. A database connection lost under a later pass shuts the gate and is retried with
+    the shared backoff; a loss another loop reports (``gate.lost``) brings the next pass
+    forward. The ledger's errors propagate: a ledger that cannot be verified stops the
+    process rather than letting it run unchecked."""
+    gate = gate if gate is not None else AuthorityGate()
+    since = gate.mark()
     restores = await check_restore(pool, ledger)
+    gate.passed(since)
     task_status.started()
+    reconnect = Reconnect("authority watch", log)
+    wait = interval_s
     while True:
         fresh = [r for r in restores if r.newly_detected]
         if fresh and on_restore is not None:
             await on_restore(fresh)
-        await anyio.sleep(interval_s)
-        restores = await check_restore(pool, ledger)
+        await gate.until_lost(since, wait)
+        since = gate.mark()
+        try:
+            restores = await check_restore(pool, ledger)
+        except LedgerUnavailable:
+            raise
+        except DB_CONNECTION_LOST as exc:
+            gate.lost()
+            since, restores, wait = gate.mark(), [], reconnect.lost(exc)
+        else:
+            reconnect.up()
+            gate.passed(since)
+            wait = interval_s

@@ -31,7 +31,7 @@ from accord.app import App
 from accord.commands.common import check_retention, require_app
 from accord.commands.repair import ledger_from_settings
 from accord.jobs import Store
-from accord.jobs.authority import authority_watch, require_authority
+from accord.jobs.authority import AuthorityGate, authority_watch, require_authority
 from accord.jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
 from accord.ops import checks
 from accord.schemas import migrate
@@ -183,15 +183,18 @@ async def serve(
         with open_journal(
             options.journal, options.runner_id, segment_bytes=segment_bytes
         ) as journal:
+            # Claims wait after a lost database until the watch's next check passes.
+            gate = AuthorityGate()
             worker = Worker(
                 options.config,
                 store=store,
                 journal=journal,
                 objects=objects,
                 pool=pool,
+                authority=gate,
             )
             worker.register_all(chosen)
-            watch = partial(authority_watch, pool, ledger, settings.authority_check_s)
+            watch = partial(authority_watch, pool, ledger, settings.authority_check_s, gate=gate)
             await _run(worker, options, watch)
     finally:
         await pool.close()

@@ -29,6 +29,7 @@ import anyio.abc
 from opentelemetry import trace
 
 from accord import observe
+from accord.jobs.authority import AuthorityGate
 from accord.jobs.errors import (
     EffectsUnresolved,
     EffectUndeclared,
@@ -75,7 +76,10 @@ class Worker:
         journal: RunnerJournal,
         objects: ObjectStore,
         pool: Any = None,
+        authority: AuthorityGate | None = None,
     ) -> None:
+        """``authority``: the gate the process's authority watch keeps (accord worker's);
+        claims wait while it is shut, and a claim's lost connection shuts it."""
         self.config = config
         self.stats = WorkerStats()
         #: The journal's unrecorded effects found when ``run`` started (needs ``pool``).
@@ -86,6 +90,7 @@ class Worker:
         self._journal = journal
         self._objects = objects
         self._pool = pool
+        self._authority = authority
         self._handlers: dict[str, Registered] = {}
         self._running = 0
         self._job_s = 0.0  # how long an attempt takes here, recently (a moving average)
@@ -232,6 +237,11 @@ class Worker:
                     # claim. (One slot in all, or a claim already full, gains nothing by it.)
                     await self._nap(linger, stop_only=True)
                 continue
+            if self._authority is not None and not self._authority.is_open():
+                # The database was lost and may be back restored: no claim before a check
+                # that began after the loss passed (the watch's; in-flight jobs go on).
+                await self._nap(self.config.poll_s, stop_only=True)
+                continue
             wanted = min(free, self.config.claim_batch)
             # Reserve the slots before the claim: another class's loop must not claim them too.
             self._running += wanted
@@ -251,6 +261,8 @@ class Worker:
                 )
             except DB_CONNECTION_LOST as exc:
                 wait = max(self.config.poll_s, reconnect.lost(exc))
+                if self._authority is not None:
+                    self._authority.lost()
             else:
                 self.stats.claims += 1
                 reconnect.up()

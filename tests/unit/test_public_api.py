@@ -119,6 +119,7 @@ EXPECTED: dict[str, set[str]] = {
         "Answer",
         "AuditRow",
         "AuthorityError",
+        "AuthorityGate",
         "AuthorityRefused",
         "EffectResolved",
         "EpochAdvanced",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import anyio
@@ -10,6 +11,7 @@ import asyncpg
 import pytest
 
 from accord.jobs import (
+    AuthorityGate,
     AuthorityRefused,
     FenceLost,
     FileLedger,
@@ -24,8 +26,11 @@ from accord.jobs import (
     require_authority,
 )
 from accord.jobs.authority import lift, restrict, rotate
-from accord.jobs.repair import advance_epoch, release_hold
+from accord.jobs.repair import WORKER_ROLE, advance_epoch, release_hold
+from accord.schemas.db import create_pool
 from tests.integration.authority.conftest import TENANT, Principals
+from tests.integration.ops.proxy import Proxy
+from tests.support import wait_for
 
 
 async def epoch_of(p: Principals, tenant: str = TENANT) -> tuple[int, bool]:
@@ -218,3 +223,67 @@ async def test_authority_watch_detects_a_restore_while_running(
     assert [(r.tenant, r.held_jobs) for r in seen] == [(TENANT, 1)]
     with pytest.raises(FenceLost):
         await p.store.renew(lease, 60)
+
+
+async def test_the_authority_watch_outlives_a_lost_database_and_shuts_the_gate(
+    principals: Principals, ledger: FileLedger
+) -> None:
+    """The watch's pool reaches PostgreSQL through a proxy of this test's own. Control: its
+    first pass opens the gate. The proxy cut (a restart, a failover), the watch's passes
+    fail: it goes on, retrying with the backoff, and the gate stays shut, so no claim can
+    meet a database that may come back restored; once a pass succeeds after the restore, the
+    gate opens again, and the watch still detects a restore. Before, the first pass that
+    met the lost connection raised out of the watch and ended the worker (a traceback)."""
+    proxy = Proxy.of(principals.dsn)
+    pool = await create_pool(
+        proxy.url(principals.dsn), min_size=1, max_size=2, server_settings={"role": WORKER_ROLE}
+    )
+    gate = AuthorityGate()
+    seen: list[TenantRestore] = []
+
+    async def on_restore(restores: list[TenantRestore]) -> None:
+        seen.extend(restores)
+
+    def until(predicate: Callable[[], bool]) -> Awaitable[None]:
+        async def holds() -> bool:
+            return predicate()
+
+        return wait_for(holds, within=20, every=0.02)
+
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                watch = partial(authority_watch, gate=gate, on_restore=on_restore)
+                await tg.start(watch, pool, ledger, 0.05)
+                assert gate.is_open()
+                proxy.cut()
+                await until(lambda: not gate.is_open())
+                await anyio.sleep(1.0)  # passes keep failing meanwhile; the watch goes on
+                assert not gate.is_open()
+                proxy.restore()
+                await until(gate.is_open)
+                await principals.submit("a")
+                await principals.claim_one()
+                await ledger.append(
+                    LedgerRecord(tenant=TENANT, epoch=2, frozen=False, why=LedgerWhy.ROTATE)
+                )
+                await until(lambda: bool(seen))
+                tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+        proxy.close()
+    assert [(r.tenant, r.held_jobs) for r in seen] == [(TENANT, 1)]
+
+
+async def test_a_loss_reported_during_a_pass_keeps_the_gate_shut() -> None:
+    """A pass that began before a loss does not open the gate (it may have read the database
+    before it was restored); one that began after it does."""
+    gate = AuthorityGate()
+    before = gate.mark()
+    gate.lost()
+    gate.passed(before)
+    assert not gate.is_open()
+    gate.passed(gate.mark())
+    assert gate.is_open()
+    gate.lost()
+    assert not gate.is_open()

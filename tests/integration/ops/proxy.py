@@ -8,6 +8,7 @@ import contextlib
 import socket
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 
 class Proxy:
@@ -27,6 +28,12 @@ class Proxy:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
+
+    @classmethod
+    def of(cls, url: str) -> Proxy:
+        """A proxy in front of the server a DSN or an AMQP URL names (on this host)."""
+        parts = urlsplit(url)
+        return cls(parts.port or (5672 if parts.scheme.startswith("amqp") else 5432))
 
     def _spawn(self, target: object, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
@@ -52,6 +59,14 @@ class Proxy:
                 self._open += [client, upstream]
             self._spawn(self._pipe, client, upstream)
             self._spawn(self._pipe, upstream, client)
+
+    def url(self, url: str) -> str:
+        """``url`` (a DSN or an AMQP URL) through this proxy: its host and port replaced,
+        its user and password kept."""
+        parts = urlsplit(url)
+        user = parts.netloc.rpartition("@")[0]
+        return urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{self.port}" if user
+                                         else f"127.0.0.1:{self.port}"))  # fmt: skip
 
     def holding(self) -> bool:
         """Whether bytes are being held now (stalled, and a client has sent some)."""

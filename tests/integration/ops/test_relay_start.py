@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -23,15 +22,6 @@ from tests.support import free_port
 ROOT = Path(__file__).resolve().parents[3]
 RELAY = [sys.executable, "-m", "accord", "relay"]
 pytestmark = pytest.mark.timeout(120)
-
-
-def through(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's (user and password kept)."""
-    parts = urlsplit(url)
-    user = parts.netloc.rpartition("@")[0]
-    return urlunsplit(
-        parts._replace(netloc=f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}")
-    )
 
 
 def _env(pg_dsn: str, amqp_url: str, names: BrokerNames, **extra: str) -> dict[str, str]:
@@ -53,9 +43,9 @@ def test_the_relay_is_ready_once_its_loops_connect(
     role), yet the relay publishes nothing, so /readyz is 503 naming only ``startup`` and no
     ready line is logged. Once the proxy lets them through, the relay is ready (the control).
     Before, it logged its ready line and /readyz said 200 before any loop had connected."""
-    proxy = Proxy(urlsplit(pg_dsn).port or 5432)
+    proxy = Proxy.of(pg_dsn)
     port = free_port()
-    env = _env(through(pg_dsn, proxy.port), amqp_url, broker_names,
+    env = _env(proxy.url(pg_dsn), amqp_url, broker_names,
                ACCORD_METRICS_PORT=str(port))  # fmt: skip
     proxy.stall_on(b"accord_relay")  # the loops' startup packets (role=accord_relay)
     log = (tmp_path / "relay.log").open("wb")
@@ -80,8 +70,8 @@ def test_a_broker_lost_during_the_relay_start_is_one_line(
     relay ends with one line naming the lost broker and exit 2, for its supervisor to start
     it again, not with aiormq's traceback (before: exit 1). Control: through the same proxy,
     restored, the same relay starts and says ready."""
-    proxy = Proxy(urlsplit(amqp_url).port or 5672)
-    env = _env(pg_dsn, through(amqp_url, proxy.port), broker_names)
+    proxy = Proxy.of(amqp_url)
+    env = _env(pg_dsn, proxy.url(amqp_url), broker_names)
     exchange = demo_topology(broker_names.prefix).exchange.encode()
     try:
         proxy.stall_on(exchange)

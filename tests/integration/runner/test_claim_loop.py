@@ -8,9 +8,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from accord.demo import DEFAULT_OWNER
-from accord.jobs import JobState
+from accord.demo import DEFAULT_OWNER, WORKFLOW, report_handler
+from accord.jobs import AuthorityGate, JobState, Store
 from accord.jobs.runner import Handler, JobContext, Worker, WorkerConfig, open_journal
+from accord.schemas.db import create_pool
+from tests.integration.ops.proxy import Proxy
 from tests.integration.runner.conftest import CountingStore, Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -139,3 +141,48 @@ async def test_short_jobs_linger_a_tenth_of_their_time_at_most(rig: Rig) -> None
     most, so 24 jobs on 4 slots take well under the 5 s that five whole lingers would."""
     elapsed, _ = await _drain(rig, "brief", 24, concurrency=4, linger_s=1.0)
     assert elapsed < 2.5, elapsed
+
+
+async def test_claims_wait_for_an_authority_check_after_a_lost_database(rig: Rig) -> None:
+    """The worker reaches PostgreSQL through a proxy of this test's own and keeps the gate
+    its process's authority watch would keep. Control: with the gate open it claims and
+    publishes a report. The proxy cut, the claim loop's own lost connection shuts the gate;
+    once the database answers again, a report submitted then stays queued, though the
+    worker could claim it, until a check that began after the loss has passed (the watch's
+    part, done here by hand); then it is claimed and published."""
+    proxy = Proxy.of(rig.pg_dsn)
+    pool = await create_pool(proxy.url(rig.pg_dsn), min_size=1, max_size=12)
+    gate = AuthorityGate()
+    gate.passed(gate.mark())
+    worker = Worker(
+        WorkerConfig(owner=DEFAULT_OWNER, lease_s=3.0, poll_s=0.05, rescue_every_s=None),
+        store=Store(pool, backoff_base_s=0.0),
+        journal=open_journal(rig.journal_path(), "w1"),
+        objects=rig.objects,
+        pool=pool,
+        authority=gate,
+    )
+    worker.register(WORKFLOW, report_handler(rig.client), timeout_s=30.0)
+
+    async def shut() -> bool:
+        return not gate.is_open()
+
+    try:
+        async with running(worker):
+            first = await rig.submit_report("r1")
+            await wait_for(lambda: _state_is(rig, first, JobState.SUCCEEDED))
+            proxy.cut()
+            await wait_for(shut)
+            proxy.restore()
+            second = await rig.submit_report("r2")
+            await anyio.sleep(1.5)  # the worker is idle and its database answers again
+            assert await rig.state(second) == JobState.QUEUED
+            gate.passed(gate.mark())
+            await wait_for(lambda: _state_is(rig, second, JobState.SUCCEEDED))
+    finally:
+        await pool.close()
+        proxy.close()
+
+
+async def _state_is(rig: Rig, job_id: int, state: JobState) -> bool:
+    return await rig.state(job_id) == state
