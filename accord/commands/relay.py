@@ -171,6 +171,9 @@ def relay_config(settings: Settings, app: App) -> RelayConfig:
     )
 
 
+# How long the relay's start waits for the broker to connect, and to declare the topology.
+START_TIMEOUT_S = 10.0
+
 # What a broker connection lost under a call raises: the connection's own error (an
 # AMQPConnectionError, a reset: ConnectionError), or, on a channel whose connection closed,
 # ChannelInvalidStateError.
@@ -180,13 +183,21 @@ _BROKER_LOST = (ConnectionError, aiormq.exceptions.ChannelInvalidStateError)
 async def _prepare(settings: Settings, app: App) -> None:
     await migrate.require_current_at(settings.pg_dsn, app.migration_chains())
     try:
-        amqp = await broker.connect(settings.amqp_url, timeout=10)
+        amqp = await broker.connect(settings.amqp_url, timeout=START_TIMEOUT_S)
     except OSError as exc:
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
     names = app.topology(prefix(app, settings))
     try:
-        channel = await amqp.channel()
-        await topology.declare(channel, names, passive=not settings.topology_declare)
+        # A broker that stops answering without closing the connection would otherwise
+        # hold the start until the heartbeats give up.
+        with anyio.fail_after(START_TIMEOUT_S):
+            channel = await amqp.channel()
+            await topology.declare(channel, names, passive=not settings.topology_declare)
+    except TimeoutError:
+        raise ServiceUnavailable(
+            service="rabbitmq",
+            detail=f"no answer to the topology's declaration within {START_TIMEOUT_S:g} s",
+        ) from None
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         raise ConfigError(
             "the broker lacks the application's topology: declare it once"
@@ -206,8 +217,8 @@ async def _prepare(settings: Settings, app: App) -> None:
         # relay again, as after any failed start (the driver's error logged first).
         log.warning("the broker connection ended during the start", exc_info=exc)
         raise ConnectionLost(service="rabbitmq", error=type(exc).__name__) from None
-    finally:
-        with contextlib.suppress(*_BROKER_LOST):  # already gone, when it was lost
+    finally:  # bounded, and quiet when the connection is already gone
+        with anyio.move_on_after(START_TIMEOUT_S / 2), contextlib.suppress(*_BROKER_LOST):
             await amqp.close()
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,26 @@ def test_a_broker_lost_during_the_relay_start_is_one_line(
         assert relay.returncode == 0
     finally:
         proxy.close()
+
+
+def test_a_broker_silent_during_the_relay_start_is_one_line(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    """RabbitMQ stops answering, its connection left open, while the relay's start declares
+    the topology (the proxy holds the exchange's declaration for good): the start gives up
+    after its timeout with one line naming the broker, exit 2, instead of waiting for the
+    heartbeats to give up (a minute or more)."""
+    proxy = Proxy.of(amqp_url)
+    env = _env(pg_dsn, proxy.url(amqp_url), broker_names)
+    try:
+        proxy.stall_on(demo_topology(broker_names.prefix).exchange.encode())
+        started = time.monotonic()
+        done = subprocess.run(RELAY, env=env, cwd=ROOT, capture_output=True, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("accord: ServiceUnavailable: "), last
+    assert "service='rabbitmq'" in last and "declaration" in last
+    assert took < 30, took
