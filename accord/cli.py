@@ -22,7 +22,7 @@ from accord import logs, observe
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
 from accord.schemas import db
-from accord.schemas.errors import AccordError, ConnectionLost
+from accord.schemas.errors import AccordError, ConfigError, ConnectionLost
 from accord.schemas.settings import Settings, load_settings
 
 log = logging.getLogger("accord.cli")
@@ -64,13 +64,25 @@ def _settings() -> Settings:
 
 
 def _accord_error(exc: BaseException) -> AccordError | None:
-    """The AccordError a failure comes down to: itself, or the first in a task group's
-    exception group whose other members are only the cancellations it caused. Before a
-    process serves (its start: nothing there reconnects), a PostgreSQL session that ended
-    under a call is ConnectionLost: one line, exit 2, and the supervisor starts the process
-    again, as after any failed start. A protocol violation is not a lost session (it is a
-    bug: its traceback stands), nor is a session lost once the process serves (its loops
-    reconnect; one that did not is a bug too)."""
+    """The AccordError a failure comes down to: itself, or one of a task group's exception
+    group, a refusal (a ConfigError) before the rest, which it explains (the connections it
+    closed, the cancellations it caused). Before a process serves (its start: nothing there
+    reconnects), a PostgreSQL session that ended under a call is ConnectionLost: one line,
+    exit 2, and the supervisor starts the process again, as after any failed start. A
+    protocol violation is not a lost session (it is a bug: its traceback stands), nor is a
+    session lost once the process serves (its loops reconnect; one that did not is a bug
+    too)."""
+    found = [e for e in map(_accord_leaf, _leaves(exc)) if e is not None]
+    return next((e for e in found if isinstance(e, ConfigError)), found[0] if found else None)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _accord_leaf(exc: BaseException) -> AccordError | None:
     if isinstance(exc, AccordError):
         return exc
     if (
@@ -80,11 +92,6 @@ def _accord_error(exc: BaseException) -> AccordError | None:
     ):
         log.warning("the database session ended during the start", exc_info=exc)
         return ConnectionLost(service="postgresql", error=type(exc).__name__)
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _accord_error(inner)
-            if found is not None:
-                return found
     return None
 
 

@@ -37,7 +37,7 @@ from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
 from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, create_pool
-from accord.schemas.errors import ConfigError, RetentionTooShort
+from accord.schemas.errors import BrokerAccessRefused, ConfigError, RetentionTooShort
 from accord.schemas.events import Catalog
 
 log = logging.getLogger("consumers")
@@ -368,7 +368,16 @@ class _Lane:
     arrived: anyio.Event = field(default_factory=anyio.Event)
 
     async def start(self) -> None:
-        self.tag = await self.queue.consume(self._feed, no_ack=False)
+        try:
+            self.tag = await self.queue.consume(self._feed, no_ack=False)
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            # Not a lost channel: the broker refuses this user the queue at every retry.
+            raise BrokerAccessRefused(
+                "RabbitMQ refused this user the queue: grant it read permission on it"
+                " (rabbitmqctl set_permissions)",
+                queue=self.queue.name,
+                detail=str(exc)[:200],
+            ) from None
 
     async def _feed(self, message: Message) -> None:
         try:

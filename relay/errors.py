@@ -57,6 +57,14 @@ class PublishTimeout(PublishFailed):
     reason = "timeout"
 
 
+class PublishRefused(PublishFailed, schemas_errors.BrokerAccessRefused):
+    """The broker refused this user publishing to the exchange (ACCESS_REFUSED): not the
+    row's fault, and refused at every retry. The row stays pending with this reason; the
+    relay settles its batch, then stops with one line (a ServiceRefused)."""
+
+    reason = "access_refused"
+
+
 class ConnectionLost(PublishFailed, schemas_errors.ConnectionLost):
     """The broker channel or connection was lost before the confirm (a publish outcome, and
     the same lost connection every module sees)."""

@@ -19,7 +19,14 @@ import aio_pika
 import aiormq
 import anyio
 
-from accord.relay.errors import ConnectionLost, MessageTooLarge, Nacked, PublishTimeout, Unroutable
+from accord.relay.errors import (
+    ConnectionLost,
+    MessageTooLarge,
+    Nacked,
+    PublishRefused,
+    PublishTimeout,
+    Unroutable,
+)
 from accord.schemas import broker
 from accord.schemas.errors import ConfigError, ServiceUnavailable
 from accord.schemas.wire import WireMessage
@@ -77,6 +84,15 @@ class AmqpPublisher:
             raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             raise _precondition(exc, len(message.body)) from exc
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            # Not a lost channel, nor this row's fault: refused at every retry (the relay
+            # settles its batch, then stops); the row stays pending, published once allowed.
+            raise PublishRefused(
+                "RabbitMQ refused this user publishing to the exchange: grant it write"
+                " permission on it (rabbitmqctl set_permissions)",
+                exchange=self._exchange.name,
+                detail=str(exc)[:200],
+            ) from None
         except (
             aiormq.exceptions.AMQPError,
             aiormq.exceptions.ChannelInvalidStateError,

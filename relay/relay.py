@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
 from accord.relay import outbox, sql
-from accord.relay.errors import MessageTooLarge, PublishFailed, Unroutable
+from accord.relay.errors import MessageTooLarge, PublishFailed, PublishRefused, Unroutable
 from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
@@ -165,6 +165,8 @@ class Relay:
         # Set once a loop holds both a broker session and a database link: the relay then
         # publishes (what its process's ready line and /readyz wait for).
         self.publishing = anyio.Event()
+        # The broker refused this user publishing: the batch is settled, then it is raised.
+        self._refused: PublishRefused | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
         self._pg_args: dict[str, Any] = (
@@ -358,6 +360,8 @@ class Relay:
         outcomes = await self._publish_batch(publisher, rows, previous)
         await outbox.settle(conn, token, outcomes)
         self.stats.cycles += 1
+        if self._refused is not None:  # settled first: the rows keep why, and wait no lease
+            raise self._refused
         return len(rows)
 
     async def _previous_reasons(
@@ -437,6 +441,8 @@ class Relay:
                 )
                 await publisher.publish(message, confirm_timeout_s=self.config.publish_timeout_s)
             except PublishFailed as exc:
+                if isinstance(exc, PublishRefused):
+                    self._refused = exc
                 settlement = self._failed(row, exc)
                 span.set_attribute(telemetry.ATTR_RELAY_REASON, exc.reason)
                 if settlement.state is OutboxState.HELD:

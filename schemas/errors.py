@@ -111,6 +111,13 @@ class BrokerVhostRefused(ServiceRefused):
     reason = "broker_vhost_refused"
 
 
+class BrokerAccessRefused(ServiceRefused):
+    """RabbitMQ refused this user an operation on a queue or an exchange (ACCESS_REFUSED):
+    grant it the permission named (rabbitmqctl set_permissions: configure, write, read)."""
+
+    reason = "broker_access_refused"
+
+
 class ServiceUnavailable(AccordError):
     """A required service (PostgreSQL or RabbitMQ) did not answer."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from accord import cli, observe
 from accord.schemas.db import create_pool
-from accord.schemas.errors import ConnectionLost, ServiceUnavailable
+from accord.schemas.errors import BrokerAccessRefused, ConnectionLost, ServiceUnavailable
 from tests.support import free_port
 
 
@@ -44,3 +44,14 @@ def test_a_session_that_ended_during_the_start_is_one_line(
     # Once the process serves, a session error that escaped its loops is a bug too.
     observe.serving()
     assert cli._accord_error(ended) is None
+
+
+def test_a_refusal_in_a_group_is_named_before_what_it_caused() -> None:
+    """A task group's failure holding a refusal (a ConfigError: the broker refused this user
+    a queue) and the lost connection the refusal closed: the line names the refusal, which
+    says what to do, whichever task failed first."""
+    refused = BrokerAccessRefused("RabbitMQ refused this user the queue", queue="q")
+    lost = ConnectionLost(service="rabbitmq")
+    for group in (ExceptionGroup("run", [lost, refused]), ExceptionGroup("run", [refused, lost])):
+        assert cli._accord_error(ExceptionGroup("outer", [group])) is refused
+    assert cli._accord_error(ExceptionGroup("run", [lost])) is lost  # control: alone, itself
