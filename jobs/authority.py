@@ -191,13 +191,10 @@ class AuthorityGate:
     def is_open(self) -> bool:
         return self._open.is_set()
 
-    async def wait_open(self) -> None:
-        await self._open.wait()
-
     def lost(self) -> None:
         """A connection to the database was lost: shut until the next check passes."""
         self._losses += 1
-        if self._open.is_set():  # an unset one stays: its waiters are waiting on it
+        if self._open.is_set():
             self._open = anyio.Event()
         pulse, self._lost = self._lost, anyio.Event()
         pulse.set()
