@@ -57,7 +57,11 @@ def open_journal(
     except OSError as exc:
         raise JournalUnavailable(path=str(journal_path), detail=str(exc)) from exc
     if journal.scan.tail is Tail.TORN:
-        repair = journal.repair()
+        try:  # the quarantine copy and the cut write: a full disk is this start's end
+            repair = journal.repair()
+        except OSError as exc:
+            journal.close()
+            raise JournalUnavailable(path=str(journal_path), detail=str(exc)) from exc
         if repair is not None:
             log.warning(
                 "journal tail was torn: %d bytes at offset %d (%s) quarantined in %s",
@@ -156,7 +160,10 @@ async def seal_at_start(
     :func:`report_unrecorded` found, begins with their journal outcomes); the segment they
     were found in holds nothing else that can still matter and goes. Before any claim."""
     keep = {entry.ref for entry in unrecorded}
-    rotation = await journal.rotate({ref for ref in journal.begun() if ref not in keep})
+    try:
+        rotation = await journal.rotate({ref for ref in journal.begun() if ref not in keep})
+    except OSError as exc:  # before the switch (a full disk): the live segment is as it was
+        raise JournalUnavailable(path=str(journal.path), detail=str(exc)) from exc
     _log_rotation(journal, rotation, "start")
     return rotation
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -31,6 +32,8 @@ import pytest
 
 from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
+from accord.jobs.runner import open_journal
+from accord.jobs.runner.journal_records import Claim
 from accord.schemas import topology
 from accord.schemas.db import DB_CONNECTION_LOST, connect
 from accord.schemas.errors import ServiceUnavailable
@@ -227,6 +230,60 @@ def test_a_journal_or_object_path_that_cannot_be_made(pg_dsn: str, tmp_path: Pat
             worker.send_signal(signal.SIGTERM)
             worker.communicate(timeout=30)
     assert worker.returncode == 0
+
+
+def test_a_full_disk_at_the_worker_s_start_is_one_line(pg_dsn: str, tmp_path: Path) -> None:
+    """A worker's start seals its journal's live segment into a new one (here one Claim
+    record of an earlier run is left behind). With no room to write it (the process's file
+    size limit, RLIMIT_FSIZE, at 16 bytes: EFBIG where a full disk gives ENOSPC), the start
+    ends with one line naming the journal, exit 2, and the live segment stays as it was
+    (before: OSError's traceback, exit 1). Control: without the limit, the same worker
+    starts (and cuts the torn tail the second case left)."""
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_LEDGER_PATH": str(tmp_path / "authority.ledger"),
+           "ACCORD_OBJECT_DIR": str(tmp_path / "objects")}  # fmt: skip
+    register = ["register", "--workflow", "report", "--owner", DEFAULT_OWNER, "--who", "test"]
+    assert accord(*register, **env).returncode == 0
+    journal_path = tmp_path / "journals" / "w1.journal"
+
+    async def earlier_run() -> None:
+        journal = open_journal(journal_path, "w1")
+        try:
+            await journal.write(Claim(tenant="t", job_id=1, attempt_id=uuid.uuid4(), generation=1))
+        finally:
+            journal.close()
+
+    asyncio.run(earlier_run())
+    before = journal_path.read_bytes()
+    limit = 16  # bytes: a new segment's header alone is more
+    argv = [sys.executable, "-m", "accord", "worker", "--workflow", "report",
+            "--journal", str(journal_path)]  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ACCORD_")}
+
+    def start_without_room() -> str:
+        full = subprocess.run(
+            argv, env={**clean, "PYTHONPATH": str(ROOT), "ACCORD_APP": APP, **env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=60, check=False,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        )  # fmt: skip
+        line = one_line(full, "JournalUnavailable", str(journal_path))
+        assert "File too large" in line
+        return line
+
+    start_without_room()
+    assert journal_path.read_bytes() == before  # the live segment untouched
+    # A torn tail (a second record cut short) is quarantined and cut at the start: with no
+    # room for the quarantine's copy, the same line, and the journal as it was.
+    asyncio.run(earlier_run())
+    torn = journal_path.read_bytes()[:-5]
+    journal_path.write_bytes(torn)
+    start_without_room()
+    assert journal_path.read_bytes() == torn
+    with _start("worker", "--workflow", "report", "--journal", str(journal_path), **env) as worker:
+        try:
+            _wait_for_line(worker, "worker ready", within=30)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0
 
 
 def test_an_invalid_dsn_and_an_invalid_url() -> None:
