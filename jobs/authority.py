@@ -179,9 +179,11 @@ OnRestore = Callable[[list[TenantRestore]], Awaitable[None]]
 
 class AuthorityGate:
     """Whether a worker may claim (DESIGN §8): shut until an authority check passes, and
-    shut again by a lost database connection, since the database may come back restored:
-    nothing is claimed until a check that began after the loss has passed. The claim loops
-    wait on it and report their losses (``lost``); the authority watch reports its passes."""
+    shut again by a lost database connection or a new one (the pool's ``init`` hook:
+    ``connection_opened``), since the database may come back restored: nothing is claimed
+    until a check that began after it has passed. The claim loops report their losses
+    (``lost``) and claim only while it is open, on a connection opened before they looked;
+    the authority watch reports its passes."""
 
     def __init__(self) -> None:
         self._open = anyio.Event()
@@ -198,6 +200,12 @@ class AuthorityGate:
             self._open = anyio.Event()
         pulse, self._lost = self._lost, anyio.Event()
         pulse.set()
+
+    async def connection_opened(self, conn: Any) -> None:
+        """The pool's ``init`` hook: a new connection may reach a server restarted, or
+        restored, since the last check, without any call having failed (an idle connection
+        replaced); or the pool merely grew. Either way: shut until the next check passes."""
+        self.lost()
 
     def mark(self) -> int:
         """Taken before a check: ``passed(mark)`` opens only if no loss came since."""

@@ -174,6 +174,16 @@ class Store:
 
     # -- claiming ------------------------------------------------------------------------
 
+    async def connected(self) -> None:
+        """A held store (``hold``): its connection, taken now if it has none or the one it
+        held was closed (replaced as its next call would replace it); no statement is sent.
+        Otherwise nothing. A caller that must see a new connection before its call (the
+        worker's authority gate, through the pool's ``init`` hook) calls this first. Raises
+        ConnectionLost when none can be taken."""
+        if self._source is not None:
+            async with self._connection():
+                pass
+
     async def claim(
         self,
         workflow: str,

@@ -165,7 +165,7 @@ class Relay:
         # Set once a loop holds both a broker session and a database link: the relay then
         # publishes (what its process's ready line and /readyz wait for).
         self.publishing = anyio.Event()
-        # The broker refused this user publishing: the batch is settled, then it is raised.
+        # The broker refused this user publishing: the relay stops, and run() raises it.
         self._refused: PublishRefused | None = None
         self._max_bytes = config.max_message_bytes
         self._tracer = telemetry.tracer()
@@ -197,12 +197,16 @@ class Relay:
         self._missed = True
 
     async def run(self) -> None:
-        """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself."""
+        """Run until ``stop()``; reconnects to PostgreSQL and RabbitMQ by itself. A broker
+        that refuses this user publishing (PublishRefused: refused at every retry) stops it
+        as ``stop()`` does, every batch settled, and is raised once it stopped."""
         async with anyio.create_task_group() as tg:
             self._run_scope = tg.cancel_scope
             tg.start_soon(self._listen_loop)
             await self._publish_loop()
             tg.cancel_scope.cancel()
+        if self._refused is not None:
+            raise self._refused
 
     def _reconnect(self, what: str) -> Reconnect:
         return Reconnect(what, log, BackoffPolicy(cap_s=self.config.reconnect_max_s))
@@ -360,8 +364,6 @@ class Relay:
         outcomes = await self._publish_batch(publisher, rows, previous)
         await outbox.settle(conn, token, outcomes)
         self.stats.cycles += 1
-        if self._refused is not None:  # settled first: the rows keep why, and wait no lease
-            raise self._refused
         return len(rows)
 
     async def _previous_reasons(
@@ -441,8 +443,11 @@ class Relay:
                 )
                 await publisher.publish(message, confirm_timeout_s=self.config.publish_timeout_s)
             except PublishFailed as exc:
-                if isinstance(exc, PublishRefused):
+                if isinstance(exc, PublishRefused) and self._refused is None:
+                    # As a SIGTERM: every loop settles its batch (the rows keep why, and
+                    # wait out no lease) and leaves; then run() raises it.
                     self._refused = exc
+                    self.stop()
                 settlement = self._failed(row, exc)
                 span.set_attribute(telemetry.ATTR_RELAY_REASON, exc.reason)
                 if settlement.state is OutboxState.HELD:

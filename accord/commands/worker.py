@@ -161,8 +161,15 @@ async def serve(
     # Execution authority only: the worker role can claim, renew, publish and record
     # effects through the jobs functions, and cannot repair (grants: jobs/schema.sql).
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
+    # Claims wait after a lost or new database connection (a restart, a restore) until the
+    # authority watch's next check passes: the pool reports each new connection to the gate.
+    gate = AuthorityGate()
     pool = await create_pool(
-        settings.pg_dsn, min_size=1, max_size=pool_size(options.config.concurrency), **role
+        settings.pg_dsn,
+        min_size=1,
+        max_size=pool_size(options.config.concurrency),
+        init=gate.connection_opened,
+        **role,
     )
     try:
         store = Store(pool)
@@ -183,8 +190,6 @@ async def serve(
         with open_journal(
             options.journal, options.runner_id, segment_bytes=segment_bytes
         ) as journal:
-            # Claims wait after a lost database until the watch's next check passes.
-            gate = AuthorityGate()
             worker = Worker(
                 options.config,
                 store=store,

@@ -237,11 +237,11 @@ class Worker:
                     # claim. (One slot in all, or a claim already full, gains nothing by it.)
                     await self._nap(linger, stop_only=True)
                 continue
-            if self._authority is not None and not self._authority.is_open():
-                # The database was lost and may be back restored: no claim before a check
-                # that began after the loss passed (the watch's; in-flight jobs go on).
-                await self._nap(self.config.poll_s, stop_only=True)
-                continue
+            if self._authority is not None:
+                shut_for = await self._authority_shut(self._authority, claims, reconnect)
+                if shut_for:
+                    await self._nap(shut_for, stop_only=True)
+                    continue
             wanted = min(free, self.config.claim_batch)
             # Reserve the slots before the claim: another class's loop must not claim them too.
             self._running += wanted
@@ -279,6 +279,21 @@ class Worker:
                 # Fewer were due than slots were free: a slot freeing meanwhile is no reason
                 # to ask again before the poll (it would cost an empty claim per job).
                 await self._nap(wait, stop_only=True)
+
+    async def _authority_shut(
+        self, gate: AuthorityGate, claims: Store, reconnect: Reconnect
+    ) -> float:
+        """How long to wait before claiming (0: claim now). The claims' connection first:
+        one opened now (its predecessor closed: the server may have restarted, restored)
+        shuts the gate through the pool's ``init`` hook before the claim could use it. Then
+        the gate: shut from a lost or new connection until a check that began after it passed
+        (the watch's); the jobs in flight go on, each fence deciding for itself."""
+        try:
+            await claims.connected()
+        except DB_CONNECTION_LOST as exc:
+            gate.lost()
+            return max(self.config.poll_s, reconnect.lost(exc))
+        return 0.0 if gate.is_open() else self.config.poll_s
 
     @property
     def _claim_size(self) -> int:

@@ -90,6 +90,12 @@ def _refused(argv: list[str], env: dict[str, str]) -> str:
     return done.stderr.strip().splitlines()[-1]
 
 
+ROWS = (
+    "SELECT 'pending:' || count(*) FILTER (WHERE state = 'pending')"
+    " || ' leased:' || count(*) FILTER (WHERE lease_token IS NOT NULL)"
+    " || ' access_refused:' || count(*) FILTER (WHERE last_reason = 'access_refused')"
+    " FROM relay.outbox"
+)
 CONSUME = [sys.executable, "-m", "accord", "consume", "--workflow", "report"]
 RELAY = [sys.executable, "-m", "accord", "relay"]
 
@@ -118,24 +124,25 @@ def test_a_relay_that_may_not_write_to_the_exchange_stops_with_one_line(
     _serves(RELAY, _env(pg_dsn, _url(rabbit_node), prefix), "relay ready")
     _, queues = _names(prefix)
     rabbit_node.ctl("set_permissions", "-p", "/", limited_user[0], ".*", _exactly(queues), ".*")
-    asyncio.run(helpers.enqueue_committed(pg_dsn, [helpers.make_event(1)]))
+    # Batches of 4 from 24 rows: both of the relay's loops hold a batch when it is refused.
+    asyncio.run(helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(24)]))
     limited = _env(pg_dsn, _url(rabbit_node, limited_user), prefix)
+    limited["ACCORD_RELAY_BATCH"] = "4"
     line = _refused(RELAY, limited)
     assert line.startswith("accord: PublishRefused: "), line  # a BrokerAccessRefused
     assert f"exchange='{demo_topology(prefix).exchange}'" in line
     assert "write permission" in line and "ACCESS_REFUSED" in line
-    row = asyncio.run(
-        helpers.pg_value(
-            pg_dsn, "SELECT row(state, last_reason, lease_token IS NULL)::text FROM relay.outbox"
-        )
-    )
-    assert row == "(pending,access_refused,t)", row  # settled: kept, not held, no lease held
-    # Once the user may publish, the same relay publishes the row it could not.
+    rows = asyncio.run(helpers.pg_value(pg_dsn, ROWS))
+    # Every batch was settled before the relay stopped: all kept (pending, none held, none
+    # published), none left leased to wait out its lease, the refused ones saying why.
+    assert rows == "pending:24 leased:0 access_refused:" + rows.rsplit(":", 1)[1], rows
+    assert int(rows.rsplit(":", 1)[1]) >= 1, rows
+    # Once the user may publish, the same relay publishes the rows it could not.
     rabbit_node.ctl("set_permissions", "-p", "/", limited_user[0], ".*", ".*", ".*")
     with subprocess.Popen(RELAY, env=limited, cwd=ROOT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL) as relay:  # fmt: skip
         try:
-            asyncio.run(helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=30))
+            asyncio.run(helpers.wait_until_settled(pg_dsn, expect_published=24, within_s=30))
         finally:
             relay.send_signal(signal.SIGTERM)
             relay.wait(timeout=30)

@@ -13,8 +13,10 @@ from contextlib import asynccontextmanager
 
 import anyio
 import asyncpg
+import pytest
 
 from accord.relay import Relay, outbox
+from accord.relay.errors import PublishRefused
 from accord.relay.outbox import OutboxState, Settlement
 from accord.schemas.topology import Topology
 from accord.schemas.wire import WireMessage
@@ -112,3 +114,64 @@ async def test_the_relay_never_has_more_than_in_flight_publishes_awaiting_a_conf
     assert sorted(double.confirmed) == sorted(str(e.event_id) for e in events)
     # pipelined (more than one confirm awaited at once), and never past the bound
     assert 1 < double.peak <= 8, double.peak
+
+
+class RefusingPublisher:
+    """A double at the broker seam: the first publish waits until a second one is in flight
+    (the other loop's), then is refused (PublishRefused, as for a user without write
+    permission); every other publish is confirmed after ``confirm_s``."""
+
+    def __init__(self, confirm_s: float = 0.5) -> None:
+        self.confirm_s = confirm_s
+        self.calls = 0
+        self.second = anyio.Event()
+        self.confirmed: list[str] = []
+
+    async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            await self.second.wait()
+            raise PublishRefused("refused", exchange="x", detail="ACCESS_REFUSED")
+        self.second.set()
+        await anyio.sleep(self.confirm_s)
+        self.confirmed.append(message.message_id)
+
+    def broken(self) -> bool:
+        return False
+
+
+async def test_a_refused_publish_stops_the_relay_after_every_loop_settled(pg_dsn: str) -> None:
+    """Two loops, each with a batch of one in flight; the broker refuses one publish (a user
+    without write permission). The relay stops as on SIGTERM and raises the refusal only
+    once every loop settled: the refused row pending with its reason, the other loop's
+    publish confirmed and settled published (control: it was allowed to finish), no row
+    left leased to wait out its lease. Before, the first loop raised as soon as its own
+    batch was settled, cancelling the other's publish mid-flight and leaving its row
+    leased."""
+    await helpers.enqueue_committed(pg_dsn, [helpers.make_event(n) for n in range(4)])
+    double = RefusingPublisher()
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[RefusingPublisher]:
+        yield double
+
+    topo = Topology("unused")  # nothing reaches a broker: the double is the seam
+    relay = Relay(
+        helpers.config(pg_dsn, "amqp://unused", topo, in_flight=2, loops=2, poll_s=0.05),
+        publisher=factory,
+    )
+    assert relay.config.claim_size == 1
+    with anyio.fail_after(20), pytest.raises(ExceptionGroup) as raised:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+    refused, rest = raised.value.split(PublishRefused)
+    assert refused is not None and rest is None  # the refusal alone
+    assert len(double.confirmed) == 1
+    rows = await helpers.pg_value(
+        pg_dsn,
+        "SELECT string_agg(state || '/' || coalesce(last_reason, '-') || '/'"
+        " || (lease_token IS NOT NULL)::text, ' ' ORDER BY id) FROM relay.outbox",
+    )
+    states = sorted(str(rows).split())
+    assert states == sorted(["pending/access_refused/false", "published/-/false",
+                             "pending/-/false", "pending/-/false"]), rows  # fmt: skip

@@ -5,11 +5,14 @@ free slots waits for the poll (no empty claim per finished job)."""
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
+
 import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER, WORKFLOW, report_handler
-from accord.jobs import AuthorityGate, JobState, Store
+from accord.jobs import AuthorityGate, FileLedger, JobState, LedgerEntry, Store, authority_watch
 from accord.jobs.runner import Handler, JobContext, Worker, WorkerConfig, open_journal
 from accord.schemas.db import create_pool
 from tests.integration.ops.proxy import Proxy
@@ -143,19 +146,48 @@ async def test_short_jobs_linger_a_tenth_of_their_time_at_most(rig: Rig) -> None
     assert elapsed < 2.5, elapsed
 
 
-async def test_claims_wait_for_an_authority_check_after_a_lost_database(rig: Rig) -> None:
-    """The worker reaches PostgreSQL through a proxy of this test's own and keeps the gate
-    its process's authority watch would keep. Control: with the gate open it claims and
-    publishes a report. The proxy cut, the claim loop's own lost connection shuts the gate;
-    once the database answers again, a report submitted then stays queued, though the
-    worker could claim it, until a check that began after the loss has passed (the watch's
-    part, done here by hand); then it is claimed and published."""
+class HeldLedger(FileLedger):
+    """A ledger whose reads this test can hold: an authority check then waits in its first
+    step, and the gate stays shut until the test lets it go on."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.released = anyio.Event()
+        self.released.set()
+
+    def hold(self) -> None:
+        self.released = anyio.Event()
+
+    async def read(self) -> dict[str, LedgerEntry]:
+        await self.released.wait()
+        return await super().read()
+
+
+async def test_claims_wait_for_an_authority_check_after_a_lost_database(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The worker as `accord worker` composes it: PostgreSQL through a proxy of this test's
+    own, a pool that reports its new connections to the gate, the authority watch on the
+    same pool (its checks held here at will, through the ledger they read first). Control:
+    it claims and publishes a report. Then, twice, a report submitted once the database
+    answers again stays queued while the check that began after the loss is held, and is
+    published once that check passes:
+    1. a long cut: the claim loop's own claims fail and shut the gate;
+    2. a restart while the worker idles (the proxy drops every connection and lets new ones
+       through at once): no call fails, the claims' connection is silently replaced, and
+       the new connection shuts the gate before a claim can use it (before, the next claim
+       ran on it at once)."""
     proxy = Proxy.of(rig.pg_dsn)
-    pool = await create_pool(proxy.url(rig.pg_dsn), min_size=1, max_size=12)
     gate = AuthorityGate()
-    gate.passed(gate.mark())
+    ledger = HeldLedger(tmp_path / "authority.ledger")
+    # min_size 0: no floor for the pool to restore by itself after the restart (asyncpg
+    # reconnects up to it in the background), so the claims' own silent reconnect is what
+    # must shut the gate, before the claim that would run on it.
+    pool = await create_pool(
+        proxy.url(rig.pg_dsn), min_size=0, max_size=12, init=gate.connection_opened
+    )
     worker = Worker(
-        WorkerConfig(owner=DEFAULT_OWNER, lease_s=3.0, poll_s=0.05, rescue_every_s=None),
+        WorkerConfig(owner=DEFAULT_OWNER, lease_s=3.0, poll_s=0.2, rescue_every_s=None),
         store=Store(pool, backoff_base_s=0.0),
         journal=open_journal(rig.journal_path(), "w1"),
         objects=rig.objects,
@@ -167,18 +199,35 @@ async def test_claims_wait_for_an_authority_check_after_a_lost_database(rig: Rig
     async def shut() -> bool:
         return not gate.is_open()
 
+    async def published(report_id: str) -> None:
+        job_id = await rig.submit_report(report_id)
+        await wait_for(lambda: _state_is(rig, job_id, JobState.SUCCEEDED))
+
+    async def waits_for_the_check(report_id: str) -> None:
+        job_id = await rig.submit_report(report_id)
+        await anyio.sleep(1.5)  # the worker idles and its database answers
+        assert await rig.state(job_id) == JobState.QUEUED
+        ledger.released.set()  # the held check goes on and passes
+        await wait_for(lambda: _state_is(rig, job_id, JobState.SUCCEEDED))
+
     try:
-        async with running(worker):
-            first = await rig.submit_report("r1")
-            await wait_for(lambda: _state_is(rig, first, JobState.SUCCEEDED))
-            proxy.cut()
-            await wait_for(shut)
-            proxy.restore()
-            second = await rig.submit_report("r2")
-            await anyio.sleep(1.5)  # the worker is idle and its database answers again
-            assert await rig.state(second) == JobState.QUEUED
-            gate.passed(gate.mark())
-            await wait_for(lambda: _state_is(rig, second, JobState.SUCCEEDED))
+        async with anyio.create_task_group() as tg:
+            watch = partial(authority_watch, gate=gate)
+            await tg.start(watch, pool, ledger, 60.0)  # a check now, then only after a loss
+            async with running(worker):
+                await published("r1")  # control
+                ledger.hold()
+                proxy.cut()
+                await wait_for(shut)
+                proxy.restore()
+                await waits_for_the_check("r2")
+                await published("r3")  # control again
+                ledger.hold()
+                await anyio.sleep(0.5)  # idle: the claim loop naps between empty claims
+                proxy.cut()
+                proxy.restore()
+                await waits_for_the_check("r4")
+            tg.cancel_scope.cancel()
     finally:
         await pool.close()
         proxy.close()
