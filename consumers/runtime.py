@@ -227,12 +227,7 @@ class ConsumerRuntime:
             )
         except topology.MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
-            raise ConfigError(
-                topology.MISMATCH_MESSAGE,
-                queue=self._queue_name,
-                error=type(exc).__name__,
-                detail=str(exc)[:200],
-            ) from exc
+            raise topology.mismatch(exc, queue=self._queue_name) from exc
         async with pool.acquire() as conn:  # before the first delivery of this session
             await inbox.declare_window(conn, self._consumer)
         self.sessions += 1

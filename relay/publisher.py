@@ -86,7 +86,7 @@ class AmqpPublisher:
             raise _precondition(exc, len(message.body)) from exc
         except aiormq.exceptions.ChannelAccessRefused as exc:
             # Not a lost channel, nor this row's fault: refused at every retry (the relay
-            # settles its batch, then stops); the row stays pending, published once allowed.
+            # stops, every batch settled); the row stays pending, published once allowed.
             raise PublishRefused(
                 "RabbitMQ refused this user publishing to the exchange: grant it write"
                 " permission on it (rabbitmqctl set_permissions)",

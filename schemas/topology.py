@@ -15,6 +15,8 @@ from typing import Any
 import aio_pika
 import aiormq
 
+from accord.schemas.errors import ConfigError
+
 DEFAULT_DELIVERY_LIMIT = 5
 
 # What the broker answers a declaration it will never accept: a name declared otherwise
@@ -25,11 +27,19 @@ MISMATCH: tuple[type[Exception], ...] = (
     aiormq.exceptions.ChannelNotFoundEntity,
     aiormq.exceptions.ChannelAccessRefused,
 )
-MISMATCH_MESSAGE = (
-    "the broker's topology differs from the code's, or this user may not declare it: see"
-    " detail (a queue's arguments cannot change in place: delete it, or use another"
-    " ACCORD_TOPOLOGY_PREFIX)"
-)
+
+
+def mismatch(exc: Exception, **where: str) -> ConfigError:
+    """The ConfigError for a declaration the broker will never accept (one of MISMATCH):
+    ``where`` (the exchange or the queue) and the broker's own words."""
+    return ConfigError(
+        "the broker's topology differs from the code's, or this user may not declare it: see"
+        " detail (a queue's arguments cannot change in place: delete it, or use another"
+        " ACCORD_TOPOLOGY_PREFIX)",
+        **where,
+        error=type(exc).__name__,
+        detail=str(exc)[:200],
+    )
 
 
 @dataclass(frozen=True, slots=True)

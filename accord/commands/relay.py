@@ -206,12 +206,7 @@ async def _prepare(settings: Settings, app: App) -> None:
             detail=str(exc)[:200],
         ) from None
     except topology.MISMATCH as exc:
-        raise ConfigError(
-            topology.MISMATCH_MESSAGE,
-            exchange=names.exchange,
-            error=type(exc).__name__,
-            detail=str(exc)[:200],
-        ) from None
+        raise topology.mismatch(exc, exchange=names.exchange) from None
     except _BROKER_LOST as exc:
         # Nothing in a start reconnects: one line and exit 2, and the supervisor starts the
         # relay again, as after any failed start (the driver's error logged first).
