@@ -5,6 +5,7 @@ restored, it is 200 again. /healthz and /metrics answer on the same port through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,21 @@ def until(
             return time.monotonic() - started, last[1]
         time.sleep(0.2)
     raise AssertionError(f"{path} not {code} within {within}s: {last}")
+
+
+@contextlib.contextmanager
+def served(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` running, its output in ``log``; on leaving, SIGTERM, and it must exit 0."""
+    with (
+        log.open("wb") as out,
+        subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out) as process,
+    ):
+        try:
+            yield process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+    assert code == 0, log.read_text()[-2000:]
 
 
 def held_then_ready(port: int, held: Proxy, log: Path, ready_line: bytes) -> None:
@@ -154,15 +170,9 @@ def test_readyz_waits_for_the_start_to_finish(
                       ACCORD_LEDGER_PG_DSN=ledger.url(empty_pg_dsn))  # fmt: skip
     _register(env)
     ledger.stall()
-    log = (tmp_path / "worker.log").open("wb")
     try:
-        with log, subprocess.Popen(WORKER, env=env, cwd=ROOT, stdout=log, stderr=log) as process:
-            try:
-                held_then_ready(metrics_port, ledger, tmp_path / "worker.log", b"worker ready")
-            finally:
-                process.send_signal(signal.SIGTERM)
-                code = process.wait(timeout=30)
-        assert code == 0, (tmp_path / "worker.log").read_text()[-2000:]
+        with served(WORKER, env, tmp_path / "worker.log"):
+            held_then_ready(metrics_port, ledger, tmp_path / "worker.log", b"worker ready")
     finally:
         ledger.close()
 

@@ -17,7 +17,7 @@ import pytest
 from accord.demo import demo_topology
 from tests.conftest import BrokerNames
 from tests.integration.ops.proxy import Proxy
-from tests.integration.ops.test_readiness import held_then_ready
+from tests.integration.ops.test_readiness import held_then_ready, served
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,16 +49,10 @@ def test_the_relay_is_ready_once_its_loops_connect(
     env = _env(proxy.url(pg_dsn), amqp_url, broker_names,
                ACCORD_METRICS_PORT=str(port))  # fmt: skip
     proxy.stall_on(b"accord_relay")  # the loops' startup packets (role=accord_relay)
-    log = (tmp_path / "relay.log").open("wb")
     try:
-        with log, subprocess.Popen(RELAY, env=env, cwd=ROOT, stdout=log, stderr=log) as relay:
-            try:
-                proxy.wait_holding()
-                held_then_ready(port, proxy, tmp_path / "relay.log", b"relay ready")
-            finally:
-                relay.send_signal(signal.SIGTERM)
-                code = relay.wait(timeout=30)
-        assert code == 0, (tmp_path / "relay.log").read_text()[-2000:]
+        with served(RELAY, env, tmp_path / "relay.log"):
+            proxy.wait_holding()
+            held_then_ready(port, proxy, tmp_path / "relay.log", b"relay ready")
     finally:
         proxy.close()
 
