@@ -584,7 +584,7 @@ BEGIN
                OR NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = a.job_id))
           AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
                           WHERE r.resolved_audit = a.audit_id)
-        ORDER BY a.audit_id
+        ORDER BY a.at, a.audit_id
         LIMIT p_limit
         FOR UPDATE OF a SKIP LOCKED
     ), gone AS (
@@ -601,7 +601,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention; counts per table (0027)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention, oldest first; counts per table (0031)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
@@ -1638,6 +1638,12 @@ CREATE INDEX jobs_running_idx ON jobs.jobs USING btree (lease_expires_at) WHERE 
 --
 
 CREATE INDEX registration_audit_workflow_idx ON jobs.registration_audit USING btree (workflow, audit_id);
+
+--
+-- Name: repair_audit_at_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX repair_audit_at_idx ON jobs.repair_audit USING btree (at, audit_id);
 
 --
 -- Name: repair_audit_job_idx; Type: INDEX; Schema: jobs; Owner: -

@@ -62,7 +62,7 @@ BEGIN
         WHERE a.at < now() - make_interval(secs => p_retention_s)
           AND NOT EXISTS (SELECT 1 FROM relay.outbox o
                           WHERE o.id = a.outbox_id AND o.state <> 'published')
-        ORDER BY a.audit_id
+        ORDER BY a.at, a.audit_id
         LIMIT p_limit
         FOR UPDATE OF a SKIP LOCKED
     ), gone AS (
@@ -77,7 +77,7 @@ END $$;
 -- Name: FUNCTION prune_release_audit(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: relay; Owner: -
 --
 
-COMMENT ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of release audit rows older than the retention whose outbox row is resolved; the count (0023)';
+COMMENT ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of release audit rows older than the retention whose outbox row is resolved, oldest first; the count (0031)';
 
 --
 -- Name: release_held(text, uuid[], text, text); Type: FUNCTION; Schema: relay; Owner: -
@@ -276,6 +276,12 @@ CREATE INDEX outbox_eligible_idx ON relay.outbox USING btree (COALESCE(lease_exp
 --
 
 CREATE INDEX outbox_published_idx ON relay.outbox USING btree (published_at) WHERE (state = 'published'::text);
+
+--
+-- Name: release_audit_at_idx; Type: INDEX; Schema: relay; Owner: -
+--
+
+CREATE INDEX release_audit_at_idx ON relay.release_audit USING btree (at, audit_id);
 
 --
 -- Name: release_audit_event_idx; Type: INDEX; Schema: relay; Owner: -

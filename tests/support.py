@@ -7,10 +7,12 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 
 from accord.demo.catalog import demo_catalog
@@ -77,3 +79,25 @@ async def enqueue(tx: Any, event: Event, **options: Any) -> int:
 # End every promise a lowering declaration made: the horizons it replaced have run out
 # (migration 0028 keeps each in force until its end).
 LAPSED = "UPDATE consumers.replay_promises SET until = now() - interval '1 second'"
+
+
+@asynccontextmanager
+async def logged_plans(pg: asyncpg.Connection) -> AsyncIterator[list[str]]:
+    """The plans of every statement ``pg`` runs inside the block, nested ones included, as
+    auto_explain logs them (a generic plan shows its parameters as $n, a custom one the
+    values)."""
+    plans: list[str] = []
+
+    def log(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        plans.append(message.message)
+
+    pg.add_log_listener(log)
+    await pg.execute(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
+        " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
+    )
+    try:
+        yield plans
+    finally:
+        await pg.execute("RESET client_min_messages")
+        pg.remove_log_listener(log)

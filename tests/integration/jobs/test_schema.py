@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
 
 from accord.jobs import Store, retention, sql
 from accord.jobs.models import EffectState, JobState
+from tests.support import logged_plans
 
 
 async def check_values(pg: asyncpg.Connection, constraint: str) -> set[str]:
@@ -125,28 +124,6 @@ async def test_the_operation_key_holds_one_job_per_operation(pg: asyncpg.Connect
 
 async def noop(tx: asyncpg.Connection) -> None:
     return None
-
-
-@asynccontextmanager
-async def logged_plans(pg: asyncpg.Connection) -> AsyncIterator[list[str]]:
-    """The plans of every statement ``pg`` runs inside the block, nested ones included, as
-    auto_explain logs them (a generic plan shows its parameters as $n, a custom one the
-    values)."""
-    plans: list[str] = []
-
-    def log(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
-        plans.append(message.message)
-
-    pg.add_log_listener(log)
-    await pg.execute(
-        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
-        " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
-    )
-    try:
-        yield plans
-    finally:
-        await pg.execute("RESET client_min_messages")
-        pg.remove_log_listener(log)
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])

@@ -1,0 +1,82 @@
+"""The audit pruners read only what they may remove (migration 0031): a batch costs the
+expired rows, not the history kept. jobs.prune's repair audit step and
+relay.prune_release_audit each take their batch in (at, audit_id) order on an index of it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+
+from tests.support import logged_plans
+
+KEPT, EXPIRED = 20000, 3
+
+
+@dataclass(frozen=True)
+class Audit:
+    table: str
+    index: str
+    insert: str  # $1 rows, $2 seconds old, each one the pruner may take once it expires
+    prune: str  # one batch with a retention of a day; returns the audit rows removed
+
+
+REPAIR = Audit(
+    "jobs.repair_audit",
+    "repair_audit_at_idx",
+    "INSERT INTO jobs.repair_audit (at, action, who, db_user, db_role, tenant, job_id, outcome,"
+    " evidence) SELECT now() - make_interval(secs => $2), 'resume', 'ops', 'u', 'r', 'acme',"
+    " NULL, 'ok', 'ticket' FROM generate_series(1, $1)",
+    "SELECT audit_pruned FROM jobs.prune(86400, 86400, 100)",
+)
+RELEASE = Audit(
+    "relay.release_audit",
+    "release_audit_at_idx",
+    # an outbox row published and pruned since: its audit may go once old enough
+    "INSERT INTO relay.release_audit (at, tenant, event_id, outbox_id, held_reason, attempts,"
+    " who, db_user, db_role, evidence) SELECT now() - make_interval(secs => $2), 'acme',"
+    " gen_random_uuid(), -i, 'unroutable', 3, 'ops', 'u', 'r', 'ticket'"
+    " FROM generate_series(1, $1) i",
+    "SELECT relay.prune_release_audit(86400, 100)",
+)
+
+
+def read_by_scan(plans: list[str], table: str) -> int:
+    """The rows the batch's scan of ``table`` read: those it returned and those it filtered
+    out (auto_explain with ANALYZE)."""
+    name = table.split(".")[1]
+    scan = next(p for p in plans if "WITH doomed" in p and name in p)
+    found = re.search(rf"Scan\b[^\n]* on {name} a .*?actual time=\S+ rows=(\d+)", scan)
+    assert found, scan
+    removed = re.search(r"Rows Removed by Filter: (\d+)", scan)
+    return int(found.group(1)) + (int(removed.group(1)) if removed else 0)
+
+
+@pytest.mark.parametrize("audit", [REPAIR, RELEASE], ids=["repair_audit", "release_audit"])
+async def test_an_audit_pruner_reads_the_expired_rows_not_the_history_kept(
+    pg: asyncpg.Connection, audit: Audit
+) -> None:
+    await pg.execute(audit.insert, KEPT, 60.0)
+    await pg.execute(audit.insert, EXPIRED, 100 * 86400.0)
+    await pg.execute(f"ANALYZE {audit.table}")
+
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        # Control: without the index, the same batch reads every row kept.
+        control = pg.transaction()
+        await control.start()
+        await pg.execute(f"DROP INDEX {audit.table.split('.')[0]}.{audit.index}")
+        assert await pg.fetchval(audit.prune) == EXPIRED
+        await control.rollback()
+        walked = read_by_scan(plans, audit.table)
+        assert walked >= KEPT + EXPIRED, plans
+
+        plans.clear()
+        async with pg.transaction():
+            assert await pg.fetchval(audit.prune) == EXPIRED
+    scan = next(p for p in plans if "WITH doomed" in p)
+    assert audit.index in scan, scan
+    assert read_by_scan(plans, audit.table) == EXPIRED, scan
+    assert await pg.fetchval(f"SELECT count(*) FROM {audit.table}") == KEPT
