@@ -140,6 +140,11 @@ FENCE_REFUSALS = Counter(
     "accord_fence_refusals", "Write-backs the fence refused, by the failing check",
     ["reason"], registry=REGISTRY,
 )  # fmt: skip
+AUTHORITY_CHECKS = Counter(
+    "accord_authority_checks",
+    "A worker's authority (restore) checks, by what brought each on and how it ended",
+    ["trigger", "outcome"], registry=REGISTRY,
+)  # fmt: skip
 
 
 def _age_s(since: datetime | None) -> float | None:
@@ -230,3 +235,11 @@ def rescued(state: str) -> None:
 
 def fence_refused(reason: str) -> None:
     FENCE_REFUSALS.labels(reason).inc()
+
+
+def authority_checked(trigger: str, outcome: str) -> None:
+    """One pass of the authority watch: ``trigger`` is ``start``, ``interval``, ``connection``
+    (a lost or new database connection brought it forward) or ``retry`` (the pass before it
+    lost its connection); ``outcome`` is ``passed``, ``connection_lost`` or
+    ``ledger_unavailable``."""
+    AUTHORITY_CHECKS.labels(trigger, outcome).inc()

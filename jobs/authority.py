@@ -32,6 +32,7 @@ import anyio
 import anyio.abc
 import asyncpg
 
+from accord import observe
 from accord.jobs import repair_sql
 from accord.jobs.errors import AuthorityRefused, LedgerUnavailable, RestoreDetected
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
@@ -240,25 +241,40 @@ async def authority_watch(
     process rather than letting it run unchecked."""
     gate = gate if gate is not None else AuthorityGate()
     since = gate.mark()
-    restores = await check_restore(pool, ledger)
+    restores = await _check(pool, ledger, "start")
     gate.passed(since)
     task_status.started()
     reconnect = Reconnect("authority watch", log)
-    wait = interval_s
+    wait, failed = interval_s, False
     while True:
         fresh = [r for r in restores if r.newly_detected]
         if fresh and on_restore is not None:
             await on_restore(fresh)
         await gate.until_lost(since, wait)
+        trigger = "connection" if gate.mark() != since else "retry" if failed else "interval"
         since = gate.mark()
         try:
-            restores = await check_restore(pool, ledger)
+            restores = await _check(pool, ledger, trigger)
         except LedgerUnavailable:
             raise
         except DB_CONNECTION_LOST as exc:
             gate.lost()
-            since, restores, wait = gate.mark(), [], reconnect.lost(exc)
+            since, restores, wait, failed = gate.mark(), [], reconnect.lost(exc), True
         else:
             reconnect.up()
             gate.passed(since)
-            wait = interval_s
+            wait, failed = interval_s, False
+
+
+async def _check(pool: asyncpg.Pool, ledger: Ledger, trigger: str) -> list[TenantRestore]:
+    """One pass of the watch, counted (``accord_authority_checks``) by ``trigger``."""
+    try:
+        restores = await check_restore(pool, ledger)
+    except LedgerUnavailable:
+        observe.authority_checked(trigger, "ledger_unavailable")
+        raise
+    except DB_CONNECTION_LOST:
+        observe.authority_checked(trigger, "connection_lost")
+        raise
+    observe.authority_checked(trigger, "passed")
+    return restores

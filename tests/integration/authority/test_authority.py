@@ -10,6 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
+from accord import observe
 from accord.jobs import (
     AuthorityGate,
     AuthorityRefused,
@@ -31,6 +32,22 @@ from accord.schemas.db import create_pool
 from tests.integration.authority.conftest import TENANT, Principals
 from tests.integration.ops.proxy import Proxy
 from tests.support import wait_for
+
+
+def checks() -> dict[tuple[str, str], float]:
+    """accord_authority_checks so far, by (trigger, outcome)."""
+    return {
+        (s.labels["trigger"], s.labels["outcome"]): s.value
+        for metric in observe.AUTHORITY_CHECKS.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
+
+
+def since(before: dict[tuple[str, str], float], trigger: str, outcome: str) -> float:
+    """The checks counted with ``trigger`` and ``outcome`` since ``before``."""
+    key = (trigger, outcome)
+    return checks().get(key, 0.0) - before.get(key, 0.0)
 
 
 async def epoch_of(p: Principals, tenant: str = TENANT) -> tuple[int, bool]:
@@ -233,7 +250,9 @@ async def test_the_authority_watch_outlives_a_lost_database_and_shuts_the_gate(
     fail: it goes on, retrying with the backoff, and the gate stays shut, so no claim can
     meet a database that may come back restored; once a pass succeeds after the restore, the
     gate opens again, and the watch still detects a restore. Before, the first pass that
-    met the lost connection raised out of the watch and ended the worker (a traceback)."""
+    met the lost connection raised out of the watch and ended the worker (a traceback).
+    Each pass is counted by what brought it on (``accord_authority_checks``); a new pool
+    connection (``connection_opened``) brings one forward, which opens the gate again."""
     proxy = Proxy.of(principals.dsn)
     pool = await create_pool(
         proxy.url(principals.dsn), min_size=1, max_size=2, server_settings={"role": WORKER_ROLE}
@@ -254,14 +273,22 @@ async def test_the_authority_watch_outlives_a_lost_database_and_shuts_the_gate(
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 watch = partial(authority_watch, gate=gate, on_restore=on_restore)
+                before = checks()
                 await tg.start(watch, pool, ledger, 0.05)
                 assert gate.is_open()
+                assert since(before, "start", "passed") == 1
                 proxy.cut()
                 await until(lambda: not gate.is_open())
                 await anyio.sleep(1.0)  # passes keep failing meanwhile; the watch goes on
                 assert not gate.is_open()
+                assert since(before, "interval", "connection_lost") == 1
                 proxy.restore()
                 await until(gate.is_open)
+                assert since(before, "retry", "passed") == 1  # the pass that opened it
+                await gate.connection_opened(None)
+                assert not gate.is_open()
+                await until(gate.is_open)
+                assert since(before, "connection", "passed") == 1
                 await principals.submit("a")
                 await principals.claim_one()
                 await ledger.append(
