@@ -338,7 +338,7 @@ class Store:
         keeping every effect record. Raises JobNotFound."""
         async with self._connection() as conn:
             row = await conn.fetchrow(sql.CANCEL, job_id, reason)
-            if row is not None and telemetry.tracing_on():
+            if row is not None and telemetry.exporting():
                 await _trace_cancel(conn, job_id, reason, bool(row["changed"]))
         if row is None:
             raise JobNotFound(job_id=job_id)

@@ -372,7 +372,7 @@ class Relay:
         """Why each retried row's previous attempt failed (its ``last_reason``), for the
         publish spans only: one read per batch that holds a retry, and none unless tracing."""
         retried = [row.id for row in rows if row.attempts > 1]
-        if not retried or not telemetry.tracing_on():
+        if not retried or not telemetry.exporting():
             return {}
         records = await conn.fetch(sql.PREVIOUS_REASONS, retried)
         return {r["id"]: r["last_reason"] for r in records}

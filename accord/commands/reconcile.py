@@ -109,7 +109,7 @@ async def trace_resolutions(
     that submitted the job (its stored context, as every attempt is), linked to it, naming
     the effect it resolved (job, key, seq, idempotency key) and the outcome. A resolution that
     leaves the job unknown (or failed) is the operation's terminal word: an error."""
-    if not report.resolved or not telemetry.tracing_on():
+    if not report.resolved or not telemetry.exporting():
         return
     rows = await conn.fetch(jobs_sql.JOB_TRACES, sorted({done.job_id for done in report.resolved}))
     stored = {row["job_id"]: telemetry.carrier_from_json(row["trace"]) for row in rows}

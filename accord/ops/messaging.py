@@ -105,4 +105,5 @@ def install_span_metrics(metrics: MessagingMetrics) -> TracerProvider:
     provider = TracerProvider()
     provider.add_span_processor(metrics.span_processor())
     trace.set_tracer_provider(provider)
+    telemetry.metrics_only(provider)  # nothing exports its spans (until configure adds one)
     return provider

@@ -44,7 +44,9 @@ async def seen(store: Store | None, leases: list[Lease]) -> dict[int, Any]:
 
 async def keep_trace(store: Store, lease: Lease, span: trace.Span) -> None:
     """Keep the attempt span's context with the job, so the next attempt can link to it
-    (tracing only; a lost connection only costs the link)."""
+    (only while spans leave the process; a lost connection only costs the link)."""
+    if not telemetry.exporting():
+        return
     carrier = telemetry.span_headers(span)
     if not carrier:
         return

@@ -186,8 +186,8 @@ class JobContext:
             return await self._reuse(ref, start.receipt)
         span.add_event(telemetry.EVENT_EFFECT_BEGUN)
         seq = start.seq
-        carrier = telemetry.span_headers(span)
-        if carrier:  # tracing: a later reconcile's resolution links to this effect's span
+        carrier = telemetry.span_headers(span) if telemetry.exporting() else {}
+        if carrier:  # exported: a later reconcile's resolution links to this effect's span
             with contextlib.suppress(*DB_CONNECTION_LOST):
                 await self._store.note_trace(lease, carrier, key, seq)
         self.trail.begun.append(ref)

@@ -14,7 +14,9 @@ import pytest
 from accord.demo import DEFAULT_OWNER, report
 from accord.jobs import JobState
 from accord.jobs.runner import scan_journal
+from tests.integration.ops.test_process_metrics import scrape
 from tests.integration.runner.conftest import TENANT, Rig, wait_for
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-m", "accord", "worker", "--workflow", "report"]
@@ -85,6 +87,47 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
     assert (tmp_path / "objects").is_dir()
     records = scan_journal(tmp_path / "journal" / f"{DEFAULT_OWNER}.report.journal").records
     assert [r["type"] for r in records] == ["claim", "effect_begin", "effect_outcome", "publish"]
+
+
+@pytest.mark.parametrize("exporter", ["none", "console"])
+async def test_a_worker_keeps_trace_contexts_only_while_its_spans_leave_it(
+    rig: Rig, tmp_path: Path, exporter: str
+) -> None:
+    """A worker serving /metrics records spans for its messaging metrics. Without tracing
+    (OTEL_TRACES_EXPORTER=none) nothing exports them, so it writes no attempt or effect
+    trace context for a later span to link to (two round trips per job, each a commit).
+    Control: with an exporter (console) it keeps both, as before."""
+    job_id = await rig.submit_report(f"r-{exporter}")
+    port = free_port()
+    env = {
+        **_env(rig.pg_dsn, tmp_path, rig.provider.url),
+        "ACCORD_METRICS_PORT": str(port),
+        "OTEL_TRACES_EXPORTER": exporter,
+    }
+    process = await anyio.open_process(
+        [*CLI, "--lease-s", "5", "--poll-s", "0.1"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        async def succeeded() -> bool:
+            return await rig.state(job_id) == JobState.SUCCEEDED
+
+        await wait_for(succeeded, within=30)
+        figures = await anyio.to_thread.run_sync(scrape, port)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            assert await process.wait() == 0
+    assert figures is not None and figures["accord_jobs_finished_total"] >= 1  # measuring
+    kept = await rig.pool.fetchrow(
+        "SELECT j.attempt_trace IS NOT NULL AS attempt,"
+        " (SELECT count(*) FROM jobs.effect_traces e WHERE e.job_id = j.job_id) AS effects"
+        " FROM jobs.jobs j WHERE j.job_id = $1",
+        job_id,
+    )
+    exported = exporter != "none"
+    assert (kept["attempt"], kept["effects"]) == (exported, int(exported))
 
 
 async def _accord(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -285,6 +285,7 @@ async def test_a_stop_before_the_handler_begins_gives_the_job_back_at_once(
     monkeypatch.setattr(
         telemetry, "span_headers", lambda span: {"traceparent": f"00-{trace_id}-{span_id}-01"}
     )
+    monkeypatch.setattr(telemetry, "exporting", lambda: True)
     await _register(rig, "traced")
     job_id = await rig.submit_job("tr1", "traced")
     ran: list[int] = []
