@@ -35,7 +35,6 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from accord.errors import SettingsInvalid
-from accord.schemas import telemetry as schemas_telemetry
 
 __all__ = ["configure", "shutdown", "tracing"]
 
@@ -63,7 +62,6 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         trace.set_tracer_provider(provider)
     for processor in processors:
         provider.add_span_processor(processor)
-    schemas_telemetry.metrics_only(None)  # its spans leave the process now
     _installed.extend(processors)
     atexit.register(shutdown)
     return True

@@ -95,27 +95,20 @@ def tracing_on() -> bool:
     return not isinstance(trace.get_tracer_provider(), _NOT_TRACING)
 
 
-# The provider accord.ops.install_span_metrics installed only so that spans feed this
-# process's messaging metrics (/metrics served, no tracing configured): its spans never
-# leave the process. accord.telemetry.configure clears it when it adds an exporter.
-_metrics_only: list[trace.TracerProvider] = []
-
-
-def metrics_only(provider: trace.TracerProvider | None) -> None:
-    """Mark ``provider`` as recording spans for this process's metrics alone (None: clear)."""
-    _metrics_only[:] = [provider] if provider is not None else []
+#: Set on a tracer provider whose spans never leave the process: the one
+#: accord.ops.install_span_metrics installs so that spans feed the messaging metrics when
+#: nothing traces (it clears it once any other span processor is added to it).
+METRICS_ONLY = "accord_metrics_only"
 
 
 def exporting() -> bool:
-    """Whether this process's spans may leave it: a tracer provider other than one installed
-    for span metrics alone. A round trip done only so that a later span can link to this one
-    (an attempt's or an effect's context kept with the job) is skipped otherwise: measured, a
-    worker serving /metrics without tracing paid about three more commits per job for them
-    (docs/bench-log.md, 2026-12-04)."""
+    """Whether this process's spans may leave it: a tracer provider other than one that only
+    feeds this process's metrics. A round trip done only so that a later span can link to
+    this one (an attempt's or an effect's context kept with the job) is skipped otherwise:
+    measured, a worker serving /metrics without tracing paid about three more commits per
+    job for them (docs/bench-log.md, 2026-12-04)."""
     provider = trace.get_tracer_provider()
-    if isinstance(provider, _NOT_TRACING):
-        return False
-    return not (_metrics_only and _metrics_only[0] is provider)
+    return not isinstance(provider, _NOT_TRACING) and not getattr(provider, METRICS_ONLY, False)
 
 
 def current_context_headers() -> dict[str, str]:

@@ -102,8 +102,21 @@ def install_span_metrics(metrics: MessagingMetrics) -> TracerProvider:
     if isinstance(current, TracerProvider):
         current.add_span_processor(metrics.span_processor())
         return current
-    provider = TracerProvider()
-    provider.add_span_processor(metrics.span_processor())
+    provider = _MetricsOnlyProvider(metrics.span_processor())
     trace.set_tracer_provider(provider)
-    telemetry.metrics_only(provider)  # nothing exports its spans (until configure adds one)
     return provider
+
+
+class _MetricsOnlyProvider(TracerProvider):
+    """The provider installed for span metrics alone: its spans stay in the process
+    (``telemetry.exporting()`` is false) until another span processor is added to it, an
+    exporter's (``accord.telemetry.configure``) or the application's own."""
+
+    def __init__(self, metrics: SpanProcessor) -> None:
+        super().__init__()
+        super().add_span_processor(metrics)
+        setattr(self, telemetry.METRICS_ONLY, True)
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        setattr(self, telemetry.METRICS_ONLY, False)
+        super().add_span_processor(span_processor)

@@ -18,7 +18,6 @@ from opentelemetry.trace import SpanKind
 
 from accord.demo.catalog import ReportPublishedV1
 from accord.relay import DuplicateEvent, Prepared, outbox, prepare, sql
-from accord.schemas import telemetry as schemas_telemetry
 from accord.schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
 from accord.schemas.events import Catalog, Event, EventType
 from tests.integration.relay.helpers import make_event
@@ -228,7 +227,6 @@ def memory_exporter() -> InMemorySpanExporter:
         provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    schemas_telemetry.metrics_only(None)  # its spans leave the process now
     return exporter
 
 
