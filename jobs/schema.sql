@@ -1598,6 +1598,12 @@ ALTER TABLE ONLY jobs.workflows
 CREATE UNIQUE INDEX authority_restores_open_idx ON jobs.authority_restores USING btree (tenant) WHERE (resolved_at IS NULL);
 
 --
+-- Name: effects_job_unresolved_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX effects_job_unresolved_idx ON jobs.effects USING btree (job_id) WHERE (state = ANY (ARRAY['pending'::text, 'unknown'::text]));
+
+--
 -- Name: effects_one_live_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 

@@ -179,6 +179,81 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
         assert "jobs_pkey" in plan and "jobs_running_idx" not in plan, plan
 
 
+BACKLOG = 3000  # unknown effects of other jobs, awaiting reconciliation
+
+
+def effect_scans(plans: list[str]) -> list[str]:
+    """The plan lines that read jobs.effects, each with the line after it (its filter)."""
+    found = []
+    for plan in plans:
+        lines = plan.splitlines()
+        for i, line in enumerate(lines):
+            if re.search(r"Scan.* on effects\b|Scan using effects_", line):
+                found.append("\n".join(lines[i : i + 3]))
+    return found
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])
+async def test_a_job_s_effect_calls_read_its_own_effects_not_the_reconciliation_backlog(
+    pg: asyncpg.Connection, plan_cache_mode: str
+) -> None:
+    """Statistics taken while effects were resolved as fast as they began make the
+    unresolved ones look rare; then 3,000 effects of other jobs wait for reconciliation
+    (unknown). A job's begin, finish, publish and the next claim ask about their job's own
+    unresolved effects: by job, through effects_job_unresolved_idx (0032), they read its few
+    rows. Control: without it, effects_unresolved_idx (by age) is the index matching their
+    predicate, and finish_effect reads the whole backlog to find its row."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o", effects_enabled=True)
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("acme", "w", f"op{i}", "d", "{}", 5) for i in range(BACKLOG + 210)]
+        )
+    leases = await store.claim("w", "o", lease_s=600, limit=BACKLOG + 200)
+    warm, stuck, mine = leases[:200], leases[200:-1], leases[-1]
+    for lease in warm:
+        await store.begin_effect(lease, "k", "d")
+        await store.finish_effect(lease, "k", EffectState.SUCCEEDED, receipt="r")
+    await pg.execute("ANALYZE jobs.effects, jobs.jobs")
+    await pg.execute(
+        "INSERT INTO jobs.effects (tenant, job_id, effect_key, seq, intent_digest, state,"
+        " attempt_id, generation) SELECT 'acme', job_id, 'k', 1, 'd', 'unknown', attempt_id,"
+        " generation FROM jobs.jobs WHERE job_id = ANY($1::bigint[])",
+        [lease.job_id for lease in stuck],
+    )
+    await pg.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+
+    control = pg.transaction()
+    await control.start()
+    await pg.execute("DROP INDEX jobs.effects_job_unresolved_idx")
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        await store.begin_effect(mine, "k", "d")
+        await store.finish_effect(mine, "k", EffectState.SUCCEEDED, receipt="r")
+    await control.rollback()
+    walked = [s for s in effect_scans(plans) if "effects_unresolved_idx" in s]
+    assert any(
+        int(m) >= BACKLOG - 1 for s in walked for m in re.findall(r"Removed by Filter: (\d+)", s)
+    ), plans
+
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        await store.begin_effect(mine, "k", "d")
+        await store.finish_effect(mine, "k", EffectState.SUCCEEDED, receipt="r")
+        await store.publish(mine, noop)
+        assert await store.claim("w", "o", lease_s=60, limit=10) != []  # the last ten
+    scans = effect_scans(plans)
+    assert scans, plans
+    for scan in scans:
+        assert "effects_unresolved_idx" not in scan and "Seq Scan" not in scan, scan
+        removed = [int(m) for m in re.findall(r"Removed by Filter: (\d+)", scan)]
+        assert all(m <= 1 for m in removed), scan
+    assert await pg.fetchval("SELECT state FROM jobs.jobs WHERE job_id = $1", mine.job_id) == (
+        "succeeded"
+    )
+
+
 CLAIM_FUNCTION = "jobs.claim(text, text, double precision, integer)"
 SUCCEED_MANY_FUNCTION = (
     "jobs.succeed_many(bigint[], text[], text[], text[], text[], uuid[], bigint[], bigint[])"
