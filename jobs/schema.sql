@@ -230,6 +230,7 @@ CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double preci
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -503,6 +504,7 @@ END $$;
 CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -553,13 +555,18 @@ BEGIN
         -- Step 2: a new snapshot, taken while we hold the locks (as jobs.rescue does): keep
         -- only the candidates that are still finished, old and resolved. Nothing can change
         -- them from here on: every writer of a job or its effects locks the job row first.
+        -- The candidates by primary key, the rest tested on each (0033): spelled as one IS
+        -- TRUE, the conditions no longer match jobs_prunable_idx's predicate, which a plan
+        -- made under quiet statistics would otherwise read whole for each batch; OFFSET 0
+        -- keeps the effects test a lookup per candidate, not a join over every effect.
         SELECT array_agg(j.job_id) INTO v_ids FROM jobs.jobs j
         WHERE j.job_id = ANY (v_ids)
-          AND j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0
-          AND j.updated_at < v_cutoff
+          AND (j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0
+               AND j.updated_at < v_cutoff) IS TRUE
           AND NOT EXISTS (SELECT 1 FROM jobs.effects e
                           WHERE e.job_id = j.job_id
-                            AND (e.state IN ('pending', 'unknown') OR e.finished_at >= v_cutoff));
+                            AND (e.state IN ('pending', 'unknown') OR e.finished_at >= v_cutoff)
+                          OFFSET 0);
     END IF;
     PERFORM set_config('accord.prune', 'jobs', true);
     IF v_ids IS NOT NULL THEN
@@ -1100,6 +1107,7 @@ CREATE FUNCTION jobs.succeed_many(p_job_ids bigint[], p_tenants text[], p_workfl
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     -- Operation fields compare with IS NOT DISTINCT FROM (never NULL here) so that only the

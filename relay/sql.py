@@ -94,8 +94,11 @@ SET state = u.state,
     END
 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::uuid[], $6::float8[])
      AS u(id, state, reason, publish_id, delay)
-WHERE o.id = u.id AND o.lease_token = $1 AND o.state = 'pending'
-"""
+WHERE o.id = u.id AND o.lease_token = $1 AND o.state IS NOT DISTINCT FROM 'pending'
+"""  # IS NOT DISTINCT FROM (state is never NULL): `state = 'pending'` matches
+# outbox_eligible_idx's predicate, and a plan made under statistics of a quiet outbox then
+# read every pending row to settle a batch (a custom plan: a connection's first five, or
+# every one behind a pooler); this way only the primary key can find the batch's rows.
 
 # Delete up to $2 rows published more than $1 seconds ago (one bounded batch).
 PRUNE = """

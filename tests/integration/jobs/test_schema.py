@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -179,6 +180,67 @@ async def test_write_backs_find_their_job_by_primary_key_under_stale_statistics(
         assert "jobs_pkey" in plan and "jobs_running_idx" not in plan, plan
 
 
+# jobs.prune's re-check of its locked candidates as 0031 spelled it (the conditions that
+# match jobs_prunable_idx's predicate), for the control below.
+RECHECK_BEFORE_0033 = (
+    "SELECT array_agg(j.job_id) FROM jobs.jobs j WHERE j.job_id = ANY ($1::bigint[])"
+    " AND j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0"
+    " AND j.updated_at < $2::timestamptz"
+    " AND NOT EXISTS (SELECT 1 FROM jobs.effects e WHERE e.job_id = j.job_id"
+    " AND (e.state IN ('pending', 'unknown') OR e.finished_at >= $2::timestamptz))"
+)
+
+
+async def test_each_prune_batch_reads_its_batch_not_the_whole_backlog(
+    pg: asyncpg.Connection,
+) -> None:
+    """Statistics taken while few jobs were prunable (a service just configured retention),
+    then 20,000 jobs past it: each batch of 100 reads about 100 jobs, in both its steps, so
+    draining the backlog costs its length, not its square (0033). Control: the re-check as
+    0031 spelled it, planned generically as PL/pgSQL plans it, reads every prunable job."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    await pg.executemany(sql.SUBMIT, [("acme", "w", f"op{i}", "d", "{}", 5) for i in range(200)])
+    await pg.execute("ANALYZE jobs.jobs, jobs.effects")
+    await finished_jobs(pg, 20000)
+    await pg.execute("UPDATE jobs.jobs SET updated_at = now() - interval '30 days'")
+
+    ids = [
+        r[0]
+        for r in await pg.fetch(
+            "SELECT job_id FROM jobs.jobs WHERE state = 'succeeded' ORDER BY job_id LIMIT 100"
+        )
+    ]
+    await pg.execute("SET plan_cache_mode = force_generic_plan")
+    control = "\n".join(
+        r[0]
+        for r in await pg.fetch(
+            f"EXPLAIN (ANALYZE, COSTS OFF) {RECHECK_BEFORE_0033}", ids, datetime.now(UTC)
+        )
+    )
+    await pg.execute("RESET plan_cache_mode")
+    assert re.search(r"Rows Removed by Filter: 19\d\d\d", control), control
+
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        async with pg.transaction():
+            pruned = await retention.prune(
+                pg, retention_s=86400.0, audit_retention_s=86400.0, limit=100
+            )
+    assert pruned.jobs == 100
+    scans = [
+        line
+        for plan in plans
+        for line in plan.splitlines()
+        if re.search(r"Scan.* on (jobs|effects)\b", line)
+    ]
+    assert scans, plans
+    for plan in plans:
+        for removed in re.findall(r"Rows Removed by Filter: (\d+)", plan):
+            assert int(removed) <= 100, plan
+        for rows, loops in re.findall(r"on jobs j .*actual time=\S+ rows=(\d+) loops=(\d+)", plan):
+            assert int(rows) * int(loops) <= 100, plan
+
+
 BACKLOG = 3000  # unknown effects of other jobs, awaiting reconciliation
 
 
@@ -311,6 +373,42 @@ async def test_claim_and_batch_publish_keep_one_generic_plan(
     claim, batch = await claim_then_publish_batch(pg, store)
     assert "(workflow = 'w'::text)" in claim, claim
     assert "ANY ('{" in batch, batch
+
+
+@pytest.mark.parametrize("setting", ["shipped", "control"])
+async def test_claim_and_batch_publish_plans_cached_on_a_small_table_never_scan_it(
+    pg: asyncpg.Connection, pg_dsn: str, setting: str
+) -> None:
+    """A worker's session caches the generic plans of jobs.claim and jobs.succeed_many at its
+    first calls (0012), when jobs.jobs may be nearly empty (a new deployment); nothing plans
+    them again until the table is analyzed. 20,000 jobs later, they must still reach job rows
+    by index, never by reading the table (0033: enable_seqscan off in both). Control: without
+    that setting, the plans cached on the small table scan all of it on every call."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    store = Store(pg)
+    await store.register_workflow("w", "o")
+    if setting == "control":
+        await pg.execute(f"ALTER FUNCTION {CLAIM_FUNCTION} RESET enable_seqscan")
+        await pg.execute(f"ALTER FUNCTION {SUCCEED_MANY_FUNCTION} RESET enable_seqscan")
+    await pg.executemany(sql.SUBMIT, [("acme", "w", f"first{i}", "d", "{}", 5) for i in range(10)])
+    await claim_then_publish_batch(pg, store)  # the plans are cached now, on 10 rows
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        await finished_jobs(other, 20000)
+        await other.executemany(
+            sql.SUBMIT, [("acme", "w", f"op{i}", "d", "{}", 5) for i in range(10)]
+        )  # the claimable jobs now lie after the history, as a running service's do
+    finally:
+        await other.close()
+    await pg.execute("LOAD 'auto_explain'; SET auto_explain.log_analyze = on")
+    claim, batch = await claim_then_publish_batch(pg, store)
+    scans = [p for p in (claim, batch) if "Seq Scan on jobs" in p]
+    if setting == "control":
+        assert len(scans) == 2, (claim, batch)
+        assert all(re.search(r"Rows Removed by Filter: 20\d\d\d", p) for p in scans), scans
+    else:
+        assert scans == [], (claim, batch)
+        assert "jobs_pkey" in claim and "jobs_pkey" in batch, (claim, batch)
 
 
 async def test_a_finished_effect_outcome_never_changes(pg: asyncpg.Connection) -> None:

@@ -21,7 +21,7 @@ from accord.relay import DuplicateEvent, Prepared, outbox, prepare, sql
 from accord.schemas.errors import InvalidEvent, NotInTransaction, PayloadTooLarge, UnknownEventType
 from accord.schemas.events import Catalog, Event, EventType
 from tests.integration.relay.helpers import make_event
-from tests.support import DEMO_CATALOG, enqueue
+from tests.support import DEMO_CATALOG, enqueue, logged_plans
 
 
 async def count(pg: asyncpg.Connection) -> int:
@@ -326,6 +326,56 @@ async def test_a_backlog_in_backoff_is_never_read_by_the_claim(pg: asyncpg.Conne
     assert await claim(sql.CLAIM) == (5, 0)
     taken, skipped = await claim(_CLAIM_BY_ID)  # control
     assert taken == 5 and skipped >= 20_000
+
+
+async def test_settling_a_batch_reads_its_rows_not_the_pending_backlog(
+    pg: asyncpg.Connection,
+) -> None:
+    """Statistics of a quiet outbox (published rows, few pending), then 20,000 pending rows
+    (a broker outage's backlog): settling a claimed batch of 10 reads those 10, by primary
+    key, under a custom plan (a connection's first five executions, or every one behind a
+    pooler). Control: with `state = 'pending'` as it was spelled, the plan reads the pending
+    backlog through outbox_eligible_idx for each batch."""
+    await pg.execute(
+        "INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version, digest, body,"
+        " occurred_at, state, published_at)"
+        " SELECT gen_random_uuid(), 'acme', 'old-' || i, 'report.accepted', 1, 'd', '{}'::bytea,"
+        " now(), 'published', now() FROM generate_series(1, 2000) i"
+    )
+    await pg.execute("ANALYZE relay.outbox")
+    async with pg.transaction():
+        for i in range(10):
+            await enqueue(pg, make_event(200_000 + i))
+    await pg.execute(
+        "INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version, digest, body,"
+        " occurred_at) SELECT gen_random_uuid(), 'acme', 'op-' || i, 'report.accepted', 1,"
+        " 'd', '{}'::bytea, now() FROM generate_series(1, 20000) i"
+    )
+    token = uuid.uuid4()
+    rows = await outbox.claim(pg, token, 10, 30.0)
+    assert len(rows) == 10
+    done = [
+        outbox.Settlement(r.id, outbox.OutboxState.PUBLISHED, publish_id=uuid.uuid4()) for r in rows
+    ]
+    await pg.execute("SET plan_cache_mode = force_custom_plan")
+
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        control = pg.transaction()
+        await control.start()
+        before = sql.SETTLE.replace("o.state IS NOT DISTINCT FROM 'pending'", "o.state = 'pending'")
+        assert before != sql.SETTLE
+        await pg.execute(before, token, [d.id for d in done], ["published"] * 10, [None] * 10,
+                         [d.publish_id for d in done], [0.0] * 10)  # fmt: skip
+        await control.rollback()
+        walked = [int(m) for p in plans for m in re.findall(r"Removed by Filter: (\d+)", p)]
+        assert max(walked, default=0) >= 20_000, plans
+
+        plans.clear()
+        assert await outbox.settle(pg, token, done) == 10
+    plan = next(p for p in plans if "Update on outbox" in p)
+    assert "outbox_pkey" in plan and "outbox_eligible_idx" not in plan, plan
+    assert all(int(m) <= 10 for m in re.findall(r"Removed by Filter: (\d+)", plan)), plan
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
