@@ -1624,6 +1624,12 @@ CREATE UNIQUE INDEX effects_one_live_idx ON jobs.effects USING btree (job_id, ef
 CREATE INDEX effects_unresolved_idx ON jobs.effects USING btree (begun_at) WHERE (state = ANY (ARRAY['pending'::text, 'unknown'::text]));
 
 --
+-- Name: jobs_attention_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX jobs_attention_idx ON jobs.jobs USING btree (state) WHERE (state = ANY (ARRAY['poison'::text, 'unknown'::text, 'canceled'::text, 'held'::text]));
+
+--
 -- Name: jobs_claimable_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 

@@ -272,6 +272,12 @@ ALTER TABLE ONLY relay.release_audit
 CREATE INDEX outbox_eligible_idx ON relay.outbox USING btree (COALESCE(lease_expires_at, enqueued_at), id) WHERE (state = 'pending'::text);
 
 --
+-- Name: outbox_held_idx; Type: INDEX; Schema: relay; Owner: -
+--
+
+CREATE INDEX outbox_held_idx ON relay.outbox USING btree (id) WHERE (state = 'held'::text);
+
+--
 -- Name: outbox_published_idx; Type: INDEX; Schema: relay; Owner: -
 --
 

@@ -123,18 +123,19 @@ FROM relay.outbox
 """
 
 # Status figures (accord status, /metrics): unpublished and held rows, the relay lag (oldest
-# unpublished age) and attempts; reads only pending and held rows (published ones may be many).
+# unpublished age) and attempts; reads only pending and held rows, each by its index (published
+# ones may be many).
 FIGURES = """
-SELECT count(*) FILTER (WHERE state = 'pending')::bigint AS pending,
-       count(*) FILTER (WHERE state = 'held')::bigint AS held,
-       COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at) FILTER (WHERE state = 'pending')),
-                0)::float8 AS lag_s,
-       COALESCE(sum(attempts) FILTER (WHERE state = 'pending'), 0)::bigint AS pending_attempts,
+SELECT p.pending, (SELECT count(*) FROM relay.outbox WHERE state = 'held')::bigint AS held,
+       p.lag_s, p.pending_attempts,
        (SELECT CASE WHEN until > now() THEN EXTRACT(EPOCH FROM until - now()) ELSE 0 END
         FROM relay.awake)::float8 AS awake_s
-FROM relay.outbox
-WHERE state IN ('pending', 'held')
-"""
+FROM (SELECT count(*)::bigint AS pending,
+             COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at)), 0)::float8 AS lag_s,
+             COALESCE(sum(attempts), 0)::bigint AS pending_attempts
+      FROM relay.outbox WHERE state = 'pending') p
+"""  # Pending rows by outbox_eligible_idx, held ones by outbox_held_idx (0034): never the
+# published history.
 
 # Held outbox rows by typed reason.
 HELD_BY_REASON = """

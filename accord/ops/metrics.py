@@ -148,7 +148,7 @@ class StatusCollector(Collector):
             with anyio.fail_after(timeout_s):
                 conn = await connect(dsn, timeout=timeout_s)
                 try:
-                    return await collect_status(conn)
+                    return await collect_status(conn, integrity=False)
                 finally:
                     await conn.close()
 

@@ -19,11 +19,15 @@ SELECT j.state, j.tenant, j.workflow,
        COALESCE(sum(j.attempts), 0)::bigint AS attempts,
        count(*) FILTER (WHERE j.last_error IN ('lease_expired', 'epoch_rotated'))::bigint
            AS rescued
-FROM jobs.jobs j
+FROM (SELECT * FROM jobs.jobs WHERE state = 'queued'
+      UNION ALL SELECT * FROM jobs.jobs WHERE state = 'running'
+      UNION ALL SELECT * FROM jobs.jobs
+                WHERE state IN ('poison', 'unknown', 'canceled', 'held')) j
 WHERE j.state = ANY ($1::text[])
 GROUP BY j.state, j.tenant, j.workflow
 ORDER BY j.state, j.tenant, j.workflow
-"""
+"""  # Each branch matches one partial index's predicate (jobs_claimable_idx,
+# jobs_running_idx, jobs_attention_idx: 0034), so the snapshot never reads finished history.
 
 # Jobs that reached a terminal state in $1 at or after $2, by (state, tenant, workflow): count,
 # the age of the newest, and the newest $4 job ids of the states in $3 (a job's last update is

@@ -45,21 +45,26 @@ T = TypeVar("T")
 DEFAULT_SINCE_S = 86_400.0
 
 
-async def collect_status(conn: Any, since: datetime | float = DEFAULT_SINCE_S) -> StatusReport:
+async def collect_status(
+    conn: Any, since: datetime | float = DEFAULT_SINCE_S, *, integrity: bool = True
+) -> StatusReport:
     """Read-only; opens its own REPEATABLE READ read-only transaction (or, when ``conn`` is
     already in a transaction, reads in the caller's snapshot). Never writes. ``since``: the
-    start of the finished-work window, a timestamp or seconds before the snapshot."""
+    start of the finished-work window, a timestamp or seconds before the snapshot.
+    ``integrity``: also run the checks that read every job kept (miscounted effects, jobs and
+    keys that do not name each other); /metrics, which exports neither, leaves them out (its
+    snapshot then reads the work not done, not the history: migration 0034)."""
     if conn.is_in_transaction():
-        return await _collect(conn, since)
+        return await _collect(conn, since, integrity)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return await _collect(conn, since)
+        return await _collect(conn, since, integrity)
 
 
 async def _rows(conn: Any, build: Callable[[Any], T], statement: str, *args: Any) -> tuple[T, ...]:
     return tuple(build(r) for r in await conn.fetch(statement, *args))
 
 
-async def _collect(conn: Any, since: datetime | float) -> StatusReport:
+async def _collect(conn: Any, since: datetime | float, integrity: bool) -> StatusReport:
     unresolved = list(models.UNRESOLVED_EFFECT_STATES)
     start: datetime = (
         since if isinstance(since, datetime) else await conn.fetchval(sql.AGO, float(since))
@@ -83,8 +88,14 @@ async def _collect(conn: Any, since: datetime | float) -> StatusReport:
             conn, WaitingGroup.from_record, sql.WAITING, acting, models.EXAMPLE_IDS
         ),
         effects=await _rows(conn, EffectGroup.from_record, sql.UNRESOLVED_EFFECTS, unresolved),
-        miscounted=await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved),
-        key_mismatches=await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES),
+        miscounted=(
+            await _rows(conn, MiscountedJob.from_record, sql.MISCOUNTED_EFFECTS, unresolved)
+            if integrity
+            else ()
+        ),
+        key_mismatches=(
+            await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES) if integrity else ()
+        ),
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +22,7 @@ from accord.ops.metrics import families
 from accord.ops.models import REPORTED_STATES, StatusReport
 from tests.integration.consumers.support import CATALOG
 from tests.integration.ops.seed import SECRET, Expected, seed_all
+from tests.support import logged_plans
 
 
 @pytest.fixture
@@ -303,3 +305,61 @@ async def test_status_shows_each_consumer_s_declared_replay_window(
         "ledger": 30 * 86400.0 + PRUNE_MARGIN_S,
         "report": 605100.0,
     }
+
+
+# The counts by state and the relay's figures as they were before 0034, for the control.
+JOB_GROUPS_BEFORE_0034 = (
+    "SELECT j.state, count(*) FROM jobs.jobs j WHERE j.state = ANY ($1::text[]) GROUP BY j.state"
+)
+FIGURES_BEFORE_0034 = (
+    "SELECT count(*) FILTER (WHERE state = 'pending') FROM relay.outbox"
+    " WHERE state IN ('pending', 'held')"
+)
+
+
+async def test_a_metrics_snapshot_reads_the_work_not_done_not_the_history(
+    pool: asyncpg.Pool, seeded: Expected
+) -> None:
+    """20,000 succeeded jobs and 20,000 published outbox rows kept beside the seeded work:
+    the snapshot a /metrics scrape takes reads the jobs and rows not done by index (0034) and
+    runs neither integrity check (they read every job kept, and /metrics exports neither),
+    and its figures are the seeded ones. Control: the counts as they were spelled read the
+    whole history."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "WITH o AS (INSERT INTO jobs.operations (tenant, workflow, operation_id, job_id)"
+            " SELECT 'acme', 'w', 'kept' || i, nextval('jobs.jobs_job_id_seq')"
+            " FROM generate_series(1, 20000) i RETURNING *)"
+            " INSERT INTO jobs.jobs (job_id, tenant, workflow, operation_id, digest, state,"
+            " updated_at) OVERRIDING SYSTEM VALUE SELECT job_id, tenant, workflow,"
+            " operation_id, 'd', 'succeeded', now() - interval '2 days' FROM o"
+        )
+        await conn.execute(
+            "INSERT INTO relay.outbox (event_id, tenant, operation_id, type, version, digest,"
+            " body, occurred_at, state, published_at) SELECT gen_random_uuid(), 'acme',"
+            " 'kept-' || i, 'report.accepted', 1, 'd', '{}'::bytea, now(), 'published',"
+            " now() - interval '2 days' FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE jobs.jobs, relay.outbox")
+        walked = [
+            r[0]
+            for statement, args in (
+                (JOB_GROUPS_BEFORE_0034, [list(REPORTED_STATES)]),
+                (FIGURES_BEFORE_0034, []),
+            )
+            for r in await conn.fetch(f"EXPLAIN (ANALYZE, COSTS OFF) {statement}", *args)
+        ]
+        removed = [int(m) for line in walked for m in re.findall(r"Removed by Filter: (\d+)", line)]
+        assert sum(removed) >= 40_000, walked  # control
+
+        async with logged_plans(conn) as plans:
+            await conn.execute("SET auto_explain.log_analyze = on")
+            report = await collect_status(conn, integrity=False)
+    assert report.miscounted == () and report.key_mismatches == ()
+    assert not any("FULL JOIN" in p or "unresolved_effects AS counted" in p for p in plans)
+    counted = [p for p in plans if "jobs_attention_idx" in p or "relay.outbox" in p]
+    assert len(counted) >= 2, plans
+    for plan in counted:
+        assert "Seq Scan on jobs" not in plan and "Seq Scan on outbox" not in plan, plan
+        assert all(int(m) < 100 for m in re.findall(r"Removed by Filter: (\d+)", plan)), plan
+    check_report(report, seeded)  # the seeded figures, the history beside them uncounted
