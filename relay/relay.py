@@ -370,7 +370,8 @@ class Relay:
         self, conn: asyncpg.Connection, rows: Sequence[OutboxRow]
     ) -> dict[int, str]:
         """Why each retried row's previous attempt failed (its ``last_reason``), for the
-        publish spans only: one read per batch that holds a retry, and none unless tracing."""
+        publish spans only: one read per batch that holds a retry, and none unless spans leave
+        the process."""
         retried = [row.id for row in rows if row.attempts > 1]
         if not retried or not telemetry.exporting():
             return {}
