@@ -1476,7 +1476,106 @@ CREATE VIEW jobs.waiting AS
             j.run_after,
             j.last_error,
             l.leases
-           FROM ((((jobs.jobs j
+           FROM ((((( SELECT jobs.job_id,
+                    jobs.tenant,
+                    jobs.workflow,
+                    jobs.operation_id,
+                    jobs.digest,
+                    jobs.payload,
+                    jobs.state,
+                    jobs.generation,
+                    jobs.owner,
+                    jobs.attempt_id,
+                    jobs.epoch,
+                    jobs.lease_expires_at,
+                    jobs.attempts,
+                    jobs.max_attempts,
+                    jobs.run_after,
+                    jobs.last_error,
+                    jobs.resumed_generation,
+                    jobs.created_at,
+                    jobs.updated_at,
+                    jobs.unresolved_effects,
+                    jobs.trace,
+                    jobs.attempt_trace
+                   FROM jobs.jobs
+                  WHERE (jobs.state = 'queued'::text)
+                UNION ALL
+                 SELECT jobs.job_id,
+                    jobs.tenant,
+                    jobs.workflow,
+                    jobs.operation_id,
+                    jobs.digest,
+                    jobs.payload,
+                    jobs.state,
+                    jobs.generation,
+                    jobs.owner,
+                    jobs.attempt_id,
+                    jobs.epoch,
+                    jobs.lease_expires_at,
+                    jobs.attempts,
+                    jobs.max_attempts,
+                    jobs.run_after,
+                    jobs.last_error,
+                    jobs.resumed_generation,
+                    jobs.created_at,
+                    jobs.updated_at,
+                    jobs.unresolved_effects,
+                    jobs.trace,
+                    jobs.attempt_trace
+                   FROM jobs.jobs
+                  WHERE (jobs.state = 'running'::text)
+                UNION ALL
+                 SELECT jobs.job_id,
+                    jobs.tenant,
+                    jobs.workflow,
+                    jobs.operation_id,
+                    jobs.digest,
+                    jobs.payload,
+                    jobs.state,
+                    jobs.generation,
+                    jobs.owner,
+                    jobs.attempt_id,
+                    jobs.epoch,
+                    jobs.lease_expires_at,
+                    jobs.attempts,
+                    jobs.max_attempts,
+                    jobs.run_after,
+                    jobs.last_error,
+                    jobs.resumed_generation,
+                    jobs.created_at,
+                    jobs.updated_at,
+                    jobs.unresolved_effects,
+                    jobs.trace,
+                    jobs.attempt_trace
+                   FROM jobs.jobs
+                  WHERE (jobs.state = ANY (ARRAY['held'::text, 'unknown'::text]))
+                UNION ALL
+                 SELECT f.job_id,
+                    f.tenant,
+                    f.workflow,
+                    f.operation_id,
+                    f.digest,
+                    f.payload,
+                    f.state,
+                    f.generation,
+                    f.owner,
+                    f.attempt_id,
+                    f.epoch,
+                    f.lease_expires_at,
+                    f.attempts,
+                    f.max_attempts,
+                    f.run_after,
+                    f.last_error,
+                    f.resumed_generation,
+                    f.created_at,
+                    f.updated_at,
+                    f.unresolved_effects,
+                    f.trace,
+                    f.attempt_trace
+                   FROM (unresolved uf
+                     JOIN jobs.jobs f ON ((f.job_id = uf.job_id)))
+                  WHERE (f.state = ANY (ARRAY['canceled'::text, 'failed'::text, 'poison'::text]))) j
              JOIN jobs.tenants t ON ((t.tenant = j.tenant)))
              LEFT JOIN jobs.workflows w ON ((w.workflow = j.workflow)))
              LEFT JOIN live l ON ((l.workflow = j.workflow)))
