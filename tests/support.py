@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -14,6 +17,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from accord.demo.catalog import demo_catalog
 from accord.relay import enqueue as relay_enqueue
@@ -101,3 +105,24 @@ async def logged_plans(pg: asyncpg.Connection) -> AsyncIterator[list[str]]:
     finally:
         await pg.execute("RESET client_min_messages")
         pg.remove_log_listener(log)
+
+
+def filtered_out(plan: str) -> list[int]:
+    """Each "Rows Removed by Filter" figure of an EXPLAIN ANALYZE plan (text), in order: the
+    rows a scan read and did not return."""
+    return [int(n) for n in re.findall(r"Removed by Filter: (\d+)", plan)]
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    """A process's /metrics on ``port``, each sample summed over its labels (None when it
+    does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:  # summed over labels (destination, operation, ...)
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals

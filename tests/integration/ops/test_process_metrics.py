@@ -6,31 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import anyio
 import asyncpg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from accord.demo import demo_topology
 from accord.schemas.events import Event
 from tests.conftest import BrokerNames
-from tests.support import enqueue, free_port
-
-
-def scrape(port: int) -> dict[str, float] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return None
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:  # summed over labels (destination, operation, ...)
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
+from tests.support import enqueue, free_port, scrape
 
 
 @pytest.mark.timeout(90)

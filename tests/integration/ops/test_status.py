@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import urllib.request
@@ -22,7 +21,7 @@ from accord.ops.metrics import families
 from accord.ops.models import REPORTED_STATES, StatusReport
 from tests.integration.consumers.support import CATALOG
 from tests.integration.ops.seed import SECRET, Expected, seed_all
-from tests.support import logged_plans
+from tests.support import filtered_out, logged_plans
 
 
 @pytest.fixture
@@ -355,7 +354,7 @@ async def test_a_metrics_snapshot_reads_the_work_not_done_not_the_history(
             )
             for r in await conn.fetch(f"EXPLAIN (ANALYZE, COSTS OFF) {statement}", *args)
         ]
-        removed = [int(m) for line in walked for m in re.findall(r"Removed by Filter: (\d+)", line)]
+        removed = [n for line in walked for n in filtered_out(line)]
         assert sum(removed) >= 60_000, walked  # control
 
         async with logged_plans(conn) as plans:
@@ -369,5 +368,5 @@ async def test_a_metrics_snapshot_reads_the_work_not_done_not_the_history(
     assert len(counted) >= 3 and any("jobs.waiting" in p for p in counted), plans
     for plan in counted:
         assert "Seq Scan on jobs" not in plan and "Seq Scan on outbox" not in plan, plan
-        assert all(int(m) < 100 for m in re.findall(r"Removed by Filter: (\d+)", plan)), plan
+        assert all(n < 100 for n in filtered_out(plan)), plan
     check_report(report, seeded)  # the seeded figures, the history beside them uncounted

@@ -14,9 +14,8 @@ import pytest
 from accord.demo import DEFAULT_OWNER, report
 from accord.jobs import JobState
 from accord.jobs.runner import scan_journal
-from tests.integration.ops.test_process_metrics import scrape
 from tests.integration.runner.conftest import TENANT, Rig, wait_for
-from tests.support import free_port
+from tests.support import free_port, scrape
 
 ROOT = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-m", "accord", "worker", "--workflow", "report"]
