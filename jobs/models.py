@@ -63,6 +63,10 @@ class Submitted:
     state: JobState
 
 
+# The attempt context a claim returns with each job (jobs.claim, 0036).
+_CONTEXT = frozenset({"trace", "attempt_trace", "attempts", "last_error", "created_at"})
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """One claim of one job: every field is checked by the fence on each write-back."""
@@ -77,9 +81,15 @@ class Lease:
     epoch: int
     lease_expires_at: datetime
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: What the claim returned of the attempt's context (its stored trace contexts,
+    #: ``attempts`` with this claim, the previous attempt's ``last_error``, ``created_at``),
+    #: for the attempt span and the submit-to-finish histogram; None for a lease built
+    #: otherwise.
+    context: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_record(cls, row: Mapping[str, Any]) -> Lease:
+        keys = row.keys()
         return cls(
             job_id=row["job_id"],
             tenant=row["tenant"],
@@ -91,6 +101,7 @@ class Lease:
             epoch=row["epoch"],
             lease_expires_at=row["lease_expires_at"],
             payload=_payload(row["payload"]),
+            context={k: row[k] for k in _CONTEXT} if set(keys) >= _CONTEXT else None,
         )
 
     def fence_args(self) -> tuple[Any, ...]:

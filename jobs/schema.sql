@@ -226,7 +226,7 @@ END $$;
 -- Name: claim(text, text, double precision, integer); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
-CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double precision, p_limit integer) RETURNS TABLE(job_id bigint, tenant text, workflow text, operation_id text, owner text, attempt_id uuid, generation bigint, epoch bigint, lease_expires_at timestamp with time zone, payload jsonb)
+CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double precision, p_limit integer) RETURNS TABLE(job_id bigint, tenant text, workflow text, operation_id text, owner text, attempt_id uuid, generation bigint, epoch bigint, lease_expires_at timestamp with time zone, payload jsonb, trace jsonb, attempt_trace jsonb, attempts integer, last_error text, created_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -268,7 +268,9 @@ BEGIN
     -- the whole table per claim); picked, a locking CTE, runs exactly once.
     WHERE j.job_id = ANY (ARRAY(SELECT picked.job_id FROM picked)) AND j.job_id = picked.job_id
     RETURNING j.job_id, j.tenant, j.workflow, j.operation_id, j.owner, j.attempt_id,
-              j.generation, j.epoch, j.lease_expires_at, j.payload;
+              j.generation, j.epoch, j.lease_expires_at, j.payload,
+              -- the attempt's context (0036): what Store.attempt_context read after
+              j.trace, j.attempt_trace, j.attempts, j.last_error, j.created_at;
 END $$;
 
 --

@@ -9,9 +9,13 @@ the eight lease fields in ``Lease.fence_args()`` order ($1..$8).
 SUBMIT = "SELECT job_id, created, state, digest FROM jobs.submit($1, $2, $3, $4, $5::jsonb, $6)"
 
 # Claim up to $4 due jobs of workflow $1 for registered owner $2 with a lease of $3 seconds.
+# Each claimed job with its attempt context (0036): its stored trace contexts, its attempts
+# (this claim included), how its previous attempt ended and when it was submitted, for the
+# attempt span and the submit-to-finish histogram (Lease.context).
 CLAIM = (
     "SELECT job_id, tenant, workflow, operation_id, owner, attempt_id, generation, epoch,"
-    " lease_expires_at, payload FROM jobs.claim($1, $2, $3, $4)"
+    " lease_expires_at, payload, trace, attempt_trace, attempts, last_error, created_at"
+    " FROM jobs.claim($1, $2, $3, $4)"
 )
 
 # The fence: lock the job row; NULL while the lease holds, else the failing field.
@@ -42,14 +46,6 @@ SUCCEED_MANY = (
 
 # The fenced manifest row naming result object $9 (content digest $10) for the lease's job.
 RECORD_RESULT = "SELECT jobs.record_result($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-
-# Each claimed job's stored trace context, its attempts (this claim included), how the
-# previous attempt ended (last_error: claim leaves it as the last write-back or rescue set
-# it) and when it was submitted: for attempt spans and metrics only (Store.attempt_context).
-ATTEMPT_CONTEXT = (
-    "SELECT job_id, trace, attempt_trace, attempts, last_error, created_at FROM jobs.jobs"
-    " WHERE job_id = ANY($1::bigint[])"
-)
 
 # Give the job up (fenced): error $9, retry $10, backoff base $11 and cap $12 seconds.
 FAIL = "SELECT status, state FROM jobs.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"

@@ -423,13 +423,6 @@ class Store:
             effects = tuple(Effect.from_record(e) for e in await conn.fetch(sql.EFFECTS, job_id))
         return JobView.from_record(row, effects)
 
-    async def attempt_context(self, job_ids: list[int]) -> dict[int, Any]:
-        """Read-only, for attempt spans and metrics: each job's stored trace contexts, its
-        attempts, how its previous attempt ended and when it was submitted, by job id."""
-        async with self._connection() as conn:
-            rows = await conn.fetch(sql.ATTEMPT_CONTEXT, job_ids)
-        return {row["job_id"]: row for row in rows}
-
     async def probe(self) -> Health:
         """Health: a read-only transaction that never claims work."""
         async with self._connection() as conn, conn.transaction(readonly=True):

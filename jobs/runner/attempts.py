@@ -26,20 +26,14 @@ _TRACER = telemetry.tracer()
 RESCUE_REASONS = frozenset({"lease_expired", "epoch_rotated"})
 
 
-async def seen(store: Store | None, leases: list[Lease]) -> dict[int, Any]:
+def seen(leases: list[Lease]) -> dict[int, Any]:
     """For the attempt spans and the submit-to-finish histogram only (none unless tracing
     or serving metrics): each claimed job's stored trace context, its attempts, how the
-    previous attempt ended and when it was submitted, in one read on ``store`` (the claim
-    loop's held connection: no pool acquire, release and reset per claim). None: a worker
-    without a pool, whose one connection its jobs share, reads nothing."""
-    wanted = telemetry.tracing_on() or observe.measuring()
-    if not leases or store is None or not wanted:
+    previous attempt ended and when it was submitted, as its claim returned them (0036: no
+    read of its own)."""
+    if not (telemetry.tracing_on() or observe.measuring()):
         return {}
-    try:
-        return await store.attempt_context([lease.job_id for lease in leases])
-    except DB_CONNECTION_LOST as exc:
-        log.warning("attempt context not read (%s)", type(exc).__name__)
-        return {}
+    return {lease.job_id: lease.context for lease in leases if lease.context is not None}
 
 
 async def keep_trace(store: Store, lease: Lease, span: trace.Span) -> None:

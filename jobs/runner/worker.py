@@ -271,7 +271,7 @@ class Worker:
                     owner_read_at = started
             finally:
                 self._release(wanted - len(leases))
-            seen = await attempts.seen(claims if self._pool is not None else None, leases)
+            seen = attempts.seen(leases)
             for lease in leases:
                 self.stats.claimed += 1
                 jobs.start_soon(self._run_job, registered, lease, started, seen.get(lease.job_id))

@@ -10,6 +10,7 @@ import pytest
 
 from accord.demo import app as demo_app
 from accord.jobs import JobConflict, Store, submit
+from accord.jobs.models import Lease
 from accord.schemas import migrate
 from accord.schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
 from tests.support import wait_for
@@ -101,6 +102,16 @@ REGISTER_AT_0010 = (
 )
 
 
+async def claim_at_0010(conn: asyncpg.Connection) -> Lease:
+    """One lease of workflow w for owner o, claimed as a worker of a database at 0010 claims
+    (jobs.claim returns the attempt context only since 0036)."""
+    [row] = await conn.fetch(
+        "SELECT job_id, tenant, workflow, operation_id, owner, attempt_id, generation, epoch,"
+        " lease_expires_at, payload FROM jobs.claim('w', 'o', 60, 1)"
+    )
+    return Lease.from_record(row)
+
+
 async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_dsn: str) -> None:
     """jobs.operations (0011) takes over the idempotency key from jobs.jobs: an upgraded
     database keeps every job's key, and work in flight across the upgrade still publishes."""
@@ -114,7 +125,7 @@ async def test_0011_carries_every_operation_key_of_a_database_at_0010(empty_pg_d
             for tenant, op in [("acme", "a"), ("acme", "b"), ("zeta", "a")]:
                 done = await submit(conn, tenant=tenant, workflow="w", operation_id=op, digest="d")
                 ids[(tenant, op)] = done.job_id
-        [lease] = await store.claim("w", "o", lease_s=60)
+        lease = await claim_at_0010(conn)
 
         later = [("accord", m.version) for m in migrate.load_migrations() if m.version > 10]
         assert await migrate.migrate(conn) == later
@@ -158,7 +169,7 @@ async def test_0011_lets_a_publish_in_flight_finish_first(empty_pg_dsn: str) -> 
         await admin.execute(REGISTER_AT_0010)
         async with admin.transaction():
             await submit(admin, tenant="acme", workflow="w", operation_id="a", digest="d")
-        [lease] = await store.claim("w", "o", lease_s=60)
+        lease = await claim_at_0010(admin)
         applied: list[int] = []
         waiting = (
             "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'jobs.jobs'::regclass"

@@ -4,6 +4,7 @@ rescue, cancel, authority. Every refusal is preceded by its allowed control."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from typing import Any
 
@@ -56,6 +57,32 @@ async def test_claim_sets_a_fresh_lease_from_the_database_clock(jobs: Jobs) -> N
         await jobs.store.claim(WORKFLOW, OWNER, lease_s=float("inf"))
     with pytest.raises(InvalidLeaseLength):
         await jobs.store.claim(WORKFLOW, OWNER, lease_s=0)
+
+
+async def test_a_claim_returns_each_job_s_attempt_context(jobs: Jobs) -> None:
+    """The claim returns what the attempt span and the submit-to-finish histogram need,
+    as the claimed row holds it (0036): attempts with this claim, how the previous attempt
+    ended, the stored trace contexts and the submit time."""
+    job_id = await jobs.submit("ctx")
+    await jobs.pool.execute(
+        'UPDATE jobs.jobs SET trace = \'{"traceparent": "t"}\' WHERE job_id = $1', job_id
+    )
+    store = Store(jobs.pool, backoff_base_s=0.0)  # the retry due at once
+    first = await jobs.claim_one(lease_s=30)
+    await store.note_trace(first, {"traceparent": "a1"})
+    await store.fail(first, "gave up", retry=True)
+    second = await jobs.claim_one(lease_s=30)
+    row = await jobs.pool.fetchrow(
+        "SELECT trace, attempt_trace, attempts, last_error, created_at FROM jobs.jobs"
+        " WHERE job_id = $1",
+        job_id,
+    )
+    assert first.context is not None and first.context["attempts"] == 1
+    assert first.context["last_error"] is None and first.context["attempt_trace"] is None
+    assert second.context == dict(row)
+    assert (row["attempts"], row["last_error"]) == (2, "gave up")
+    assert json.loads(row["trace"]) == {"traceparent": "t"}
+    assert json.loads(row["attempt_trace"]) == {"traceparent": "a1"}
 
 
 async def test_batch_claim_takes_distinct_due_jobs_in_order(jobs: Jobs) -> None:

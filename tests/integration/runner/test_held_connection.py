@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from opentelemetry import trace
 
 from accord import observe
 from accord.demo import DEFAULT_OWNER
-from accord.jobs import JobState, Store
+from accord.jobs import JobState, Store, sql
 from accord.jobs import publish as publish_module
 from accord.jobs.models import Lease
 from accord.jobs.runner import JobContext, Success, Worker, WorkerConfig, open_journal
@@ -356,11 +357,15 @@ class _CountedUnkept(CountingStore, _Unkept):
 
 
 async def _resets(
-    rig: Rig, store_class: type[CountingStore], name: str, n: int
+    rig: Rig,
+    store_class: type[CountingStore],
+    name: str,
+    n: int,
+    statements: Counter[str] | None = None,
 ) -> tuple[int, int, int]:
     """Pool releases (each one a reset round trip), the start's excluded, claims, and the
     claims that took jobs, for ``n`` jobs of three fenced calls each (begin, finish effect,
-    publish)."""
+    publish). ``statements``: counts every statement the worker's connections ran, by text."""
     resets = 0
 
     async def counting_reset(conn: Any) -> None:
@@ -368,7 +373,13 @@ async def _resets(
         resets += 1
         await conn.reset()
 
-    pool = await asyncpg.create_pool(rig.pg_dsn, min_size=1, max_size=12, reset=counting_reset)
+    async def logging_init(conn: Any) -> None:
+        if statements is not None:
+            conn.add_query_logger(lambda record: statements.update([record.query]))
+
+    pool = await asyncpg.create_pool(
+        rig.pg_dsn, min_size=1, max_size=12, reset=counting_reset, init=logging_init
+    )
     assert pool is not None
     try:
         store = store_class(pool)
@@ -438,25 +449,35 @@ async def test_the_worker_pays_no_pool_round_trip_per_job(
     assert kept - 1 <= WORKER_SLOTS < n
 
 
-class _ContextThroughPool(CountingStore):
-    """Control: the attempt context read as before, through the pool (an acquire, a release
-    and its reset per claim that took jobs)."""
-
-    async def attempt_context(self, job_ids: list[int]) -> dict[int, Any]:
-        return await Store(self._db).attempt_context(job_ids)
-
-
-async def test_while_measuring_the_claim_loop_reads_on_its_own_connection(
+async def test_while_measuring_each_job_s_context_comes_with_its_claim(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Serving metrics: each claim that took jobs reads their attempt context (submit times).
-    _untraced(monkeypatch, measuring=True)
+    """Serving metrics, the submit-to-finish histogram needs each job's submit time: it
+    comes with the claim (0036), so every job is observed and the worker runs exactly the
+    statements it runs without metrics (before, one read more per claim that took jobs), on
+    the claim loop's connection with no pool round trip per claim."""
     n = 15  # at least five claims take jobs (three slots), more than the slots' releases
-    pooled, _, pooled_took = await _resets(rig, _ContextThroughPool, "context_pooled", n)
-    held, held_claims, held_took = await _resets(rig, CountingStore, "context_held", n)
-    # control: one pool reset per claim that took jobs, beside what the slots give back
-    assert pooled_took > WORKER_SLOTS
-    assert pooled - 1 >= pooled_took
+    quiet: Counter[str] = Counter()
+    _untraced(monkeypatch, measuring=False)
+    await _resets(rig, CountingStore, "context_quiet", n, quiet)
+    measured: Counter[str] = Counter()
+    _untraced(monkeypatch, measuring=True)
+    before = _latency_count("context_held")
+    held, held_claims, held_took = await _resets(rig, CountingStore, "context_held", n, measured)
+    assert _latency_count("context_held") - before == n
+    # the same statements as without metrics, but for how often an empty claim polled (and
+    # now and then read the registration to say why it was empty)
+    for polled in (sql.CLAIM, sql.REGISTRATION):
+        del quiet[polled], measured[polled]
+    assert measured == quiet, measured - quiet
     # on the claim loop's connection: the slots' connections at the stop, nothing per claim
     assert held_took > 1 and held_claims > 1
     assert held - 1 <= WORKER_SLOTS < n
+
+
+def _latency_count(workflow: str) -> float:
+    """Jobs of ``workflow`` the submit-to-finish histogram observed so far."""
+    value = observe.REGISTRY.get_sample_value(
+        "accord_job_succeeded_latency_seconds_count", {"workflow": workflow}
+    )
+    return value or 0.0
