@@ -244,7 +244,7 @@ BACKLOG = 3000  # unknown effects of other jobs, awaiting reconciliation
 
 
 def effect_scans(plans: list[str]) -> list[str]:
-    """The plan lines that read jobs.effects, each with the line after it (its filter)."""
+    """The plan lines that read jobs.effects, each with the two after it (its conditions)."""
     found = []
     for plan in plans:
         lines = plan.splitlines()
