@@ -65,6 +65,10 @@ variant: its fsynced SQLite evidence is a cost every variant pays per report.
   one's worker concurrency; a bare count splits W x C, as by default), to look for a
   better-tuned DBOS.
 
+``--worker-metrics`` has each worker serve /metrics, as a deployment's would (spans for the
+messaging metrics, the submit-to-finish histogram), and reports the workers' authority checks
+by what brought them on.
+
 Beside the rates, the bench counts PostgreSQL commits per submission (pg_stat_database's
 ``xact_commit`` over the window, the bench's own polls taken out) for accord and raw: a
 count, not a timing, so it does not drift with the machine. Each statement outside a
@@ -97,6 +101,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -106,6 +111,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import anyio
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from accord.demo import demo_topology
 from accord.demo import sql as demo_sql
@@ -258,13 +264,18 @@ async def delete_broker_names(url: str, topology: Topology) -> None:
         await amqp.close()
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Provider:
     """The provider simulator as its own process (its CPU is measured like the others')."""
 
     def __init__(self, workdir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (workdir / "provider.log").open("ab")
         self.process = subprocess.Popen(
@@ -415,15 +426,37 @@ def accord_argv(
 
 
 def start_processes(
-    argvs: dict[str, list[str]], env: dict[str, str], work: Path
+    argvs: dict[str, list[str]],
+    env: dict[str, str],
+    work: Path,
+    own_env: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, subprocess.Popen[bytes]]:
+    """``own_env``: variables for some processes only, by name."""
     procs = {}
     for name, argv in argvs.items():
         with (work / "logs" / f"{name}.log").open("ab") as log:
             procs[name] = subprocess.Popen(
-                [*argv, "--app", "accord.demo:app"], env=env, stdout=log, stderr=log
+                [*argv, "--app", "accord.demo:app"],
+                env={**env, **(own_env or {}).get(name, {})},
+                stdout=log,
+                stderr=log,
             )
     return procs
+
+
+def authority_checks(ports: dict[str, int]) -> dict[str, float]:
+    """accord_authority_checks_total of the workers serving /metrics on ``ports``, summed by
+    trigger (what brought each check on)."""
+    totals: dict[str, float] = {}
+    for port in ports.values():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "accord_authority_checks_total":
+                    trigger = sample.labels["trigger"]
+                    totals[trigger] = totals.get(trigger, 0.0) + sample.value
+    return totals
 
 
 def accord_command(env: dict[str, str], *args: str) -> None:
@@ -522,7 +555,13 @@ async def bench_accord(
             if backlog:
                 await fill_backlog(dsn, backlog)
             argv = accord_argv(opts.workers, opts.concurrency, work, projection=during)
-            procs.update(start_processes(argv, env, work))
+            metrics_ports = (
+                {name: free_port() for name in argv if name.startswith("worker")}
+                if opts.worker_metrics
+                else {}
+            )
+            own_env = {name: {"ACCORD_METRICS_PORT": str(p)} for name, p in metrics_ports.items()}
+            procs.update(start_processes(argv, env, work, own_env))
             await wait_ready(procs, work / "logs")
             await anyio.sleep(1.5)  # what the processes did so far is reported (see commits)
             commits0 = await commits(dsn)
@@ -542,6 +581,7 @@ async def bench_accord(
                 submitted = time.perf_counter()
                 own1 = time.process_time()
                 done, polls = await wait_count(pool, COUNT_REPORTS, n, start + opts.timeout_s)
+                checks = await anyio.to_thread.run_sync(authority_checks, metrics_ports)
                 machine = machine_spent(machine0, n)
                 cpu1 = {name: cpu_s(p.pid) for name, p in everyone.items()}
                 pg1 = await backends_cpu_s(pool)
@@ -585,6 +625,8 @@ async def bench_accord(
             k: 1000 * v / n for k, v in sorted(backends_by_process(pg0, pg1).items())
         },
         "logs": str(work / "logs"),
+        # --worker-metrics: the workers' authority checks by trigger, start to clock stop.
+        "authority_checks": checks,
         # Expired rows each pruner removed while the clock ran, and what was left at its end.
         "pruned_during": {k: left0[k] - left1[k] for k in left0},
         "expired_left": left1,
@@ -896,6 +938,9 @@ def report(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
         f"PostgreSQL commits per submission: accord {a['commits_per_submission']:.2f},"
         f" raw {last['raw']['commits_per_submission']:.2f}"
     )
+    if a.get("authority_checks"):
+        by = ", ".join(f"{k} {v:.0f}" for k, v in sorted(a["authority_checks"].items()))
+        print(f"  the workers' authority checks (/metrics): {by}")
     # Every process and the kernel: what two cores must pay per submission, against what
     # half the raw limit would allow them if they were as busy as in this run.
     served = a["postgresql_cpu_ms_per_submission"]
@@ -963,6 +1008,11 @@ def cli() -> None:
     parser.add_argument(
         "--no-projection-during", dest="projection_during", action="store_false",
         help="skip the variant whose projection consumer runs during the clock",
+    )  # fmt: skip
+    parser.add_argument(
+        "--worker-metrics", action="store_true",
+        help="the workers serve /metrics (as a deployment's would), and the run reports"
+        " their authority checks by trigger",
     )  # fmt: skip
     parser.add_argument(
         "--dbos-executors", type=lambda s: s.split(","), default=["1", "2"],
