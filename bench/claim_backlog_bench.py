@@ -1,16 +1,21 @@
 """The jobs claim beside a backlog of jobs that are not due yet, against the same run on an
 empty table, same machine, same run.
 
-    .venv/bin/python -m bench.claim_backlog_bench [--backlog 1000000] [--jobs 20000]
+    .venv/bin/python -m bench.claim_backlog_bench [--backlog 1000000] [--jobs 20000] [--frozen]
 
 A backlog of queued jobs whose ``run_after`` lies in the future (what a retry storm with
 backoff, or jobs scheduled for later, leaves behind) must cost the claim nothing: the claim
-reads eligible rows in ``run_after`` order through ``jobs_claim_idx`` and stops at the first
-row not yet due. Each round drains ``--jobs`` due no-op jobs with ``Store.claim`` and the
+reads eligible rows in ``run_after`` order through ``jobs_claimable_idx`` and stops at the
+first row not yet due. Each round drains ``--jobs`` due no-op jobs with ``Store.claim`` and the
 fenced ``Store.publish`` (bench.jobs_bench's ``accord`` variant), once on a database with no
 other row and once on one holding ``--backlog`` future jobs of the same class, analyzed as
 autovacuum leaves them. Rounds alternate the order; the figure is the best rate of each side
 and their ratio (goal >= 0.9).
+
+``--frozen``: the backlog is instead due a day ago and belongs to another tenant, frozen
+(what a tenant frozen while its producers kept submitting leaves behind). Its jobs carry the
+frozen flag (0037) that keeps them out of the claim's index range; before 0037 each claim
+read all of them and dropped them at the join.
 """
 
 from __future__ import annotations
@@ -24,31 +29,36 @@ import asyncpg
 from accord.runtime import run
 from bench.jobs_bench import WORKFLOW, bench_accord, drop_database, fresh_database
 
-# $1 queued jobs of the bench's class, due in a day, each with its operation key (the key row
-# first: jobs_operation_fkey is checked at once, operations_job_fkey at commit).
+# $1 queued jobs of the bench's class for tenant $3, due $4 from now, each with its operation
+# key (the key row first: jobs_operation_fkey is checked at once, operations_job_fkey at
+# commit).
 BACKLOG_KEYS = """
 INSERT INTO jobs.operations (tenant, workflow, operation_id, job_id)
-SELECT 't', $2, 'later-' || i, 1000000000 + i FROM generate_series(1, $1) i
+SELECT $3, $2, 'later-' || i, 1000000000 + i FROM generate_series(1, $1) i
 """
 BACKLOG_JOBS = """
 INSERT INTO jobs.jobs (job_id, tenant, workflow, operation_id, digest, run_after)
 OVERRIDING SYSTEM VALUE
-SELECT 1000000000 + i, 't', $2, 'later-' || i, 'd', now() + interval '1 day'
+SELECT 1000000000 + i, $3, $2, 'later-' || i, 'd', now() + $4::text::interval
 FROM generate_series(1, $1) i
 """
 
 
-async def with_backlog(admin: str, backlog: int) -> str:
+async def with_backlog(admin: str, backlog: int, frozen: bool) -> str:
     dsn = await fresh_database(admin)
     conn = await asyncpg.connect(dsn)
+    tenant, due = ("ice", "-1 day") if frozen else ("t", "1 day")
     try:
         started = time.perf_counter()
         async with conn.transaction():
-            await conn.execute("INSERT INTO jobs.tenants (tenant) VALUES ('t')")
-            await conn.execute(BACKLOG_KEYS, backlog, WORKFLOW)
-            await conn.execute(BACKLOG_JOBS, backlog, WORKFLOW)
+            await conn.execute("INSERT INTO jobs.tenants (tenant) VALUES ($1)", tenant)
+            await conn.execute(BACKLOG_KEYS, backlog, WORKFLOW, tenant)
+            await conn.execute(BACKLOG_JOBS, backlog, WORKFLOW, tenant, due)
+            if frozen:  # its trigger flags every queued job of the tenant (0037)
+                await conn.execute("SELECT jobs.set_frozen($1, true)", tenant)
         await conn.execute("VACUUM ANALYZE jobs.jobs, jobs.operations")
-        print(f"  backlog of {backlog} future jobs written in {time.perf_counter() - started:.0f}s")
+        what = "frozen tenant's due" if frozen else "future"
+        print(f"  backlog of {backlog} {what} jobs written in {time.perf_counter() - started:.0f}s")
     finally:
         await conn.close()
     return dsn
@@ -59,9 +69,10 @@ async def main(args: argparse.Namespace) -> None:
     n, w, b = args.jobs, args.workers, args.batch
     print(
         f"claim backlog bench: {n} due jobs, {w} workers, batch {b},"
-        f" beside {args.backlog} future jobs, rounds {args.rounds}"
+        f" beside {args.backlog} {'frozen' if args.frozen else 'future'} jobs,"
+        f" rounds {args.rounds}"
     )
-    backlog_dsn = await with_backlog(admin, args.backlog)
+    backlog_dsn = await with_backlog(admin, args.backlog, args.frozen)
     empty: list[float] = []
     beside: list[float] = []
     try:
@@ -91,8 +102,9 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"round {rnd}  {label:<8} {done / elapsed:8.0f} jobs/s")
     finally:
         await drop_database(admin, backlog_dsn)
+    kind = "frozen" if args.frozen else "future"
     print(
-        f"claim beside {args.backlog} future jobs / empty: {max(beside) / max(empty):.2f}"
+        f"claim beside {args.backlog} {kind} jobs / empty: {max(beside) / max(empty):.2f}"
         f" ({max(beside):.0f}/s vs {max(empty):.0f}/s)"
     )
 
@@ -104,6 +116,9 @@ def cli() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--frozen", action="store_true", help="the backlog: a frozen tenant's due jobs"
+    )
     run(main, parser.parse_args())
 
 

@@ -244,7 +244,8 @@ BEGIN
         SELECT j.job_id, t.epoch
         FROM jobs.jobs j JOIN jobs.tenants t ON t.tenant = j.tenant
         WHERE j.workflow = p_workflow AND j.state = 'queued' AND j.run_after <= now()
-          AND NOT t.frozen
+          -- the index's range: thawed tenants' jobs only (0037); the join decides
+          AND NOT j.tenant_frozen AND NOT t.frozen
           AND EXISTS (SELECT 1 FROM registered)
           -- refused for effects_disabled: it waits for effects, no attempt spent meanwhile
           AND (j.last_error IS DISTINCT FROM 'effects_disabled'
@@ -1033,8 +1034,12 @@ CREATE FUNCTION jobs.submit(p_tenant text, p_workflow text, p_operation_id text,
 #variable_conflict use_column
 DECLARE
     v_job_id bigint;
+    v_frozen boolean;
 BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
+    -- The lock the foreign key takes anyway, taken first: a freeze or thaw waits for this
+    -- transaction before it rewrites the tenant's jobs (0037).
+    SELECT t.frozen INTO v_frozen FROM jobs.tenants t WHERE t.tenant = p_tenant FOR KEY SHARE;
     FOR v_try IN 1..2 LOOP
         INSERT INTO jobs.operations AS o (tenant, workflow, operation_id, job_id)
         VALUES (p_tenant, p_workflow, p_operation_id, nextval('jobs.jobs_job_id_seq'))
@@ -1043,10 +1048,12 @@ BEGIN
         IF v_job_id IS NOT NULL THEN
             RETURN QUERY
                 INSERT INTO jobs.jobs AS j
-                    (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace)
+                    (job_id, tenant, workflow, operation_id, digest, payload, max_attempts, trace,
+                     tenant_frozen)
                 OVERRIDING SYSTEM VALUE
                 VALUES (v_job_id, p_tenant, p_workflow, p_operation_id, p_digest, p_payload,
-                        p_max_attempts, nullif(current_setting('accord.trace', true), '')::jsonb)
+                        p_max_attempts, nullif(current_setting('accord.trace', true), '')::jsonb,
+                        v_frozen)
                 RETURNING j.job_id, true, j.state, j.digest;
             RETURN;
         END IF;
@@ -1154,6 +1161,29 @@ BEGIN
         VALUES (p_job_id, p_tenant, p_object_key, p_content_digest);
     END IF;
     RETURN v_status;
+END $$;
+
+--
+-- Name: tenant_frozen_sync(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.tenant_frozen_sync() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- Waits for every transaction that read the old flag in jobs.submit (FOR KEY SHARE) to
+    -- end; the UPDATE below, a statement of its own, then sees the jobs they wrote.
+    PERFORM 1 FROM jobs.tenants t WHERE t.tenant = NEW.tenant FOR UPDATE;
+    IF NEW.frozen THEN
+        UPDATE jobs.jobs j SET tenant_frozen = true
+        WHERE j.tenant = NEW.tenant AND NOT j.tenant_frozen
+          AND j.state IN ('queued', 'running', 'held', 'unknown', 'poison');
+    ELSE
+        UPDATE jobs.jobs j SET tenant_frozen = false
+        WHERE j.tenant = NEW.tenant AND j.tenant_frozen;
+    END IF;
+    RETURN NULL;
 END $$;
 
 --
@@ -1276,10 +1306,17 @@ CREATE TABLE jobs.jobs (
     unresolved_effects integer DEFAULT 0 NOT NULL,
     trace jsonb,
     attempt_trace jsonb,
+    tenant_frozen boolean DEFAULT false NOT NULL,
     CONSTRAINT jobs_lease_check CHECK ((((state = 'running'::text) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::text) OR ((owner IS NOT NULL) AND (attempt_id IS NOT NULL) AND (epoch IS NOT NULL))))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text, 'unknown'::text, 'held'::text])))
 );
+
+--
+-- Name: COLUMN jobs.tenant_frozen; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON COLUMN jobs.jobs.tenant_frozen IS 'jobs.tenants.frozen of the job''s tenant, for every job that is not finished (0037): the claim''s index leaves out frozen tenants'' jobs by it. Kept by jobs.tenant_frozen_sync and jobs.submit; the claim still checks jobs.tenants itself.';
 
 --
 -- Name: CONSTRAINT jobs_lease_check ON jobs; Type: COMMENT; Schema: jobs; Owner: -
@@ -1734,7 +1771,7 @@ CREATE INDEX jobs_attention_idx ON jobs.jobs USING btree (state) WHERE (state = 
 -- Name: jobs_claimable_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 
-CREATE INDEX jobs_claimable_idx ON jobs.jobs USING btree (workflow, run_after, job_id) WHERE (state = 'queued'::text);
+CREATE INDEX jobs_claimable_idx ON jobs.jobs USING btree (workflow, tenant_frozen, run_after, job_id) WHERE (state = 'queued'::text);
 
 --
 -- Name: jobs_finished_idx; Type: INDEX; Schema: jobs; Owner: -
@@ -1753,6 +1790,12 @@ CREATE INDEX jobs_prunable_idx ON jobs.jobs USING btree (updated_at) WHERE ((sta
 --
 
 CREATE INDEX jobs_running_idx ON jobs.jobs USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+--
+-- Name: jobs_tenant_frozen_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX jobs_tenant_frozen_idx ON jobs.jobs USING btree (tenant) WHERE tenant_frozen;
 
 --
 -- Name: registration_audit_workflow_idx; Type: INDEX; Schema: jobs; Owner: -
@@ -1807,6 +1850,12 @@ CREATE TRIGGER repair_audit_append_only BEFORE DELETE OR UPDATE ON jobs.repair_a
 --
 
 CREATE TRIGGER repair_audit_no_truncate BEFORE TRUNCATE ON jobs.repair_audit FOR EACH STATEMENT EXECUTE FUNCTION jobs.append_only();
+
+--
+-- Name: tenants tenants_frozen_sync; Type: TRIGGER; Schema: jobs; Owner: -
+--
+
+CREATE TRIGGER tenants_frozen_sync AFTER UPDATE OF frozen ON jobs.tenants FOR EACH ROW WHEN ((old.frozen IS DISTINCT FROM new.frozen)) EXECUTE FUNCTION jobs.tenant_frozen_sync();
 
 --
 -- Name: authority_restores authority_restores_resolved_audit_fkey; Type: FK CONSTRAINT; Schema: jobs; Owner: -
@@ -2131,6 +2180,12 @@ GRANT ALL ON FUNCTION jobs.succeed_many(p_job_ids bigint[], p_tenants text[], p_
 
 REVOKE ALL ON FUNCTION jobs.succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.succeed_with_result(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_object_key text, p_content_digest text) TO accord_worker;
+
+--
+-- Name: FUNCTION tenant_frozen_sync(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.tenant_frozen_sync() FROM PUBLIC;
 
 --
 -- Name: FUNCTION unresolved_effects(p_job_id bigint); Type: ACL; Schema: jobs; Owner: -

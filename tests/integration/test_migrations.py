@@ -258,3 +258,35 @@ async def _apply_v0_1(conn: asyncpg.Connection, version: int, name: str, text: s
             name,
             migrate.Migration(version, name, text).checksum,
         )
+
+
+async def test_0037_flags_the_live_jobs_of_a_tenant_frozen_before_it(empty_pg_dsn: str) -> None:
+    """A database at 0036 with tenant ice frozen and tenant acme thawed, each with a queued
+    job: 0037 flags ice's job (the claim's index leaves it out) and not acme's, acme's is
+    claimed, and a thaw after the upgrade makes ice's job claimable."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=36)
+        store = Store(conn, backoff_base_s=0.0)
+        await store.register_workflow("w", "o")
+        for tenant in ("ice", "acme"):
+            async with conn.transaction():
+                await submit(conn, tenant=tenant, workflow="w", operation_id="a", digest="d")
+        await store.freeze("ice")
+        assert await migrate.migrate(conn) == [
+            ("accord", m.version) for m in migrate.load_migrations() if m.version > 36
+        ]
+        flags = await conn.fetch("SELECT tenant, tenant_frozen FROM jobs.jobs")
+        assert dict((r["tenant"], r["tenant_frozen"]) for r in flags) == {
+            "ice": True,
+            "acme": False,
+        }
+        assert [lease.tenant for lease in await store.claim("w", "o", lease_s=60, limit=5)] == [
+            "acme"
+        ]
+        await store.unfreeze("ice")
+        assert [lease.tenant for lease in await store.claim("w", "o", lease_s=60, limit=5)] == [
+            "ice"
+        ]
+    finally:
+        await conn.close()

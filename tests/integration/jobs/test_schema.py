@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime
 
@@ -460,6 +461,91 @@ async def test_the_claim_never_reads_jobs_waiting_for_their_run_after(
     assert "Rows Removed by Filter: 20000" not in claim_plan
     walked = next(p for p in plans if "ORDER BY job_id LIMIT 50" in p)
     assert re.search(r"Rows Removed by Filter: 2000\d", walked), walked
+
+
+# The claim's statement as it read before 0037: frozen tenants refused at the join only.
+CLAIM_WITHOUT_FLAG = (
+    "SELECT j.job_id FROM jobs.jobs j JOIN jobs.tenants t ON t.tenant = j.tenant"
+    " WHERE j.workflow = 'w' AND j.state = 'queued' AND j.run_after <= now() AND NOT t.frozen"
+    " ORDER BY j.run_after, j.job_id LIMIT 50 FOR NO KEY UPDATE OF j SKIP LOCKED"
+)
+
+
+def claimable_scanned(plan: str) -> int:
+    """The rows a plan's scan of jobs_claimable_idx returned (EXPLAIN ANALYZE, text)."""
+    [rows] = re.findall(r"(?:using|Scan on) jobs_claimable_idx .*actual time=\S+ rows=(\d+) ", plan)
+    return int(rows)
+
+
+async def test_the_claim_never_reads_a_frozen_tenant_s_jobs(pg: asyncpg.Connection) -> None:
+    """Tenant ice is frozen with 20,000 queued jobs, all due before tenant acme's 5 (its
+    producers kept submitting while it was frozen): the claim takes acme's 5 and its scan of
+    jobs_claimable_idx reads nothing else (0037). Control: the same claim refusing frozen
+    tenants at the join only, as before 0037, reads every one of ice's jobs."""
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o")
+    await store.freeze("ice")
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("ice", "w", f"i{i}", "d", "{}", 5) for i in range(20000)]
+        )
+    await pg.execute("UPDATE jobs.jobs SET run_after = now() - interval '1 hour'")
+    async with pg.transaction():
+        await pg.executemany(sql.SUBMIT, [("acme", "w", f"a{i}", "d", "{}", 5) for i in range(5)])
+    await pg.execute("ANALYZE jobs.jobs")
+    assert await pg.fetchval("SELECT count(*) FROM jobs.jobs WHERE tenant_frozen") == 20000
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        leases = await store.claim("w", "o", lease_s=60, limit=50)
+        async with pg.transaction():
+            await pg.execute("SET LOCAL enable_seqscan = off")  # as jobs.claim runs (0033)
+            control = await pg.fetch(CLAIM_WITHOUT_FLAG)
+    assert sorted(lease.operation_id for lease in leases) == [f"a{i}" for i in range(5)]
+    assert control == []  # nothing left to take: acme's are claimed, ice's refused
+    claim_plan = next(p for p in plans if "jobs_claimable_idx" in p and "tenant_frozen" in p)
+    assert claimable_scanned(claim_plan) == 5, claim_plan
+    walked = next(p for p in plans if "NOT t.frozen ORDER BY" in p)
+    assert claimable_scanned(walked) >= 20000, walked
+
+
+async def test_a_thaw_clears_the_flag_of_a_job_submitted_while_it_waited(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A submit reads its tenant frozen; a thaw starts before it commits. The thaw waits for
+    the submit (its trigger locks the tenant row FOR UPDATE, the submit holds FOR KEY SHARE),
+    then clears the new job's flag too, and the job is claimed. Control: the trigger without
+    that lock returns at once and leaves the job flagged under a thawed tenant, out of every
+    claim for good. tests/isolation/freeze_vs_submit.spec runs the other orders."""
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o")
+
+    async def race(operation_id: str) -> tuple[bool, bool]:
+        """(the thaw waited for the submit, the job was claimed afterwards)."""
+        await store.freeze("acme")
+        submitter = await asyncpg.connect(pg_dsn)
+        try:
+            async with submitter.transaction():
+                await submitter.fetch(sql.SUBMIT, "acme", "w", operation_id, "d", "{}", 5)
+                thaw = asyncio.ensure_future(store.unfreeze("acme"))
+                await asyncio.sleep(0.3)
+                waited = not thaw.done()
+            await thaw
+        finally:
+            await submitter.close()
+        leases = await store.claim("w", "o", lease_s=60, limit=5)
+        return waited, [lease.operation_id for lease in leases] == [operation_id]
+
+    assert await race("locked") == (True, True)
+    unlocked = await pg.fetchval(
+        "SELECT replace(pg_get_functiondef('jobs.tenant_frozen_sync'::regproc),"
+        " 'PERFORM 1 FROM jobs.tenants t WHERE t.tenant = NEW.tenant FOR UPDATE;', '')"
+    )
+    assert "FOR UPDATE" not in unlocked
+    await pg.execute(unlocked)
+    assert await race("unlocked") == (False, False)
+    assert await pg.fetchval(
+        "SELECT tenant_frozen FROM jobs.jobs WHERE operation_id = 'unlocked'"
+    ), "the control's job should be stranded with the flag set"
 
 
 PRUNE_SCAN = (
