@@ -126,9 +126,10 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     registered = app.registered(options.workflow)
     if args.timeout_s is not None:
         registered = dataclasses.replace(registered, timeout_s=args.timeout_s)
+    db = checks.Database(settings.pg_dsn)  # one kept connection for both checks
     ready = [
-        checks.postgresql(settings.pg_dsn, app.migration_chains()),
-        checks.registered(settings.pg_dsn, options.workflow, options.config.owner),
+        checks.postgresql(db, app.migration_chains()),
+        checks.registered(db, options.workflow, options.config.owner),
     ]
     with runtime.metrics(settings, checks=ready):
         return int(runtime.run(serve, settings, options, [registered], app.migration_chains()))

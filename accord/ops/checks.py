@@ -1,55 +1,144 @@
-"""The readiness checks a process runs (accord.ops.health.Readiness): each opens what it
-needs on the checker's own event loop, looks, and closes it again. A check returns when the
-dependency is fine and raises (a typed accord error where there is one) when it is not."""
+"""The readiness checks a process runs (accord.ops.health.Readiness). A check returns when the
+dependency is fine and raises (a typed accord error where there is one) when it is not.
+
+Each check looks over a connection it keeps between rounds (``Kept``): opened at the first
+round, reused while rounds pass, closed after a round that fails (the next round opens a new
+one, so a server that went away and came back is seen again) and when the rounds end. Before,
+every round opened and closed its connections: two PostgreSQL backends forked and one AMQP
+connection logged by RabbitMQ every two seconds in every process, for a question that one
+round trip on an open connection answers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Generic, TypeVar
+
+import aio_pika.abc
+import anyio
+import asyncpg
 
 from accord.jobs import registry
 from accord.ops.health import Check
 from accord.schemas import broker, migrate
 from accord.schemas.db import connect
 
+T = TypeVar("T")
 
-def postgresql(dsn: str, app_chains: Sequence[migrate.Chain] = ()) -> Check:
+#: How long closing a connection after a failed round may take.
+CLOSE_S = 1.0
+
+
+class Kept(Generic[T]):
+    """One connection kept between the rounds that use it, per event loop (a connection
+    belongs to the loop that opened it; ``Readiness.check_once`` runs a round on a loop of
+    its own). A use takes the kept connection, or opens one when there is none or it has
+    closed, and puts it back only if the use ended cleanly; ``aclose`` closes the one kept
+    for the running loop (Readiness calls it when its rounds on that loop end)."""
+
+    def __init__(
+        self,
+        open_: Callable[[], Awaitable[T]],
+        close: Callable[[T], Awaitable[None]],
+        closed: Callable[[T], bool],
+    ) -> None:
+        self._open, self._close, self._closed = open_, close, closed
+        self._kept: dict[asyncio.AbstractEventLoop, T] = {}
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[T]:
+        loop = asyncio.get_running_loop()
+        thing = self._kept.pop(loop, None)  # taken: a concurrent use opens its own
+        if thing is None or self._closed(thing):
+            thing = await self._open()
+        try:
+            yield thing
+        except BaseException:
+            await self._shut(thing)
+            raise
+        self._kept[loop] = thing
+
+    async def aclose(self) -> None:
+        thing = self._kept.pop(asyncio.get_running_loop(), None)
+        if thing is not None:
+            await self._shut(thing)
+
+    async def _shut(self, thing: T) -> None:
+        # Shielded: a round cut short by its deadline still closes what it opened.
+        # Best effort: the round has failed already, or the rounds are over.
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CLOSE_S),
+            contextlib.suppress(Exception),
+        ):
+            await self._close(thing)
+
+
+class Database(Kept[asyncpg.Connection]):
+    """A PostgreSQL connection kept for the checks that share it (``postgresql``,
+    ``registered``): one backend per process, not one per check."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(
+            lambda: connect(dsn, timeout=2.0),
+            lambda conn: conn.close(timeout=CLOSE_S),
+            lambda conn: conn.is_closed(),
+        )
+
+
+class KeptCheck:
+    """A check that looks over a kept connection; ``aclose`` closes it (Readiness)."""
+
+    def __init__(self, kept: Kept[Any], look: Callable[[Any], Awaitable[None]]) -> None:
+        self._kept, self._look = kept, look
+
+    async def __call__(self) -> None:
+        async with self._kept.use() as thing:
+            await self._look(thing)
+
+    async def aclose(self) -> None:
+        await self._kept.aclose()
+
+
+def _database(db: str | Database) -> Database:
+    return Database(db) if isinstance(db, str) else db
+
+
+def postgresql(db: str | Database, app_chains: Sequence[migrate.Chain] = ()) -> Check:
     """PostgreSQL answers and its schema is current (SchemaBehind otherwise)."""
 
-    async def check() -> None:
-        conn = await connect(dsn, timeout=2.0)
-        try:
-            await migrate.require_current(conn, app_chains)
-        finally:
-            await conn.close(timeout=1.0)
+    async def look(conn: asyncpg.Connection) -> None:
+        await migrate.require_current(conn, app_chains)
 
-    return "postgresql", check
+    return "postgresql", KeptCheck(_database(db), look)
+
+
+def registered(db: str | Database, workflow: str, owner: str) -> Check:
+    """The job class is registered to this worker's owner (WorkflowNotRegistered, ...)."""
+
+    async def look(conn: asyncpg.Connection) -> None:
+        await registry.require(conn, workflow, owner)
+
+    return "registration", KeptCheck(_database(db), look)
 
 
 def rabbitmq(url: str, *, queue: str | None = None, exchange: str | None = None) -> Check:
-    """RabbitMQ answers (and, when named, the queue or exchange exists: a passive look)."""
+    """RabbitMQ answers (a channel opened and closed on the kept connection: a round trip
+    each) and, when named, the queue or exchange exists (a passive look on that channel)."""
 
-    async def check() -> None:
-        connection = await broker.connect(url, timeout=2.0)
-        try:
-            channel = await connection.channel()
+    async def look(connection: aio_pika.abc.AbstractConnection) -> None:
+        async with connection.channel() as channel:
             if queue is not None:
                 await channel.get_queue(queue, ensure=True)
             if exchange is not None:
                 await channel.get_exchange(exchange, ensure=True)
-        finally:
-            await connection.close()
 
-    return "rabbitmq", check
-
-
-def registered(dsn: str, workflow: str, owner: str) -> Check:
-    """The job class is registered to this worker's owner (WorkflowNotRegistered, ...)."""
-
-    async def check() -> None:
-        conn = await connect(dsn, timeout=2.0)
-        try:
-            await registry.require(conn, workflow, owner)
-        finally:
-            await conn.close(timeout=1.0)
-
-    return "registration", check
+    kept: Kept[aio_pika.abc.AbstractConnection] = Kept(
+        lambda: broker.connect(url, timeout=2.0),
+        lambda connection: connection.close(),
+        lambda connection: connection.is_closed,
+    )
+    return "rabbitmq", KeptCheck(kept, look)

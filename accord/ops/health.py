@@ -12,8 +12,9 @@ starting``, whatever the checks say: a worker still recovering its journal or ch
 authority is not serving yet. A background thread runs the process's checks (PostgreSQL
 reachable and its schema current, RabbitMQ reachable, the workflow class registered, ...)
 every ``every_s`` with a deadline each, and caches the result, so a probe never waits on a
-dependency. 200 while the process serves and the last round passed, else 503 with the
-failing checks and their typed reasons (exception type names, never messages).
+dependency. Its rounds share one event loop, so the checks keep their connections between
+rounds (accord.ops.checks). 200 while the process serves and the last round passed, else 503
+with the failing checks and their typed reasons (exception type names, never messages).
 
 Both bodies are one line of JSON.
 """
@@ -75,16 +76,33 @@ class Readiness:
         return failing
 
     def check_once(self) -> dict[str, str]:
-        """Run every check now (on this thread's own event loop); cache and return failures,
-        unless a round that started after this one has already reported."""
+        """Run every check now (on an event loop of this call's own, whose connections it
+        closes after); cache and return failures, unless a round that started after this one
+        has already reported."""
+        return anyio.run(self._once)
+
+    async def _once(self) -> dict[str, str]:
+        try:
+            return await self._checked()
+        finally:
+            await self._release()
+
+    async def _checked(self) -> dict[str, str]:
         with self._lock:
             self._started += 1
             number = self._started
-        failing = anyio.run(self._round)
+        failing = await self._round()
         with self._lock:
             if number > self._reported:
                 self._failing, self._reported = failing, number
         return failing
+
+    async def _release(self) -> None:
+        """Close what the checks keep for this event loop (accord.ops.checks.Kept)."""
+        for _, check in self.checks:
+            aclose = getattr(check, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _round(self) -> dict[str, str]:
         failing: dict[str, str] = {}
@@ -101,9 +119,17 @@ class Readiness:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.check_once()
-            self._stop.wait(self.every_s)
+        anyio.run(self._serve)
+
+    async def _serve(self) -> None:
+        # One event loop for every round of the thread: the checks keep their connections
+        # from one round to the next, and close them when the thread stops.
+        try:
+            while not self._stop.is_set():
+                await self._checked()
+                await anyio.to_thread.run_sync(self._stop.wait, self.every_s)
+        finally:
+            await self._release()
 
     def close(self) -> None:
         self._stop.set()

@@ -1,0 +1,200 @@
+"""The readiness checks keep their connections between rounds (accord.ops.checks) on real
+PostgreSQL and RabbitMQ: one PostgreSQL connection shared by the database checks and one
+AMQP connection, however many rounds run; a round that fails drops its connection and the
+next one opens a new one; stopping closes them. Opens are counted by wrapping the checks'
+real connect functions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from accord.jobs import Store
+from accord.ops import checks
+from accord.ops.health import Readiness
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """Every connection the checks open, by kind (the real connect functions run)."""
+    opened: dict[str, list[Any]] = {"postgresql": [], "rabbitmq": []}
+    real_pg, real_amqp = checks.connect, checks.broker.connect
+
+    async def pg(*args: Any, **kwargs: Any) -> Any:
+        conn = await real_pg(*args, **kwargs)
+        opened["postgresql"].append(conn.get_server_pid())
+        return conn
+
+    async def amqp(*args: Any, **kwargs: Any) -> Any:
+        connection = await real_amqp(*args, **kwargs)
+        opened["rabbitmq"].append(connection)
+        return connection
+
+    monkeypatch.setattr(checks, "connect", pg)
+    monkeypatch.setattr(checks.broker, "connect", amqp)
+    return opened
+
+
+def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def backends(pg_dsn: str, pids: list[int]) -> set[int]:
+    """Which of ``pids`` still have a backend."""
+
+    async def look() -> set[int]:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int[])", pids
+            )
+            return {r["pid"] for r in rows}
+        finally:
+            await conn.close()
+
+    return asyncio.run(look())
+
+
+def terminate(pg_dsn: str, pid: int) -> None:
+    """Ends one backend of this test's own database (the checks' kept connection)."""
+
+    async def kill() -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await conn.close()
+
+    asyncio.run(kill())
+
+
+def registered_store(pg_dsn: str) -> None:
+    async def register() -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await Store(conn).register_workflow("report", "o")
+        finally:
+            await conn.close()
+
+    asyncio.run(register())
+
+
+def test_the_checks_keep_one_connection_each_across_rounds(
+    pg_dsn: str, amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds on the readiness thread: one PostgreSQL connection (the schema and the
+    registration checks share it) and one AMQP connection, however many rounds. Its backend
+    ended, the next round opens a new one and passes. A round that fails (the schema behind)
+    closes what it used, so each failing round opens anew; once it passes again the opening
+    stops. Stopped: no backend left. Control: each ``check_once`` (a round on a loop of its
+    own) opens and closes its own connection, as every round did before."""
+    registered_store(pg_dsn)
+    opened = counting(monkeypatch)
+    rounds: list[float] = []
+
+    async def counted() -> None:
+        rounds.append(time.monotonic())
+
+    def more_rounds(n: int) -> None:
+        at = len(rounds)
+        until(lambda: len(rounds) >= at + n)
+
+    db = checks.Database(pg_dsn)
+    readiness = Readiness(
+        [
+            checks.postgresql(db),
+            checks.registered(db, "report", "o"),
+            checks.rabbitmq(amqp_url),
+            ("rounds", counted),
+        ],
+        every_s=0.02,
+        started=lambda: True,
+    )
+    readiness.start()
+    try:
+        more_rounds(20)
+        assert readiness.failing() == {}
+        assert len(opened["postgresql"]) == 1 and len(opened["rabbitmq"]) == 1, opened
+        [first] = opened["postgresql"]
+
+        terminate(pg_dsn, first)
+        until(lambda: len(opened["postgresql"]) == 2)
+        more_rounds(2)
+        assert readiness.failing() == {} and backends(pg_dsn, [first]) == set()
+
+        newest = asyncio.run(schema_behind(pg_dsn))
+        until(lambda: readiness.failing().get("postgresql", "").endswith("SchemaBehind"))
+        at = len(opened["postgresql"])
+        more_rounds(5)
+        assert len(opened["postgresql"]) >= at + 4  # each failing round opened its own
+        asyncio.run(schema_current(pg_dsn, newest))
+        until(lambda: readiness.failing() == {})
+        more_rounds(2)
+        at = len(opened["postgresql"])
+        more_rounds(10)
+        assert len(opened["postgresql"]) == at  # kept again
+        assert len(opened["rabbitmq"]) == 1  # the broker's connection throughout
+    finally:
+        readiness.close()
+    assert backends(pg_dsn, opened["postgresql"]) == set(), "stopping closes the kept one"
+    assert all(c.is_closed for c in opened["rabbitmq"])
+
+    # control: rounds on loops of their own open and close their connections each time
+    at = len(opened["postgresql"])
+    once = Readiness([checks.postgresql(pg_dsn)], started=lambda: True)
+    for _ in range(3):
+        assert once.check_once() == {}
+    assert len(opened["postgresql"]) == at + 3
+    assert backends(pg_dsn, opened["postgresql"][-3:]) == set()
+
+
+async def schema_behind(pg_dsn: str) -> asyncpg.Record:
+    """The newest applied migration's row taken out: the database reads as behind."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        row = await conn.fetchrow(
+            "DELETE FROM schemas.migrations WHERE (component, version) ="
+            " (SELECT component, version FROM schemas.migrations"
+            "  WHERE component = 'accord' ORDER BY version DESC LIMIT 1) RETURNING *"
+        )
+        assert row is not None
+        return row
+    finally:
+        await conn.close()
+
+
+async def schema_current(pg_dsn: str, row: asyncpg.Record) -> None:
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        columns = list(row.keys())
+        await conn.execute(
+            f"INSERT INTO schemas.migrations ({', '.join(columns)})"
+            f" VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
+            *row.values(),
+        )
+    finally:
+        await conn.close()
+
+
+def test_a_missing_queue_fails_the_check_and_drops_its_connection(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A passive look at a queue that does not exist: the check fails each round, and each
+    failed round closes its connection instead of keeping a broken one."""
+    opened = counting(monkeypatch)
+    readiness = Readiness(
+        [checks.rabbitmq(amqp_url, queue="accord-test-no-such-queue")], started=lambda: True
+    )
+    for _ in range(2):
+        failing = readiness.check_once()
+        assert set(failing) == {"rabbitmq"}, failing
+    assert len(opened["rabbitmq"]) == 2 and all(c.is_closed for c in opened["rabbitmq"])
