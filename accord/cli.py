@@ -72,8 +72,13 @@ def _accord_error(exc: BaseException) -> AccordError | None:
     protocol violation is not a lost session (it is a bug: its traceback stands), nor is a
     session lost once the process serves (its loops reconnect; one that did not is a bug
     too)."""
-    found = [e for e in map(_accord_leaf, _leaves(exc)) if e is not None]
-    return next((e for e in found if isinstance(e, ConfigError)), found[0] if found else None)
+    found = [(leaf, e) for leaf in _leaves(exc) if (e := _accord_leaf(leaf)) is not None]
+    if not found:
+        return None
+    leaf, error = next(((f, e) for f, e in found if isinstance(e, ConfigError)), found[0])
+    if leaf is not error:  # the driver's error it stands for: its traceback, once, in the log
+        log.warning("the database session ended during the start", exc_info=leaf)
+    return error
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -90,7 +95,6 @@ def _accord_leaf(exc: BaseException) -> AccordError | None:
         and not isinstance(exc, asyncpg.ProtocolViolationError)
         and not observe.is_serving()
     ):
-        log.warning("the database session ended during the start", exc_info=exc)
         return ConnectionLost(service="postgresql", error=type(exc).__name__)
     return None
 

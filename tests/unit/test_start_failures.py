@@ -55,3 +55,24 @@ def test_a_refusal_in_a_group_is_named_before_what_it_caused() -> None:
     for group in (ExceptionGroup("run", [lost, refused]), ExceptionGroup("run", [refused, lost])):
         assert cli._accord_error(ExceptionGroup("outer", [group])) is refused
     assert cli._accord_error(ExceptionGroup("run", [lost])) is lost  # control: alone, itself
+
+
+def test_a_group_of_ended_sessions_logs_one_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three tasks lost the same database during the start: one line (ConnectionLost) and
+    one warning with the driver's traceback, the chosen one's (before: one per task). A
+    refusal in the group is named instead, and then no session warning is logged."""
+    monkeypatch.setattr(observe, "_serving", threading.Event())  # this test's own state
+    ended = [asyncpg.ConnectionDoesNotExistError(f"closed {i}") for i in range(3)]
+    with caplog.at_level("WARNING", logger=cli.log.name):
+        found = cli._accord_error(ExceptionGroup("start", [*ended]))
+    assert isinstance(found, ConnectionLost)
+    warnings = [r for r in caplog.records if "session ended" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is not None
+    assert warnings[0].exc_info[1] is ended[0]
+    caplog.clear()
+    refused = BrokerAccessRefused("RabbitMQ refused this user the queue", queue="q")
+    with caplog.at_level("WARNING", logger=cli.log.name):
+        assert cli._accord_error(ExceptionGroup("start", [*ended, refused])) is refused
+    assert not [r for r in caplog.records if "session ended" in r.getMessage()]
