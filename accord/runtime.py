@@ -85,10 +85,12 @@ def metrics(
     """`/metrics`, `/healthz` and `/readyz` inside a long-running process when ``metrics_port``
     is set (else nothing; yields the server or None).
 
-    The status figures come from the database on each scrape; the process's own publish and
-    process spans feed the OpenTelemetry messaging metrics on the same endpoint, its loops
-    the flow counters and `/healthz` (accord.observe). `/readyz` runs ``checks`` (default:
-    PostgreSQL reachable with a current schema, RabbitMQ reachable) every two seconds.
+    The process's own publish and process spans feed the OpenTelemetry messaging metrics on
+    the same endpoint, its loops the flow counters and `/healthz` (accord.observe). The
+    status figures (a snapshot of the whole database per scrape) only with
+    ``metrics_status``: they are the same in every process, and `accord metrics-serve`
+    serves them once. `/readyz` runs ``checks`` (default: PostgreSQL reachable with a
+    current schema, RabbitMQ reachable) every two seconds.
     """
     if settings.metrics_port <= 0:
         yield None
@@ -106,6 +108,7 @@ def metrics(
     observe.LIVENESS.grace_s = settings.health_grace_s
     observe.start_measuring()
     readiness = Readiness(checks)
-    with serving(settings.metrics_port, dsn=settings.pg_dsn, readiness=readiness) as server:
+    status_dsn = settings.pg_dsn if settings.metrics_status else None
+    with serving(settings.metrics_port, dsn=status_dsn, readiness=readiness) as server:
         install_span_metrics(server.messaging)
         yield server

@@ -99,6 +99,11 @@ class Settings(BaseSettings):
     reconcile_settle_s: float = Field(default=60.0, ge=0)
     object_dir: str = "var/objects"
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    # Whether a relay's, consumer's or worker's /metrics also serves the status figures (the
+    # gauges of `accord status`, a snapshot of the whole database per scrape). Off: they are
+    # the same in every process, so one exporter serves them (`accord metrics-serve`, which
+    # always does); each process serves its own figures, /healthz and /readyz.
+    metrics_status: bool = False
     # How late a process loop may report in before /healthz calls it stuck.
     health_grace_s: float = Field(default=30.0, gt=0)
     # Log lines: "text" (default) or "json" (one object per line, trace ids inside spans).

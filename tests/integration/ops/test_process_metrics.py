@@ -1,4 +1,5 @@
-"""`/metrics` inside a long-running process: `accord relay` with ACCORD_METRICS_PORT set."""
+"""`/metrics` inside a long-running process: `accord relay` with ACCORD_METRICS_PORT set, and
+the status figures there only with ACCORD_METRICS_STATUS."""
 
 from __future__ import annotations
 
@@ -55,13 +56,36 @@ async def test_relay_serves_status_and_messaging_metrics(
                 if figures and figures.get("messaging_client_sent_messages_total", 0) >= 3:
                     break
                 await anyio.sleep(0.2)
-        # the status figures come from the database on each scrape ...
-        assert figures is not None and figures["accord_status_up"] == 1.0
-        # ... and the relay's own publish spans feed the OpenTelemetry messaging metrics
-        assert figures["messaging_client_sent_messages_total"] >= 3
+        # the relay's own publish spans feed the OpenTelemetry messaging metrics ...
+        assert figures is not None and figures["messaging_client_sent_messages_total"] >= 3
+        # ... and its loops the flow counters; the database's status figures are not its
+        # to serve (ACCORD_METRICS_STATUS unset: `accord metrics-serve` serves them once)
+        assert figures["accord_relay_events_published_total"] >= 3
+        assert "accord_status_up" not in figures and "accord_jobs_by_state" not in figures
         published = "SELECT count(*) FROM relay.outbox WHERE state = 'published'"
         assert await pg.fetchval(published) == 3
     finally:
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
             assert await process.wait() == 0
+
+
+def test_a_process_serves_the_status_figures_only_when_told(pg_dsn: str, amqp_url: str) -> None:
+    """``runtime.metrics`` (what relay, consume and worker run) with ``metrics_status``: the
+    status figures, read from the database on each scrape; without it (the default, the
+    control), the process's own figures only. /readyz answers either way."""
+    from accord import runtime
+    from accord.schemas.settings import Settings
+
+    served: dict[bool, dict[str, float] | None] = {}
+    for status in (True, False):
+        settings = Settings(
+            pg_dsn=pg_dsn, amqp_url=amqp_url, metrics_port=free_port(), metrics_status=status
+        )
+        with runtime.metrics(settings) as server:
+            assert server is not None
+            served[status] = scrape(server.port)
+    on, off = served[True], served[False]
+    assert on is not None and on["accord_status_up"] == 1.0 and "accord_jobs_by_state" in on
+    assert off is not None and "accord_status_up" not in off
+    assert "accord_ready" in off and "accord_loops_alive" in off  # its own: readiness, loops
