@@ -1170,6 +1170,7 @@ END $$;
 CREATE FUNCTION jobs.tenant_frozen_sync() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     -- Waits for every transaction that read the old flag in jobs.submit (FOR KEY SHARE) to
@@ -1178,7 +1179,8 @@ BEGIN
     IF NEW.frozen THEN
         UPDATE jobs.jobs j SET tenant_frozen = true
         WHERE j.tenant = NEW.tenant AND NOT j.tenant_frozen
-          AND j.state IN ('queued', 'running', 'held', 'unknown', 'poison');
+          AND (j.state = 'queued' OR j.state = 'running'
+               OR j.state IN ('held', 'unknown', 'poison'));
     ELSE
         UPDATE jobs.jobs j SET tenant_frozen = false
         WHERE j.tenant = NEW.tenant AND j.tenant_frozen;

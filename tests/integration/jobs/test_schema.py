@@ -508,6 +508,42 @@ async def test_the_claim_never_reads_a_frozen_tenant_s_jobs(pg: asyncpg.Connecti
     assert claimable_scanned(walked) >= 20000, walked
 
 
+async def test_a_freeze_and_a_thaw_read_live_work_not_history(pg: asyncpg.Connection) -> None:
+    """20,000 finished jobs of tenant acme and 5 queued: its freeze's trigger flags the 5
+    through the live-work indexes and its thaw clears them through jobs_tenant_frozen_idx,
+    neither reading the finished history, while the tenant's row (and so its submits) waits
+    on them. Control: the same freeze spelled with an IN over the states, planned without
+    the trigger's settings, reads the whole table."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    await finished_jobs(pg, 20000)
+    async with pg.transaction():
+        await pg.executemany(sql.SUBMIT, [("acme", "w1", f"q{i}", "d", "{}", 5) for i in range(5)])
+    await pg.execute("ANALYZE jobs.jobs")
+    store = Store(pg)
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        await store.freeze("acme")
+        frozen = await pg.fetchval("SELECT count(*) FROM jobs.jobs WHERE tenant_frozen")
+        await store.unfreeze("acme")
+        undone = pg.transaction()
+        await undone.start()
+        try:
+            await pg.execute(
+                "EXPLAIN ANALYZE UPDATE jobs.jobs j SET tenant_frozen = true"
+                " WHERE j.tenant = 'acme' AND NOT j.tenant_frozen"
+                " AND j.state IN ('queued', 'running', 'held', 'unknown', 'poison')"
+            )
+        finally:
+            await undone.rollback()
+    control = next(p for p in plans if "state IN ('queued'" in p)
+    assert frozen == 5
+    rewrites = [p for p in plans if "SET tenant_frozen" in p and "state IN ('queued'" not in p]
+    assert len(rewrites) == 2, plans
+    for plan in rewrites:
+        assert "Seq Scan" not in plan and all(n <= 5 for n in filtered_out(plan)), plan
+    assert "Seq Scan on jobs" in control and any(n >= 20000 for n in filtered_out(control))
+
+
 async def test_a_thaw_clears_the_flag_of_a_job_submitted_while_it_waited(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
