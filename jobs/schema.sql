@@ -40,6 +40,7 @@ END $$;
 CREATE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) RETURNS TABLE(restore_id bigint, tenant text, db_epoch bigint, ledger_epoch bigint, held_jobs integer, newly_detected boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -57,7 +58,7 @@ BEGIN
         UPDATE jobs.jobs j
         SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
             last_error = 'restore_detected', updated_at = now()
-        WHERE j.tenant = p_tenant AND j.state IN ('queued', 'running')
+        WHERE j.tenant = p_tenant AND (j.state = 'queued' OR j.state = 'running')
         RETURNING 1
     ) SELECT count(*) INTO v_held FROM h;
     RETURN QUERY

@@ -163,3 +163,42 @@ BEGIN
               -- the attempt's context (0036): what Store.attempt_context read after
               j.trace, j.attempt_trace, j.attempts, j.last_error, j.created_at;
 END $$;
+
+-- The freeze at a detected restore holds the tenant's queued and running work the same way:
+-- by the claim's and the rescue's index, not a sequential scan of every job kept (its
+-- `state IN (queued, running)` matched neither partial index), while the tenant's row waits.
+CREATE OR REPLACE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) RETURNS TABLE(restore_id bigint, tenant text, db_epoch bigint, ledger_epoch bigint, held_jobs integer, newly_detected boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    t jobs.tenants%ROWTYPE;
+    v_held integer;
+BEGIN
+    INSERT INTO jobs.tenants AS x (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
+    -- Waits for a rotation holding the row (its ledger intent may be ahead until it commits).
+    SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+    IF t.epoch >= p_ledger_epoch THEN
+        RETURN;
+    END IF;
+    UPDATE jobs.tenants x SET frozen = true, updated_at = now() WHERE x.tenant = p_tenant;
+    WITH h AS (
+        UPDATE jobs.jobs j
+        SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
+            last_error = 'restore_detected', updated_at = now()
+        WHERE j.tenant = p_tenant AND (j.state = 'queued' OR j.state = 'running')
+        RETURNING 1
+    ) SELECT count(*) INTO v_held FROM h;
+    RETURN QUERY
+        INSERT INTO jobs.authority_restores AS r (tenant, db_epoch, ledger_epoch, held_jobs,
+                                                  detected_by)
+        VALUES (p_tenant, t.epoch, p_ledger_epoch, v_held, session_user)
+        ON CONFLICT (tenant) WHERE resolved_at IS NULL DO UPDATE
+        SET held_jobs = r.held_jobs + excluded.held_jobs,
+            ledger_epoch = greatest(r.ledger_epoch, excluded.ledger_epoch),
+            last_seen_at = now()
+        RETURNING r.restore_id, r.tenant, r.db_epoch, r.ledger_epoch, r.held_jobs,
+                  (r.detected_at = r.last_seen_at);
+END $$;

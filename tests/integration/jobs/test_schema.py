@@ -510,10 +510,11 @@ async def test_the_claim_never_reads_a_frozen_tenant_s_jobs(pg: asyncpg.Connecti
 
 async def test_a_freeze_and_a_thaw_read_live_work_not_history(pg: asyncpg.Connection) -> None:
     """20,000 finished jobs of tenant acme and 5 queued: its freeze's trigger flags the 5
-    through the live-work indexes and its thaw clears them through jobs_tenant_frozen_idx,
-    neither reading the finished history, while the tenant's row (and so its submits) waits
-    on them. Control: the same freeze spelled with an IN over the states, planned without
-    the trigger's settings, reads the whole table."""
+    through the live-work indexes and its thaw clears them through jobs_tenant_frozen_idx, and
+    a detected restore (jobs.authority_hold) freezes it and holds the 5 likewise, none of them
+    reading the finished history while the tenant's row (and so its submits) waits on them.
+    Control: the same freeze spelled with an IN over the states, planned without the
+    trigger's settings, reads the whole table."""
     await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
     await finished_jobs(pg, 20000)
     async with pg.transaction():
@@ -525,6 +526,7 @@ async def test_a_freeze_and_a_thaw_read_live_work_not_history(pg: asyncpg.Connec
         await store.freeze("acme")
         frozen = await pg.fetchval("SELECT count(*) FROM jobs.jobs WHERE tenant_frozen")
         await store.unfreeze("acme")
+        held = await pg.fetchval("SELECT held_jobs FROM jobs.authority_hold('acme', 5)")
         undone = pg.transaction()
         await undone.start()
         try:
@@ -536,9 +538,11 @@ async def test_a_freeze_and_a_thaw_read_live_work_not_history(pg: asyncpg.Connec
         finally:
             await undone.rollback()
     control = next(p for p in plans if "state IN ('queued'" in p)
-    assert frozen == 5
+    assert frozen == 5 and held == 5
     rewrites = [p for p in plans if "SET tenant_frozen" in p and "state IN ('queued'" not in p]
-    assert len(rewrites) == 2, plans
+    assert len(rewrites) == 3, plans  # freeze, thaw, and the restore detection's freeze
+    rewrites += [p for p in plans if "SET state = 'held'" in p]
+    assert len(rewrites) == 4, plans
     for plan in rewrites:
         assert "Seq Scan" not in plan and all(n <= 5 for n in filtered_out(plan)), plan
     assert "Seq Scan on jobs" in control and any(n >= 20000 for n in filtered_out(control))
