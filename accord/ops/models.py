@@ -251,6 +251,20 @@ class KeyMismatch:
 
 
 @dataclass(frozen=True, slots=True)
+class StrandedJob:
+    """A job flagged frozen under a tenant that is not: no claim reads it (0037)."""
+
+    job_id: int
+    tenant: str
+    workflow: str
+    state: str
+
+    @classmethod
+    def from_record(cls, r: Record) -> StrandedJob:
+        return cls(r["job_id"], r["tenant"], r["workflow"], r["state"])
+
+
+@dataclass(frozen=True, slots=True)
 class HeldRows:
     """Held outbox rows of one typed reason."""
 
@@ -337,6 +351,7 @@ class StatusReport:
     effects: tuple[EffectGroup, ...]
     miscounted: tuple[MiscountedJob, ...]
     key_mismatches: tuple[KeyMismatch, ...]
+    stranded: tuple[StrandedJob, ...]
     tenants: tuple[TenantAuthority, ...]
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures

@@ -102,6 +102,17 @@ WHERE j.job_id IS NULL OR o.job_id IS NULL
 ORDER BY 1, 5
 """
 
+# Jobs flagged frozen (jobs.jobs.tenant_frozen, 0037) whose tenant is not frozen: outside the
+# claim's index range, so no claim reads them, ever. A trigger on jobs.tenants keeps the flag;
+# only a bypassed trigger (disabled triggers, a data-only restore, a hand-written UPDATE)
+# leaves one. By jobs_tenant_frozen_idx: it reads the flagged jobs only.
+STRANDED = """
+SELECT j.job_id, j.tenant, j.workflow, j.state
+FROM jobs.jobs j JOIN jobs.tenants t ON t.tenant = j.tenant
+WHERE j.tenant_frozen AND NOT t.frozen
+ORDER BY j.job_id
+"""
+
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
 # database is behind; jobs.authority_restores, jobs/schema.sql). Held counts come from JOB_GROUPS.
 TENANTS = """

@@ -33,6 +33,7 @@ from accord.ops.models import (
     RelayFigures,
     ReplayWindow,
     StatusReport,
+    StrandedJob,
     TenantAuthority,
     WaitingGroup,
     WorkflowClass,
@@ -96,6 +97,7 @@ async def _collect(conn: Any, since: datetime | float, integrity: bool) -> Statu
         key_mismatches=(
             await _rows(conn, KeyMismatch.from_record, sql.KEY_MISMATCHES) if integrity else ()
         ),
+        stranded=await _rows(conn, StrandedJob.from_record, sql.STRANDED) if integrity else (),
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
@@ -220,6 +222,12 @@ def render_table(report: StatusReport) -> str:
         "jobs and operation keys that do not name each other (see migration 0011)",
         ["job_id", "tenant", "workflow", "operation_id", "problem"],
         [(u.job_id, u.tenant, u.workflow, u.operation_id, u.problem) for u in r.key_mismatches],
+    )  # fmt: skip
+    lines += _table(
+        "jobs flagged frozen under a thawed tenant, which no claim reads (freeze and thaw the"
+        " tenant to clear: migration 0037)",
+        ["job_id", "tenant", "workflow", "state"],
+        [(j.job_id, j.tenant, j.workflow, j.state) for j in r.stranded],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accord.consumers import Consumer
 from accord.consumers.inbox import PRUNE_MARGIN_S, declare_window
+from accord.jobs import Store, submit
 from accord.ops import collect_status, render_table, serve_metrics, to_json
 from accord.ops.metrics import families
 from accord.ops.models import REPORTED_STATES, StatusReport
@@ -146,10 +147,43 @@ async def test_status_names_jobs_and_operation_keys_that_do_not_name_each_other(
         await pool.fetchval(submit, second["tenant"], second["workflow"], "stray")
 
 
+async def test_status_names_jobs_stranded_by_a_frozen_flag(
+    pool: asyncpg.Pool, seeded: Expected
+) -> None:
+    """A job flagged frozen (0037) under a tenant that is not frozen is outside the claim's
+    index range: nothing claims it, ever. The seeded mix has none (control: its frozen
+    tenant's jobs are flagged and not listed). A flag set behind the trigger's back is named,
+    with the remedy the section's title gives: a freeze and a thaw of the tenant clear it,
+    and the job is claimed."""
+    assert (await snapshot(pool)).stranded == ()
+    assert await pool.fetchval("SELECT count(*) FROM jobs.jobs WHERE tenant_frozen") > 0
+    async with pool.acquire() as conn:
+        store = Store(conn)
+        await store.register_workflow("w_stranded", "o")
+        async with conn.transaction():
+            done = await submit(
+                conn, tenant="acme", workflow="w_stranded", operation_id="s1", digest="d"
+            )
+        await conn.execute("UPDATE jobs.jobs SET tenant_frozen = true WHERE job_id = $1",
+                           done.job_id)  # fmt: skip
+        report = await snapshot(pool)
+        assert [(j.job_id, j.tenant, j.state) for j in report.stranded] == [
+            (done.job_id, "acme", "queued")
+        ]
+        assert "which no claim reads" in render_table(report)
+        assert to_json(report)["stranded"][0]["job_id"] == done.job_id
+        assert await store.claim("w_stranded", "o", lease_s=60, limit=5) == []
+        await store.freeze("acme")
+        await store.unfreeze("acme")
+        assert (await snapshot(pool)).stranded == ()
+        [lease] = await store.claim("w_stranded", "o", lease_s=60, limit=5)
+        assert lease.job_id == done.job_id
+
+
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
     report = await snapshot(pool)
     assert report.jobs == report.waiting == report.effects == report.poison == ()
-    assert report.miscounted == report.key_mismatches == ()
+    assert report.miscounted == report.key_mismatches == report.stranded == ()
     assert (report.relay.pending, report.relay.held, report.relay.lag_s) == (0, 0, 0.0)
     assert report.relay.awake_s == 0.0  # no relay promised to poll
     assert to_json(report)["totals"]["queued"] == 0
