@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -19,6 +19,7 @@ from accord.ops import checks
 from accord.ops.health import Readiness
 
 pytestmark = pytest.mark.timeout(60)
+T = TypeVar("T")
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
@@ -48,44 +49,31 @@ def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def backends(pg_dsn: str, pids: list[int]) -> set[int]:
-    """Which of ``pids`` still have a backend."""
+def on_db(pg_dsn: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """``work`` on a connection of the test's own to its database (the main thread)."""
 
-    async def look() -> set[int]:
+    async def run() -> T:
         conn = await asyncpg.connect(pg_dsn)
         try:
-            rows = await conn.fetch(
-                "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int[])", pids
-            )
-            return {r["pid"] for r in rows}
+            return await work(conn)
         finally:
             await conn.close()
 
-    return asyncio.run(look())
+    return asyncio.run(run())
+
+
+def backends(pg_dsn: str, pids: list[int]) -> set[int]:
+    """Which of ``pids`` still have a backend."""
+    rows = on_db(
+        pg_dsn,
+        lambda conn: conn.fetch("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)", pids),
+    )
+    return {r["pid"] for r in rows}
 
 
 def terminate(pg_dsn: str, pid: int) -> None:
     """Ends one backend of this test's own database (the checks' kept connection)."""
-
-    async def kill() -> None:
-        conn = await asyncpg.connect(pg_dsn)
-        try:
-            assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
-        finally:
-            await conn.close()
-
-    asyncio.run(kill())
-
-
-def registered_store(pg_dsn: str) -> None:
-    async def register() -> None:
-        conn = await asyncpg.connect(pg_dsn)
-        try:
-            await Store(conn).register_workflow("report", "o")
-        finally:
-            await conn.close()
-
-    asyncio.run(register())
+    assert on_db(pg_dsn, lambda conn: conn.fetchval("SELECT pg_terminate_backend($1)", pid))
 
 
 def test_the_checks_keep_one_connection_each_across_rounds(
@@ -97,7 +85,7 @@ def test_the_checks_keep_one_connection_each_across_rounds(
     closes what it used, so each failing round opens anew; once it passes again the opening
     stops. Stopped: no backend left. Control: each ``check_once`` (a round on a loop of its
     own) opens and closes its own connection, as every round did before."""
-    registered_store(pg_dsn)
+    on_db(pg_dsn, lambda conn: Store(conn).register_workflow("report", "o"))
     opened = counting(monkeypatch)
     rounds: list[float] = []
 
@@ -131,12 +119,12 @@ def test_the_checks_keep_one_connection_each_across_rounds(
         more_rounds(2)
         assert readiness.failing() == {} and backends(pg_dsn, [first]) == set()
 
-        newest = asyncio.run(schema_behind(pg_dsn))
+        newest = schema_behind(pg_dsn)
         until(lambda: readiness.failing().get("postgresql", "").endswith("SchemaBehind"))
         at = len(opened["postgresql"])
         more_rounds(5)
         assert len(opened["postgresql"]) >= at + 4  # each failing round opened its own
-        asyncio.run(schema_current(pg_dsn, newest))
+        schema_current(pg_dsn, newest)
         until(lambda: readiness.failing() == {})
         more_rounds(2)
         at = len(opened["postgresql"])
@@ -157,32 +145,30 @@ def test_the_checks_keep_one_connection_each_across_rounds(
     assert backends(pg_dsn, opened["postgresql"][-3:]) == set()
 
 
-async def schema_behind(pg_dsn: str) -> asyncpg.Record:
+def schema_behind(pg_dsn: str) -> asyncpg.Record:
     """The newest applied migration's row taken out: the database reads as behind."""
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        row = await conn.fetchrow(
+    row = on_db(
+        pg_dsn,
+        lambda conn: conn.fetchrow(
             "DELETE FROM schemas.migrations WHERE (component, version) ="
             " (SELECT component, version FROM schemas.migrations"
             "  WHERE component = 'accord' ORDER BY version DESC LIMIT 1) RETURNING *"
-        )
-        assert row is not None
-        return row
-    finally:
-        await conn.close()
+        ),
+    )
+    assert row is not None
+    return row
 
 
-async def schema_current(pg_dsn: str, row: asyncpg.Record) -> None:
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        columns = list(row.keys())
-        await conn.execute(
+def schema_current(pg_dsn: str, row: asyncpg.Record) -> None:
+    columns = list(row.keys())
+    on_db(
+        pg_dsn,
+        lambda conn: conn.execute(
             f"INSERT INTO schemas.migrations ({', '.join(columns)})"
             f" VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
             *row.values(),
-        )
-    finally:
-        await conn.close()
+        ),
+    )
 
 
 def test_a_missing_queue_fails_the_check_and_drops_its_connection(
