@@ -189,6 +189,8 @@ def test_a_metrics_port_another_process_holds_is_one_line(
                         f"port={port}", "ACCORD_METRICS_PORT")  # fmt: skip
         assert "Address already in use" in line
     one_line(accord("relay", ACCORD_METRICS_PORT="70000", **env), "SettingsInvalid", "METRICS_PORT")
+    one_line(accord("relay", ACCORD_METRICS_STATUS="maybe", **env), "SettingsInvalid",
+             "ACCORD_METRICS_STATUS")  # fmt: skip
     with _start("relay", ACCORD_METRICS_PORT=str(port), **env) as relay:
         try:
             _wait_for_line(relay, "relay ready", within=30)
