@@ -373,6 +373,7 @@ CREATE FUNCTION jobs.fail(p_job_id bigint, p_tenant text, p_workflow text, p_ope
 DECLARE
     v_reason text;
     v_state text;
+    v_park boolean := false;
 BEGIN
     v_reason := jobs.fence_check(p_job_id, p_tenant, p_workflow, p_operation_id, p_owner,
                                  p_attempt_id, p_generation, p_epoch);
@@ -380,11 +381,18 @@ BEGIN
         RETURN QUERY SELECT v_reason, NULL::text;
         RETURN;
     END IF;
+    IF p_retry AND p_error = 'effects_disabled' THEN
+        -- The lock an enabling waits for (0038): parked here, the trigger then sees it.
+        SELECT NOT w.effects_enabled INTO v_park
+        FROM jobs.workflows w WHERE w.workflow = p_workflow FOR SHARE;
+    END IF;
     -- jobs.fence_check holds this row and found it running under this lease.
     UPDATE jobs.jobs j
     SET state = jobs.next_state(j.job_id, j.attempts, j.max_attempts, p_retry),
         lease_expires_at = NULL, last_error = p_error, updated_at = now(),
-        run_after = now() + jobs.backoff(j.attempts, p_backoff_base_s, p_backoff_max_s)
+        run_after = CASE WHEN v_park THEN 'infinity'::timestamptz
+                         ELSE now() + jobs.backoff(j.attempts, p_backoff_base_s, p_backoff_max_s)
+                    END
     WHERE j.job_id = p_job_id AND j.generation = p_generation AND j.attempt_id = p_attempt_id
     RETURNING j.state INTO v_state;
     RETURN QUERY SELECT CASE WHEN v_state IS NULL THEN 'row_count' END, v_state;
@@ -1200,6 +1208,24 @@ CREATE FUNCTION jobs.unresolved_effects(p_job_id bigint) RETURNS boolean
                    WHERE e.job_id = p_job_id AND e.state IN ('pending', 'unknown'))
 $$;
 
+--
+-- Name: workflow_effects_sync(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.workflow_effects_sync() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    UPDATE jobs.jobs j SET run_after = now(), updated_at = now()
+    WHERE j.workflow = NEW.workflow AND j.state = 'queued'
+      AND j.tenant_frozen = ANY (ARRAY[false, true])
+      AND j.run_after = 'infinity'::timestamptz
+      AND j.last_error = 'effects_disabled';
+    RETURN NULL;
+END $$;
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -1861,6 +1887,12 @@ CREATE TRIGGER repair_audit_no_truncate BEFORE TRUNCATE ON jobs.repair_audit FOR
 CREATE TRIGGER tenants_frozen_sync AFTER UPDATE OF frozen ON jobs.tenants FOR EACH ROW WHEN ((old.frozen IS DISTINCT FROM new.frozen)) EXECUTE FUNCTION jobs.tenant_frozen_sync();
 
 --
+-- Name: workflows workflows_effects_sync; Type: TRIGGER; Schema: jobs; Owner: -
+--
+
+CREATE TRIGGER workflows_effects_sync AFTER UPDATE OF effects_enabled ON jobs.workflows FOR EACH ROW WHEN ((new.effects_enabled AND (NOT old.effects_enabled))) EXECUTE FUNCTION jobs.workflow_effects_sync();
+
+--
 -- Name: authority_restores authority_restores_resolved_audit_fkey; Type: FK CONSTRAINT; Schema: jobs; Owner: -
 --
 
@@ -2195,6 +2227,12 @@ REVOKE ALL ON FUNCTION jobs.tenant_frozen_sync() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION jobs.unresolved_effects(p_job_id bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION workflow_effects_sync(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.workflow_effects_sync() FROM PUBLIC;
 
 --
 -- Name: TABLE authority_restores; Type: ACL; Schema: jobs; Owner: -

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
@@ -218,6 +219,13 @@ def _text(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _run_after(value: datetime) -> str:
+    """``infinity`` (asyncpg's datetime.max): parked for disabled effects (0038)."""
+    if value == datetime.max:
+        return "never, parked until its class's effects are enabled"
+    return _text(value)
+
+
 def render_list(lines: list[views.JobLine]) -> str:
     if not lines:
         return "jobs: none"
@@ -253,7 +261,8 @@ def render(job: views.JobDetail, unknown: list[dict[str, Any]], steps: list[str]
         )
     out.append(
         f"created: {_text(j.created_at)}  updated: {_text(j.updated_at)}"
-        f"  run after: {_text(j.run_after)}  resumed at generation: {_text(j.resumed_generation)}"
+        f"  run after: {_run_after(j.run_after)}"
+        f"  resumed at generation: {_text(j.resumed_generation)}"
     )
     effects = "-" if j.effects_enabled is None else ("enabled" if j.effects_enabled else "off")
     out.append(f"class: owner={_text(j.class_owner)} effects={effects}")

@@ -252,16 +252,19 @@ class KeyMismatch:
 
 @dataclass(frozen=True, slots=True)
 class StrandedJob:
-    """A job flagged frozen under a tenant that is not: no claim reads it (0037)."""
+    """A queued job no claim reads, ever: flagged frozen under a tenant that is not (cause
+    ``tenant_frozen``, 0037), or parked for disabled effects in a class whose effects are
+    enabled (``effects_parked``, 0038)."""
 
     job_id: int
     tenant: str
     workflow: str
     state: str
+    cause: str
 
     @classmethod
     def from_record(cls, r: Record) -> StrandedJob:
-        return cls(r["job_id"], r["tenant"], r["workflow"], r["state"])
+        return cls(r["job_id"], r["tenant"], r["workflow"], r["state"], r["cause"])
 
 
 @dataclass(frozen=True, slots=True)

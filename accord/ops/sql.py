@@ -102,15 +102,23 @@ WHERE j.job_id IS NULL OR o.job_id IS NULL
 ORDER BY 1, 5
 """
 
-# Jobs flagged frozen (jobs.jobs.tenant_frozen, 0037) whose tenant is not frozen: outside the
-# claim's index range, so no claim reads them, ever. A trigger on jobs.tenants keeps the flag;
-# only a bypassed trigger (disabled triggers, a data-only restore, a hand-written UPDATE)
-# leaves one. By jobs_tenant_frozen_idx: it reads the flagged jobs only.
+# Queued jobs outside every claim's range for good, by cause. tenant_frozen: flagged frozen
+# (jobs.jobs.tenant_frozen, 0037) under a tenant that is not frozen; a trigger on
+# jobs.tenants keeps the flag. effects_parked: parked for effects_disabled (run_after =
+# 'infinity', 0038) in a class whose effects are enabled; a trigger on jobs.workflows brings
+# them back. Only a bypassed trigger (disabled triggers, a data-only restore, a hand-written
+# UPDATE) leaves one. By jobs_tenant_frozen_idx and jobs_claimable_idx: each reads only the
+# jobs it lists.
 STRANDED = """
-SELECT j.job_id, j.tenant, j.workflow, j.state
+SELECT j.job_id, j.tenant, j.workflow, j.state, 'tenant_frozen' AS cause
 FROM jobs.jobs j JOIN jobs.tenants t ON t.tenant = j.tenant
 WHERE j.tenant_frozen AND NOT t.frozen
-ORDER BY j.job_id
+UNION ALL
+SELECT j.job_id, j.tenant, j.workflow, j.state, 'effects_parked'
+FROM jobs.workflows w JOIN jobs.jobs j ON j.workflow = w.workflow
+WHERE w.effects_enabled AND j.state = 'queued' AND j.tenant_frozen = ANY (ARRAY[false, true])
+  AND j.run_after = 'infinity'
+ORDER BY 1
 """
 
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the

@@ -224,10 +224,12 @@ def render_table(report: StatusReport) -> str:
         [(u.job_id, u.tenant, u.workflow, u.operation_id, u.problem) for u in r.key_mismatches],
     )  # fmt: skip
     lines += _table(
-        "jobs flagged frozen under a thawed tenant, which no claim reads (freeze and thaw the"
-        " tenant to clear: migration 0037)",
-        ["job_id", "tenant", "workflow", "state"],
-        [(j.job_id, j.tenant, j.workflow, j.state) for j in r.stranded],
+        "jobs which no claim reads: tenant_frozen, flagged under a thawed tenant (freeze and"
+        " thaw the tenant: migration 0037); effects_parked, parked for disabled effects in a"
+        " class whose effects are enabled (register it with effects disabled, then enabled:"
+        " migration 0038)",
+        ["job_id", "tenant", "workflow", "state", "cause"],
+        [(j.job_id, j.tenant, j.workflow, j.state, j.cause) for j in r.stranded],
     )  # fmt: skip
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],

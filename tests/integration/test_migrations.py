@@ -290,3 +290,34 @@ async def test_0037_flags_the_live_jobs_of_a_tenant_frozen_before_it(empty_pg_ds
         ]
     finally:
         await conn.close()
+
+
+async def test_0038_parks_the_jobs_refused_while_their_class_stays_disabled(
+    empty_pg_dsn: str,
+) -> None:
+    """A database at 0037 with two jobs refused for effects_disabled (due again after their
+    backoff, as jobs.fail left them): one of class w, still disabled, one of class e, enabled
+    since. 0038 parks w's job out of the claim's range and leaves e's, which is claimed; an
+    enabling of w after the upgrade brings its job back."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=37)
+        store = Store(conn, backoff_base_s=0.0)
+        for workflow in ("w", "e"):
+            await store.register_workflow(workflow, "o")
+            async with conn.transaction():
+                await submit(conn, tenant="acme", workflow=workflow, operation_id="a", digest="d")
+            [lease] = await store.claim(workflow, "o", lease_s=60, limit=5)
+            await store.fail(lease, "effects_disabled", retry=True)
+        await store.register_workflow("e", "o", effects_enabled=True)
+        assert await migrate.migrate(conn) == [
+            ("accord", m.version) for m in migrate.load_migrations() if m.version > 37
+        ]
+        parked = await conn.fetch("SELECT workflow, run_after = 'infinity' AS p FROM jobs.jobs")
+        assert {r["workflow"]: r["p"] for r in parked} == {"w": True, "e": False}
+        assert len(await store.claim("e", "o", lease_s=60, limit=5)) == 1
+        assert await store.claim("w", "o", lease_s=60, limit=5) == []
+        await store.register_workflow("w", "o", effects_enabled=True)
+        assert len(await store.claim("w", "o", lease_s=60, limit=5)) == 1
+    finally:
+        await conn.close()

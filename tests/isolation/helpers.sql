@@ -112,6 +112,15 @@ CREATE FUNCTION spec.fail(h text) RETURNS text LANGUAGE sql AS $$
     WHERE l.holder = h
 $$;
 
+-- h's job refused for effects_disabled, as the worker gives it up when jobs.begin_effect
+-- refuses (jobs.fail, retry, no backoff): its new state or the refusal.
+CREATE FUNCTION spec.refuse(h text) RETURNS text LANGUAGE sql AS $$
+    SELECT coalesce(r.status, r.state) FROM spec.leases l,
+        jobs.fail(l.job_id, l.tenant, l.workflow, l.operation_id, l.owner, l.attempt_id,
+                  l.generation, l.epoch, 'effects_disabled', true, 0, 0) r
+    WHERE l.holder = h
+$$;
+
 -- Make job j's lease expired without sleeping (as the Python tests do).
 CREATE FUNCTION spec.expire(j bigint) RETURNS integer LANGUAGE sql AS $$
     WITH u AS (

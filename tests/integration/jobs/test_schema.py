@@ -588,6 +588,135 @@ async def test_a_thaw_clears_the_flag_of_a_job_submitted_while_it_waited(
     ), "the control's job should be stranded with the flag set"
 
 
+async def refuse_for_disabled_effects(pg: asyncpg.Connection, workflow: str, n: int) -> None:
+    """``n`` jobs of ``workflow`` claimed and given up for effects_disabled, as the worker
+    does when jobs.begin_effect refuses (jobs.fail with a retry, as Store.fail runs it)."""
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("acme", workflow, f"refused{i}", "d", "{}", 5) for i in range(n)]
+        )
+    claimed = await pg.fetch(
+        "SELECT job_id, tenant, workflow, operation_id, owner, attempt_id, generation, epoch"
+        " FROM jobs.claim($1, 'o', 60, $2)",
+        workflow,
+        n,
+    )
+    assert len(claimed) == n
+    async with pg.transaction():
+        await pg.executemany(
+            sql.FAIL, [(*row, "effects_disabled", True, 0.0, 0.0) for row in claimed]
+        )
+
+
+async def test_the_claim_never_reads_jobs_refused_for_disabled_effects(
+    pg: asyncpg.Connection,
+) -> None:
+    """Class w runs with its effects disabled (the default registration) and 5,000 of its
+    jobs were refused for effects_disabled: they are parked out of the claim's range (0038),
+    and a claim takes the class's 5 new jobs reading nothing else. Control: the same refused
+    jobs due again, as jobs.fail left them before 0038, and the same claim reads every one
+    of them before it finds 5 more (it still refuses them)."""
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o")
+    await refuse_for_disabled_effects(pg, "w", 5000)
+    parked = "SELECT count(*) FROM jobs.jobs WHERE run_after = 'infinity'"
+    assert await pg.fetchval(parked) == 5000
+    for batch in ("a", "b"):
+        async with pg.transaction():
+            await pg.executemany(
+                sql.SUBMIT, [("acme", "w", f"{batch}{i}", "d", "{}", 5) for i in range(5)]
+            )
+    await pg.execute("ANALYZE jobs.jobs")
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        taken = await store.claim("w", "o", lease_s=60, limit=5)
+        await pg.execute(
+            "UPDATE jobs.jobs SET run_after = now() - interval '1 hour'"
+            " WHERE run_after = 'infinity'"
+        )
+        control = await store.claim("w", "o", lease_s=60, limit=5)
+    assert sorted(lease.operation_id for lease in taken) == [f"a{i}" for i in range(5)]
+    assert sorted(lease.operation_id for lease in control) == [f"b{i}" for i in range(5)]
+    claims = [p for p in plans if "jobs_claimable_idx" in p and "tenant_frozen" in p]
+    assert claimable_scanned(claims[0]) == 5 and not any(filtered_out(claims[0])), claims[0]
+    # the control's scan drops the refused jobs at its filter, after reading each one
+    assert any(n >= 5000 for n in filtered_out(claims[1])), claims[1]
+
+
+async def test_enabling_effects_brings_the_class_s_refused_jobs_back_by_index(
+    pg: asyncpg.Connection,
+) -> None:
+    """Class w1 has 1,000 finished jobs (of 20,000 over 20 classes), 50 parked for
+    effects_disabled and 50 due: enabling its effects makes the 50 parked ones due again, read
+    through jobs_claimable_idx (no sequential scan, nothing read and dropped), and the claim
+    then takes all 100. A class still disabled keeps its parked jobs."""
+    await pg.execute("INSERT INTO jobs.tenants (tenant) VALUES ('acme')")
+    await finished_jobs(pg, 20000)
+    store = Store(pg, backoff_base_s=0.0)
+    for workflow in ("w1", "w2"):
+        await store.register_workflow(workflow, "o")
+        await refuse_for_disabled_effects(pg, workflow, 50)
+    async with pg.transaction():
+        await pg.executemany(
+            sql.SUBMIT, [("acme", "w1", f"due{i}", "d", "{}", 5) for i in range(50)]
+        )
+    await pg.execute("ANALYZE jobs.jobs")
+    async with logged_plans(pg) as plans:
+        await pg.execute("SET auto_explain.log_analyze = on")
+        await store.register_workflow("w1", "o", effects_enabled=True)
+    [rewrite] = [p for p in plans if "SET run_after = now()" in p]
+    assert "jobs_claimable_idx" in rewrite and "Seq Scan" not in rewrite, rewrite
+    assert all(n == 0 for n in filtered_out(rewrite)), rewrite
+    assert len(await store.claim("w1", "o", lease_s=60, limit=200)) == 100
+    still = "SELECT count(*) FROM jobs.jobs WHERE workflow = $1 AND run_after = 'infinity'"
+    assert await pg.fetchval(still, "w2") == 50
+
+
+async def test_an_enabling_brings_back_a_job_refused_while_it_waited(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A worker gives a job up for effects_disabled (its class's flag read "disabled"); an
+    enabling starts before that commits. The enabling waits for it (jobs.fail holds the
+    class's row FOR SHARE), then brings the parked job back, and the job is claimed. Control:
+    jobs.fail reading the flag without that lock lets the enabling pass, and the job stays
+    parked under an enabled class, out of every claim for good.
+    tests/isolation/enable_effects_vs_refusal.spec runs the other orders."""
+    store = Store(pg, backoff_base_s=0.0)
+
+    async def race(operation_id: str) -> tuple[bool, bool]:
+        """(the enabling waited for the refusal, the job was claimed afterwards)."""
+        await store.register_workflow("w", "o", effects_enabled=False)
+        async with pg.transaction():
+            await pg.fetch(sql.SUBMIT, "acme", "w", operation_id, "d", "{}", 5)
+        [lease] = await store.claim("w", "o", lease_s=60, limit=5)
+        worker = await asyncpg.connect(pg_dsn)
+        try:
+            async with worker.transaction():
+                await Store(worker).fail(lease, "effects_disabled", retry=True)
+                enable = asyncio.ensure_future(
+                    store.register_workflow("w", "o", effects_enabled=True)
+                )
+                await asyncio.sleep(0.3)
+                waited = not enable.done()
+            await enable
+        finally:
+            await worker.close()
+        leases = await store.claim("w", "o", lease_s=60, limit=5)
+        return waited, [lease.operation_id for lease in leases] == [operation_id]
+
+    assert await race("locked") == (True, True)
+    unlocked = await pg.fetchval(
+        "SELECT replace(pg_get_functiondef('jobs.fail'::regproc),"
+        " 'WHERE w.workflow = p_workflow FOR SHARE', 'WHERE w.workflow = p_workflow')"
+    )
+    assert "FOR SHARE" not in unlocked
+    await pg.execute(unlocked)
+    assert await race("unlocked") == (False, False)
+    assert await pg.fetchval(
+        "SELECT run_after = 'infinity' FROM jobs.jobs WHERE operation_id = 'unlocked'"
+    ), "the control's job should be left parked"
+
+
 PRUNE_SCAN = (
     "EXPLAIN (ANALYZE, COSTS OFF) SELECT j.job_id FROM jobs.jobs j"
     " WHERE j.state IN ('succeeded', 'failed', 'canceled') AND j.unresolved_effects = 0"

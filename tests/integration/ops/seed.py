@@ -105,10 +105,13 @@ async def seed_jobs(s: Seeder, e: Expected) -> None:
     await s.submit(ACME, REPORT, "r-wait-1")
     await s.submit(ACME, REPORT, "r-wait-2")
     await s.submit(ACME, DIGEST, "d-wait")
-    # The worker's typed refusal when effects are off (a direct write of its last_error).
+    # The worker's typed refusal when effects are off (a direct write of what jobs.fail leaves:
+    # its last_error, and the job parked out of the claim's range, 0038).
     job = await s.submit(ACME, DIGEST, "d-noeffects")
     await s.pool.execute(
-        "UPDATE jobs.jobs SET last_error = 'effects_disabled' WHERE job_id = $1", job
+        "UPDATE jobs.jobs SET last_error = 'effects_disabled', run_after = 'infinity'"
+        " WHERE job_id = $1",
+        job,
     )
     # Missing authority: a frozen tenant; configuration: an unregistered class.
     await s.submit(GLOBEX, REPORT, "g-frozen")

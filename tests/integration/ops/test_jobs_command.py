@@ -196,3 +196,23 @@ async def test_status_counts_finished_work_in_its_window_and_names_ids_to_act_on
     assert data["totals"]["finished"] == {"succeeded": 2, "failed": 0, "poison": 1, "canceled": 0}
     refused = accord(pg_dsn, "status", "--since", "yesterday")
     assert refused.returncode == 2 and "InvalidSince" in refused.stderr
+
+
+async def test_jobs_show_says_a_job_refused_for_disabled_effects_is_parked(
+    pg_dsn: str, store: Rig
+) -> None:
+    """A job given up for effects_disabled while its class's effects are off is parked
+    (run_after = 'infinity', 0038): `accord jobs show` says when it can run instead of a date
+    in the year 9999. Control: a job given up for another reason shows its backoff's date."""
+    await store.register_workflow(WORKFLOW, DEFAULT_OWNER, effects_enabled=False)
+    refused = await new_job(store, "report:refused")
+    assert await store.fail(refused, "effects_disabled", retry=True) == "queued"
+    other = await new_job(store, "report:other")
+    assert await store.fail(other, "handler:RuntimeError", retry=True) == "queued"
+    shown = accord(pg_dsn, "jobs", "show", str(refused.job_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "run after: never, parked until its class's effects are enabled" in shown.stdout
+    assert "effects_disabled" in shown.stdout and "9999" not in shown.stdout
+    control = accord(pg_dsn, "jobs", "show", str(other.job_id))
+    assert control.returncode == 0, control.stderr
+    assert "parked" not in control.stdout and "run after: 20" in control.stdout

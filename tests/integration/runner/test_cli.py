@@ -141,8 +141,8 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
     """The integration checkpoint. Control: registered with effects enabled (the rig's own
     registration), a job runs its effect and publishes (the test above). Then `accord
     register --effects disabled`, an audited act: the worker still claims the class, its
-    job is refused at begin_effect (nothing dispatched, no effect record), and `accord
-    status` says the work waits for that."""
+    job is refused at begin_effect (nothing dispatched, no effect record) and parked, and
+    `accord status` says the work waits for that."""
     env = _env(rig.pg_dsn, tmp_path, rig.provider.url)
     done = await _accord(
         env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER,
@@ -180,8 +180,11 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
     assert status.returncode == 0, status.stderr
     [line] = [ln for ln in status.stdout.decode().splitlines() if "effects_disabled" in ln]
     assert "report" in line and TENANT in line
-    # It waits, spending no attempt, while effects stay disabled (past its backoff too) ...
-    await rig.pool.execute("UPDATE jobs.jobs SET run_after = now() WHERE job_id = $1", job_id)
+    # It waits, parked out of every claim's range (0038), spending no attempt, while effects
+    # stay disabled ...
+    assert await rig.pool.fetchval(
+        "SELECT run_after = 'infinity' FROM jobs.jobs WHERE job_id = $1", job_id
+    )
     process = await anyio.open_process(
         [*CLI, "--lease-s", "5", "--poll-s", "0.1"], env=env, cwd=ROOT, stderr=subprocess.PIPE
     )
@@ -191,7 +194,8 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
             "SELECT attempts FROM jobs.jobs WHERE job_id = $1", job_id
         )
         assert attempts == 1
-        # ... and runs once effects are enabled again (control: the same worker serves it)
+        # ... and runs once effects are enabled again, the enabling bringing it back (control:
+        # the same worker serves it)
         done = await _accord(
             env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER,
             "--effects", "enabled", "--who", "test-operator",
