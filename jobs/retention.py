@@ -70,8 +70,10 @@ def check(retention_s: float, audit_retention_s: float, limit: int) -> None:
 
 
 async def prune(tx: Tx, *, retention_s: float, audit_retention_s: float, limit: int) -> Pruned:
-    """Runs in the caller's transaction, which should be its own (jobs.prune makes every
-    constraint immediate before it returns); never commits. Removes one bounded batch (at
+    """Runs in the caller's transaction; never commits. jobs.prune checks the deferrable
+    references to ``jobs.jobs`` before it returns, then sets them back to their declared mode
+    (0039), so the caller's own deferred constraints stay deferred and several batches may
+    share one transaction. Removes one bounded batch (at
     most ``limit`` jobs, oldest first, skipping rows other transactions hold) of finished,
     resolved jobs older than ``retention_s`` with everything that was theirs, and of repair
     audit rows older than ``audit_retention_s`` whose job is gone. Callers loop, one short

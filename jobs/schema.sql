@@ -528,6 +528,8 @@ DECLARE
     v_audit integer := 0;
     v_consumer text;
     v_horizon double precision;
+    v_refs text;
+    v_deferred text;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
         RAISE EXCEPTION 'jobs.prune: a batch holds 1 to 10000 jobs, not %', p_limit
@@ -583,7 +585,9 @@ BEGIN
     PERFORM set_config('accord.prune', 'jobs', true);
     IF v_ids IS NOT NULL THEN
         -- Children first; the job before its key (jobs_operation_fkey is immediate, the key's
-        -- own reference to the job is deferred).
+        -- own reference to the job is deferred: deferred again here, whatever an earlier
+        -- batch or the caller set in this transaction, 0039).
+        SET CONSTRAINTS jobs.operations_job_fkey DEFERRED;
         DELETE FROM jobs.effect_escalations x WHERE x.job_id = ANY (v_ids);
         DELETE FROM jobs.effect_traces x WHERE x.job_id = ANY (v_ids);
         DELETE FROM jobs.effects e WHERE e.job_id = ANY (v_ids);
@@ -611,8 +615,21 @@ BEGIN
         RETURNING 1
     ) SELECT count(*) INTO v_audit FROM gone;
     PERFORM set_config('accord.prune', '', true);
-    -- Another schema's deferred foreign key to a removed job fails here, by name.
-    SET CONSTRAINTS ALL IMMEDIATE;
+    -- Another schema's deferred foreign key to a removed job fails here, by name: the
+    -- deferrable references to jobs.jobs are checked now, then set back to their declared
+    -- mode (0039; ALL IMMEDIATE left every deferred constraint of the caller's transaction
+    -- immediate, and a second batch in it failed on the key's own reference).
+    SELECT string_agg(format('%I.%I', n.nspname, c.conname), ', '),
+           string_agg(format('%I.%I', n.nspname, c.conname), ', ') FILTER (WHERE c.condeferred)
+    INTO v_refs, v_deferred
+    FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_namespace n ON n.oid = c.connamespace
+    WHERE c.contype = 'f' AND c.confrelid = 'jobs.jobs'::regclass AND c.condeferrable;
+    IF v_refs IS NOT NULL THEN
+        EXECUTE 'SET CONSTRAINTS ' || v_refs || ' IMMEDIATE';
+    END IF;
+    IF v_deferred IS NOT NULL THEN
+        EXECUTE 'SET CONSTRAINTS ' || v_deferred || ' DEFERRED';
+    END IF;
     RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit;
 END $$;
 

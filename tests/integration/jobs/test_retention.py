@@ -494,3 +494,37 @@ async def test_effect_records_refuse_delete_outside_the_pruner(jobs: Jobs) -> No
             conn, retention_s=RETENTION_S, audit_retention_s=AUDIT_S, limit=10
         )
     assert pruned == Pruned(jobs=1, effects=1)
+
+
+async def test_two_batches_in_one_transaction_leave_the_caller_s_deferred_constraints_alone(
+    jobs: Jobs,
+) -> None:
+    """Two jobs.prune batches in one transaction each remove their job (the first one's
+    check of the references to jobs.jobs lasts no longer than the call: 0039), and a
+    deferred constraint of the caller's own table is still deferred after them: a row that
+    breaks it until the transaction fixes it commits. Control: the same transaction with the
+    caller's constraint made immediate fails at that row."""
+    first = await finish(jobs, "first", effect=None)
+    second = await finish(jobs, "second", effect=None)
+    for job_id in (first, second):
+        await age(jobs.pool, job_id, LONG_AGO_S)
+    await jobs.pool.execute(
+        "CREATE SCHEMA app; CREATE TABLE app.parent (id int PRIMARY KEY);"
+        " CREATE TABLE app.child (parent int REFERENCES app.parent"
+        " DEFERRABLE INITIALLY DEFERRED)"
+    )
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        a = await jobs_retention.prune(
+            conn, retention_s=RETENTION_S, audit_retention_s=AUDIT_S, limit=1
+        )
+        b = await jobs_retention.prune(
+            conn, retention_s=RETENTION_S, audit_retention_s=AUDIT_S, limit=1
+        )
+        await conn.execute("INSERT INTO app.child VALUES (1)")  # its parent comes later
+        await conn.execute("INSERT INTO app.parent VALUES (1)")
+    assert (a.jobs, b.jobs) == (1, 1)
+    assert await jobs.pool.fetchval("SELECT count(*) FROM jobs.jobs") == 0
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        async with jobs.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET CONSTRAINTS app.child_parent_fkey IMMEDIATE")
+            await conn.execute("INSERT INTO app.child VALUES (2)")
