@@ -1235,11 +1235,19 @@ CREATE FUNCTION jobs.workflow_effects_sync() RETURNS trigger
     SET enable_seqscan TO 'off'
     AS $$
 BEGIN
-    UPDATE jobs.jobs j SET run_after = now(), updated_at = now()
-    WHERE j.workflow = NEW.workflow AND j.state = 'queued'
-      AND j.tenant_frozen = ANY (ARRAY[false, true])
-      AND j.run_after = 'infinity'::timestamptz
-      AND j.last_error = 'effects_disabled';
+    IF NEW.effects_enabled THEN
+        UPDATE jobs.jobs j SET run_after = now(), updated_at = now()
+        WHERE j.workflow = NEW.workflow AND j.state = 'queued'
+          AND j.tenant_frozen = ANY (ARRAY[false, true])
+          AND j.run_after = 'infinity'::timestamptz
+          AND j.last_error = 'effects_disabled';
+    ELSE
+        UPDATE jobs.jobs j SET run_after = 'infinity'::timestamptz, updated_at = now()
+        WHERE j.workflow = NEW.workflow AND j.state = 'queued'
+          AND j.tenant_frozen = ANY (ARRAY[false, true])
+          AND j.run_after < 'infinity'::timestamptz
+          AND j.last_error = 'effects_disabled';
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -1907,7 +1915,7 @@ CREATE TRIGGER tenants_frozen_sync AFTER UPDATE OF frozen ON jobs.tenants FOR EA
 -- Name: workflows workflows_effects_sync; Type: TRIGGER; Schema: jobs; Owner: -
 --
 
-CREATE TRIGGER workflows_effects_sync AFTER UPDATE OF effects_enabled ON jobs.workflows FOR EACH ROW WHEN ((new.effects_enabled AND (NOT old.effects_enabled))) EXECUTE FUNCTION jobs.workflow_effects_sync();
+CREATE TRIGGER workflows_effects_sync AFTER UPDATE OF effects_enabled ON jobs.workflows FOR EACH ROW WHEN ((old.effects_enabled IS DISTINCT FROM new.effects_enabled)) EXECUTE FUNCTION jobs.workflow_effects_sync();
 
 --
 -- Name: authority_restores authority_restores_resolved_audit_fkey; Type: FK CONSTRAINT; Schema: jobs; Owner: -

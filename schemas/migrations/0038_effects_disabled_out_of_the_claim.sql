@@ -8,7 +8,7 @@
 --
 -- Now jobs.fail parks it: run_after = 'infinity', past every claim's range (`run_after <=
 -- now()`), and a trigger on jobs.workflows brings the class's parked jobs back (run_after =
--- now()) when its effects are enabled. The claim still refuses an effects_disabled job of a
+-- now()) when its effects are enabled, and parks them again if they are disabled first. The claim still refuses an effects_disabled job of a
 -- disabled class itself: run_after decides what a claim reads, never what it may take.
 --
 -- An enabling that missed a job parked meanwhile would leave it out of every claim for good,
@@ -50,26 +50,36 @@ BEGIN
     RETURN QUERY SELECT CASE WHEN v_state IS NULL THEN 'row_count' END, v_state;
 END $$;
 
--- The parked jobs of one class, found through jobs_claimable_idx (both values of
--- tenant_frozen, then the one run_after), never among the class's due or finished jobs.
+-- The class's refused jobs follow its flag: parked while its effects are disabled, due again
+-- when they are enabled (and parked again if they are disabled before a claim took them).
+-- Found through jobs_claimable_idx (both values of tenant_frozen, then run_after), never
+-- among the class's finished jobs.
 CREATE FUNCTION jobs.workflow_effects_sync() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     AS $$
 BEGIN
-    UPDATE jobs.jobs j SET run_after = now(), updated_at = now()
-    WHERE j.workflow = NEW.workflow AND j.state = 'queued'
-      AND j.tenant_frozen = ANY (ARRAY[false, true])
-      AND j.run_after = 'infinity'::timestamptz
-      AND j.last_error = 'effects_disabled';
+    IF NEW.effects_enabled THEN
+        UPDATE jobs.jobs j SET run_after = now(), updated_at = now()
+        WHERE j.workflow = NEW.workflow AND j.state = 'queued'
+          AND j.tenant_frozen = ANY (ARRAY[false, true])
+          AND j.run_after = 'infinity'::timestamptz
+          AND j.last_error = 'effects_disabled';
+    ELSE
+        UPDATE jobs.jobs j SET run_after = 'infinity'::timestamptz, updated_at = now()
+        WHERE j.workflow = NEW.workflow AND j.state = 'queued'
+          AND j.tenant_frozen = ANY (ARRAY[false, true])
+          AND j.run_after < 'infinity'::timestamptz
+          AND j.last_error = 'effects_disabled';
+    END IF;
     RETURN NULL;
 END $$;
 
 REVOKE ALL ON FUNCTION jobs.workflow_effects_sync() FROM PUBLIC;
 
 CREATE TRIGGER workflows_effects_sync AFTER UPDATE OF effects_enabled ON jobs.workflows
-    FOR EACH ROW WHEN (NEW.effects_enabled AND NOT OLD.effects_enabled)
+    FOR EACH ROW WHEN (OLD.effects_enabled IS DISTINCT FROM NEW.effects_enabled)
     EXECUTE FUNCTION jobs.workflow_effects_sync();
 
 -- The jobs refused before this migration: parked where their class is still disabled.

@@ -672,6 +672,29 @@ async def test_enabling_effects_brings_the_class_s_refused_jobs_back_by_index(
     assert await pg.fetchval(still, "w2") == 50
 
 
+async def test_a_class_s_refused_jobs_follow_its_effects_flag(pg: asyncpg.Connection) -> None:
+    """Class w's 3 refused jobs are parked; its effects enabled and disabled again before any
+    claim, they are parked again (the claim would refuse them and drop them at its filter),
+    and enabled once more they are claimed. Its due job that was never refused is never
+    parked. Control: with the class enabled, nothing is parked."""
+    store = Store(pg, backoff_base_s=0.0)
+    await store.register_workflow("w", "o")
+    await refuse_for_disabled_effects(pg, "w", 3)
+    async with pg.transaction():
+        await pg.fetch(sql.SUBMIT, "acme", "w", "fresh", "d", "{}", 5)
+    parked = "SELECT count(*) FROM jobs.jobs WHERE run_after = 'infinity'"
+    assert await pg.fetchval(parked) == 3
+    await store.register_workflow("w", "o", effects_enabled=True)
+    assert await pg.fetchval(parked) == 0  # control
+    await store.register_workflow("w", "o", effects_enabled=False)
+    assert await pg.fetchval(parked) == 3
+    assert [lease.operation_id for lease in await store.claim("w", "o", lease_s=60, limit=9)] == [
+        "fresh"
+    ]
+    await store.register_workflow("w", "o", effects_enabled=True)
+    assert len(await store.claim("w", "o", lease_s=60, limit=9)) == 3
+
+
 async def test_an_enabling_brings_back_a_job_refused_while_it_waited(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
