@@ -149,7 +149,10 @@ def cli() -> None:
         "--unparked", action="store_true",
         help="with --refused: due again, as jobs.fail left them before 0038",
     )  # fmt: skip
-    run(main, parser.parse_args())
+    args = parser.parse_args()
+    if args.unparked and not args.refused:
+        parser.error("--unparked goes with --refused")
+    run(main, args)
 
 
 if __name__ == "__main__":
