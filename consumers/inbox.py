@@ -19,6 +19,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -289,6 +290,12 @@ async def replay_windows(conn: Any) -> list[Any]:
     return list(await conn.fetch(sql.REPLAY_WINDOWS))
 
 
-async def delivery_counts(conn: Any) -> list[Any]:
-    """Read-only: inbox decisions by consumer, tenant and outcome (accord status, /metrics)."""
-    return list(await conn.fetch(sql.DELIVERY_COUNTS))
+async def delivery_counts(conn: Any, since: datetime) -> list[Any]:
+    """Read-only: inbox decisions received since ``since``, by consumer, tenant and outcome
+    (accord status); reads the deliveries in that window only."""
+    return list(await conn.fetch(sql.DELIVERY_COUNTS, since))
+
+
+async def conflict_count(conn: Any) -> int:
+    """Read-only: conflicts among all retained deliveries (accord status, /metrics)."""
+    return int(await conn.fetchval(sql.CONFLICT_COUNT))

@@ -326,6 +326,12 @@ ALTER TABLE ONLY consumers.replay_windows
     ADD CONSTRAINT replay_windows_pkey PRIMARY KEY (consumer);
 
 --
+-- Name: deliveries_conflict_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX deliveries_conflict_idx ON consumers.deliveries USING btree (consumer, tenant) WHERE (outcome = 'conflict'::text);
+
+--
 -- Name: deliveries_operation_idx; Type: INDEX; Schema: consumers; Owner: -
 --
 

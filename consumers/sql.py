@@ -145,12 +145,32 @@ VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $1
 RETURNING id
 """
 
-# Inbox decisions by consumer, tenant and outcome (new, duplicate = a healthy retry, conflict).
+# Inbox decisions received at or after $1, by consumer, tenant and outcome (new, duplicate =
+# a healthy retry, conflict). The consumers found by a loose scan of deliveries_received_idx
+# (one probe each), then each one's range from $1 on the same index: the rows in the window,
+# never the retained rest (0040).
 DELIVERY_COUNTS = """
-SELECT consumer, tenant, outcome, count(*)::bigint AS deliveries
-FROM consumers.deliveries
-GROUP BY consumer, tenant, outcome
-ORDER BY consumer, tenant, outcome
+WITH RECURSIVE consumers_seen AS (
+    (SELECT d.consumer FROM consumers.deliveries d ORDER BY d.consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.consumer FROM consumers.deliveries d
+            WHERE d.consumer > c.consumer ORDER BY d.consumer LIMIT 1)
+    FROM consumers_seen c WHERE c.consumer IS NOT NULL
+)
+SELECT c.consumer, x.tenant, x.outcome, x.deliveries
+FROM consumers_seen c
+CROSS JOIN LATERAL (
+    SELECT d.tenant, d.outcome, count(*)::bigint AS deliveries
+    FROM consumers.deliveries d
+    WHERE d.consumer = c.consumer AND d.received_at >= $1
+    GROUP BY d.tenant, d.outcome
+) x
+ORDER BY 1, 2, 3
+"""
+
+# Conflicts among all retained deliveries, through deliveries_conflict_idx (conflicts only).
+CONFLICT_COUNT = """
+SELECT count(*)::bigint FROM consumers.deliveries WHERE outcome = 'conflict'
 """
 
 # Poison records by consumer and typed reason.

@@ -115,9 +115,6 @@ def families(report: StatusReport) -> list[Metric]:
                [(r.relay.awake_s,)]),
         _gauge("accord_relay_held_rows", "Held outbox rows by typed reason", ["reason"],
                [(h.reason, h.rows) for h in r.relay_held]),
-        _gauge("accord_inbox_deliveries", "Inbox decisions (retained)",
-               ["consumer", "tenant", "outcome"],
-               [(d.consumer, d.tenant, d.outcome, d.deliveries) for d in r.deliveries]),
         _gauge("accord_inbox_conflicts", "Inbox conflicts (retained deliveries)", [],
                [(r.inbox_conflicts,)]),
         _gauge("accord_poison_messages", "Poison records by consumer and typed reason",
@@ -148,7 +145,7 @@ class StatusCollector(Collector):
             with anyio.fail_after(timeout_s):
                 conn = await connect(dsn, timeout=timeout_s)
                 try:
-                    return await collect_status(conn, integrity=False)
+                    return await collect_status(conn, integrity=False, window=False)
                 finally:
                     await conn.close()
 

@@ -346,7 +346,7 @@ class StatusReport:
     """One snapshot of everything above, taken at ``taken_at`` (the database clock)."""
 
     taken_at: datetime
-    #: The start of the window ``finished`` covers (the database clock).
+    #: The start of the window ``finished`` and ``deliveries`` cover (the database clock).
     since: datetime
     jobs: tuple[JobGroup, ...]
     finished: tuple[FinishedGroup, ...]
@@ -359,14 +359,13 @@ class StatusReport:
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures
     relay_held: tuple[HeldRows, ...]
+    #: Inbox decisions within the window (since).
     deliveries: tuple[DeliveryGroup, ...]
+    #: Conflicts among all retained deliveries (0040: by an index of conflicts only).
+    inbox_conflicts: int
     poison: tuple[PoisonGroup, ...]
     replay_refusals: tuple[RefusalGroup, ...]
     replay_windows: tuple[ReplayWindow, ...]
-
-    @property
-    def inbox_conflicts(self) -> int:
-        return sum(d.deliveries for d in self.deliveries if d.outcome == "conflict")
 
     @property
     def poison_messages(self) -> int:

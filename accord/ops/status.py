@@ -47,25 +47,33 @@ DEFAULT_SINCE_S = 86_400.0
 
 
 async def collect_status(
-    conn: Any, since: datetime | float = DEFAULT_SINCE_S, *, integrity: bool = True
+    conn: Any,
+    since: datetime | float = DEFAULT_SINCE_S,
+    *,
+    integrity: bool = True,
+    window: bool = True,
 ) -> StatusReport:
     """Read-only; opens its own REPEATABLE READ read-only transaction (or, when ``conn`` is
     already in a transaction, reads in the caller's snapshot). Never writes. ``since``: the
-    start of the finished-work window, a timestamp or seconds before the snapshot.
-    ``integrity``: also run the checks that read every job kept (miscounted effects, jobs and
-    keys that do not name each other); /metrics, which exports neither, leaves them out (its
-    snapshot then reads the work not done, not the history: migration 0034)."""
+    start of the window (finished work, inbox decisions), a timestamp or seconds before the
+    snapshot. ``integrity``: also run the checks that read every job kept (miscounted effects,
+    jobs and keys that do not name each other, stranded jobs). ``window``: also read what
+    finished and what the inbox decided within the window, which costs what the window holds.
+    /metrics exports none of these and leaves all out: its snapshot reads the work not done,
+    not the history nor the throughput (migrations 0034, 0040)."""
     if conn.is_in_transaction():
-        return await _collect(conn, since, integrity)
+        return await _collect(conn, since, integrity, window)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return await _collect(conn, since, integrity)
+        return await _collect(conn, since, integrity, window)
 
 
 async def _rows(conn: Any, build: Callable[[Any], T], statement: str, *args: Any) -> tuple[T, ...]:
     return tuple(build(r) for r in await conn.fetch(statement, *args))
 
 
-async def _collect(conn: Any, since: datetime | float, integrity: bool) -> StatusReport:
+async def _collect(
+    conn: Any, since: datetime | float, integrity: bool, window: bool
+) -> StatusReport:
     unresolved = list(models.UNRESOLVED_EFFECT_STATES)
     start: datetime = (
         since if isinstance(since, datetime) else await conn.fetchval(sql.AGO, float(since))
@@ -84,7 +92,9 @@ async def _collect(conn: Any, since: datetime | float, integrity: bool) -> Statu
         taken_at=await conn.fetchval(sql.NOW),
         since=start,
         jobs=jobs,
-        finished=await _rows(conn, FinishedGroup.from_record, sql.FINISHED, *finished),
+        finished=(
+            await _rows(conn, FinishedGroup.from_record, sql.FINISHED, *finished) if window else ()
+        ),
         waiting=await _rows(
             conn, WaitingGroup.from_record, sql.WAITING, acting, models.EXAMPLE_IDS
         ),
@@ -104,7 +114,12 @@ async def _collect(conn: Any, since: datetime | float, integrity: bool) -> Statu
         workflows=await _rows(conn, WorkflowClass.from_record, sql.WORKFLOWS),
         relay=RelayFigures.from_record(await outbox.figures(conn)),
         relay_held=tuple(HeldRows.from_record(r) for r in await outbox.held_by_reason(conn)),
-        deliveries=tuple(DeliveryGroup.from_record(r) for r in await inbox.delivery_counts(conn)),
+        deliveries=(
+            tuple(DeliveryGroup.from_record(r) for r in await inbox.delivery_counts(conn, start))
+            if window
+            else ()
+        ),
+        inbox_conflicts=await inbox.conflict_count(conn),
         poison=tuple(PoisonGroup.from_record(r) for r in await poison.poison_counts(conn)),
         replay_refusals=await _rows(conn, RefusalGroup.from_record, sql.REPLAY_REFUSALS),
         replay_windows=tuple(ReplayWindow.from_record(r) for r in await inbox.replay_windows(conn)),
@@ -250,7 +265,7 @@ def render_table(report: StatusReport) -> str:
         [(h.reason, h.rows, h.oldest_age_s) for h in r.relay_held],
     )  # fmt: skip
     lines += _table(
-        "inbox decisions", ["consumer", "tenant", "outcome", "deliveries"],
+        "inbox decisions since the window's start", ["consumer", "tenant", "outcome", "deliveries"],
         [(d.consumer, d.tenant, d.outcome, d.deliveries) for d in r.deliveries],
     )  # fmt: skip
     lines += _table(

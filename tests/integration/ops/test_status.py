@@ -213,6 +213,60 @@ async def test_status_names_jobs_parked_in_a_class_whose_effects_are_enabled(
         assert lease.job_id == done.job_id
 
 
+OLD_DELIVERIES = """
+INSERT INTO consumers.deliveries (tenant, consumer, operation_id, event_id, redelivered,
+                                  delivery_count, outcome, received_at)
+SELECT 'acme', 'report', 'old-' || i, gen_random_uuid(), true, 1,
+       CASE WHEN i <= 5 THEN 'conflict' ELSE 'duplicate' END, now() - interval '3 days'
+FROM generate_series(1, $1) i
+"""
+
+# consumers.deliveries rows this transaction has read so far (scans and index fetches).
+DELIVERIES_READ = (
+    "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+    " WHERE schemaname = 'consumers' AND relname = 'deliveries'"
+)
+
+# The grouping of every retained delivery, as the snapshot read them before 0040.
+GROUP_ALL = (
+    "SELECT consumer, tenant, outcome, count(*) FROM consumers.deliveries"
+    " GROUP BY consumer, tenant, outcome"
+)
+
+
+async def rows_read(conn: asyncpg.Connection, read: Any) -> int:
+    """The consumers.deliveries rows ``read()`` read, in a transaction of its own."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        before = await conn.fetchval(DELIVERIES_READ)
+        await read()
+        return int(await conn.fetchval(DELIVERIES_READ)) - int(before)
+
+
+async def test_inbox_decisions_cost_the_window_not_the_retained_deliveries(
+    pool: asyncpg.Pool, seeded: Expected
+) -> None:
+    """20,000 deliveries received three days ago (retained: the replay window is 7 days), 5 of
+    them conflicts, beside the seeded ones of today. `accord status` (a 24 h window) counts
+    today's decisions only and reads none of the old rows (deliveries_received_idx, 0040);
+    the conflicts of every retained delivery still count (deliveries_conflict_idx); a /metrics
+    snapshot reads the conflicts and nothing else of the table. Control: the grouping the
+    snapshot ran before 0040 reads all 20,000."""
+    async with pool.acquire() as conn:
+        await conn.execute(OLD_DELIVERIES, 20000)
+        await conn.execute("ANALYZE consumers.deliveries")
+        report = await snapshot(pool)
+        assert {(d.consumer, d.tenant, d.outcome): d.deliveries
+                for d in report.deliveries} == seeded.deliveries  # fmt: skip
+        assert report.inbox_conflicts == 1 + 5
+        recent = sum(seeded.deliveries.values())
+        status = await rows_read(conn, lambda: collect_status(conn))
+        metrics = await rows_read(conn, lambda: collect_status(conn, integrity=False, window=False))
+        control = await rows_read(conn, lambda: conn.fetch(GROUP_ALL))
+    assert metrics <= 6, metrics  # the conflicts, through their own index
+    assert status <= 6 + recent + 5, status  # and today's, a probe per consumer
+    assert control >= 20000, control
+
+
 async def test_status_of_an_empty_database(pool: asyncpg.Pool) -> None:
     report = await snapshot(pool)
     assert report.jobs == report.waiting == report.effects == report.poison == ()
