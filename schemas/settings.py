@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     worker_claim_linger_s: float = Field(default=0.01, ge=0)
     # Retention, tied to the replay horizon (inbox_replay_window_s + the inbox's prune margin):
     # finished, resolved jobs with their keys, effects and results, after jobs_retention_s;
-    # repair audit rows after audit_retention_s (at least the jobs retention); consumers'
+    # repair audit rows after audit_retention_s (at least the jobs retention), and the replay
+    # ledger (accord replay prunes it at its start, 0041); consumers'
     # poison records after poison_retention_s. The workers prune jobs (every
     # jobs_prune_every_s, batches of jobs_prune_batch), the consumers poison. The processes
     # refuse to start with a retention shorter than the horizon (check_retention).

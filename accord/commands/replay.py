@@ -14,7 +14,7 @@ from datetime import datetime
 from accord import runtime
 from accord.app import App
 from accord.commands.common import require_app
-from accord.ops import parse_since, replay, resolve_since
+from accord.ops import parse_since, prune_ledger, replay, resolve_since
 from accord.schemas import migrate
 from accord.schemas.db import connect
 from accord.schemas.settings import Settings
@@ -58,6 +58,11 @@ async def _main(
         await migrate.require_current(reader, app.migration_chains())
         writer = await connect(settings.pg_dsn)
         try:
+            # The ledger's one writer keeps it bounded: runs past the audit retention go first.
+            runs, refusals = await prune_ledger(writer, retention_s=settings.audit_retention_s)
+            if runs or refusals:
+                print(f"replay ledger: removed {runs} runs and {refusals} refused events"
+                      f" older than {settings.audit_retention_s:g} s")  # fmt: skip
             summary = await replay(
                 reader,
                 writer,

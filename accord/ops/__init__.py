@@ -15,7 +15,14 @@ from accord.ops.messaging import MessagingMetrics, install_span_metrics
 from accord.ops.metrics import MetricsServer, StatusCollector, families, serve_metrics, serving
 from accord.ops.models import StatusReport, WaitCategory, WaitReason
 from accord.ops.projections import Projection
-from accord.ops.replay import Refusal, ReplaySummary, parse_since, replay, resolve_since
+from accord.ops.replay import (
+    Refusal,
+    ReplaySummary,
+    parse_since,
+    prune_ledger,
+    replay,
+    resolve_since,
+)
 from accord.ops.status import collect_status, render_table, to_json
 
 __all__ = [
@@ -37,6 +44,7 @@ __all__ = [
     "families",
     "install_span_metrics",
     "parse_since",
+    "prune_ledger",
     "render_table",
     "replay",
     "resolve_since",

@@ -93,6 +93,25 @@ def _decode(record: Mapping[str, Any], catalog: Catalog) -> Event:
     return event
 
 
+#: Rows one batch of the ledger's retention removes at most (refusals, then runs).
+PRUNE_BATCH = 1000
+
+
+async def prune_ledger(
+    conn: Any, *, retention_s: float, batch: int = PRUNE_BATCH
+) -> tuple[int, int]:
+    """The replay ledger older than ``retention_s`` (0041): the refusals of runs that ended
+    (or, never ended, began) before it, then those runs, batch after batch, each batch a
+    transaction of its own, until one comes back short. The refusal totals that
+    accord_replay_refusals_total reads are kept apart and stay. Returns (runs, refusals)."""
+    runs = refusals = 0
+    while True:
+        row = await conn.fetchrow(sql.PRUNE_REPLAY, retention_s, batch)
+        runs, refusals = runs + row["runs"], refusals + row["refusals"]
+        if row["runs"] < batch and row["refusals"] < batch:
+            return runs, refusals
+
+
 async def resolve_since(conn: Any, since: datetime | float) -> datetime:
     """A duration becomes a timestamp by the database clock."""
     if isinstance(since, datetime):

@@ -22,9 +22,89 @@ SET row_security = off;
 
 CREATE SCHEMA ops;
 
+--
+-- Name: prune_replay(double precision, integer); Type: FUNCTION; Schema: ops; Owner: -
+--
+
+CREATE FUNCTION ops.prune_replay(p_retention_s double precision, p_limit integer) RETURNS TABLE(runs integer, refusals integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_cutoff timestamptz;
+    v_runs integer;
+    v_refusals integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        RAISE EXCEPTION 'ops.prune_replay: a batch holds 1 to 10000 rows, not %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_retention_s IS NULL OR NOT (p_retention_s >= 0 AND p_retention_s < 'infinity') THEN
+        RAISE EXCEPTION 'ops.prune_replay: retention % s', p_retention_s
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_cutoff := now() - make_interval(secs => p_retention_s);
+    DELETE FROM ops.replay_refusals f
+    WHERE f.id IN (
+        SELECT x.id FROM ops.replay_runs r JOIN ops.replay_refusals x ON x.run_id = r.run_id
+        WHERE coalesce(r.finished_at, r.started_at) < v_cutoff
+        ORDER BY r.run_id
+        LIMIT p_limit
+    );
+    GET DIAGNOSTICS v_refusals = ROW_COUNT;
+    DELETE FROM ops.replay_runs r
+    WHERE r.run_id IN (
+        SELECT e.run_id FROM ops.replay_runs e
+        WHERE coalesce(e.finished_at, e.started_at) < v_cutoff
+          AND NOT EXISTS (SELECT 1 FROM ops.replay_refusals x WHERE x.run_id = e.run_id)
+        ORDER BY e.run_id
+        LIMIT p_limit
+    );
+    GET DIAGNOSTICS v_runs = ROW_COUNT;
+    RETURN QUERY SELECT v_runs, v_refusals;
+END $$;
+
+--
+-- Name: FUNCTION prune_replay(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: ops; Owner: -
+--
+
+COMMENT ON FUNCTION ops.prune_replay(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of the replay ledger older than the retention (0041): refusals of expired runs, then expired runs left with none; (runs, refusals)';
+
+--
+-- Name: replay_refusal_count(); Type: FUNCTION; Schema: ops; Owner: -
+--
+
+CREATE FUNCTION ops.replay_refusal_count() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO ops.replay_refusal_totals AS t (workflow, reason, refusals)
+    VALUES (NEW.workflow, NEW.reason, 1)
+    ON CONFLICT (workflow, reason) DO UPDATE SET refusals = t.refusals + 1;
+    RETURN NULL;
+END $$;
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
+
+--
+-- Name: replay_refusal_totals; Type: TABLE; Schema: ops; Owner: -
+--
+
+CREATE TABLE ops.replay_refusal_totals (
+    workflow text NOT NULL,
+    reason text NOT NULL,
+    refusals bigint NOT NULL,
+    CONSTRAINT replay_refusal_totals_refusals_check CHECK ((refusals >= 0))
+);
+
+--
+-- Name: TABLE replay_refusal_totals; Type: COMMENT; Schema: ops; Owner: -
+--
+
+COMMENT ON TABLE ops.replay_refusal_totals IS 'Replay refusals ever recorded, by workflow and reason (0041): kept by a trigger on ops.replay_refusals, never decreased by its retention';
 
 --
 -- Name: replay_refusals; Type: TABLE; Schema: ops; Owner: -
@@ -94,6 +174,13 @@ ALTER TABLE ops.replay_runs ALTER COLUMN run_id ADD GENERATED ALWAYS AS IDENTITY
 );
 
 --
+-- Name: replay_refusal_totals replay_refusal_totals_pkey; Type: CONSTRAINT; Schema: ops; Owner: -
+--
+
+ALTER TABLE ONLY ops.replay_refusal_totals
+    ADD CONSTRAINT replay_refusal_totals_pkey PRIMARY KEY (workflow, reason);
+
+--
 -- Name: replay_refusals replay_refusals_pkey; Type: CONSTRAINT; Schema: ops; Owner: -
 --
 
@@ -114,11 +201,23 @@ ALTER TABLE ONLY ops.replay_runs
 CREATE INDEX replay_refusals_run_idx ON ops.replay_refusals USING btree (run_id);
 
 --
+-- Name: replay_refusals replay_refusals_count; Type: TRIGGER; Schema: ops; Owner: -
+--
+
+CREATE TRIGGER replay_refusals_count AFTER INSERT ON ops.replay_refusals FOR EACH ROW EXECUTE FUNCTION ops.replay_refusal_count();
+
+--
 -- Name: replay_refusals replay_refusals_run_id_fkey; Type: FK CONSTRAINT; Schema: ops; Owner: -
 --
 
 ALTER TABLE ONLY ops.replay_refusals
     ADD CONSTRAINT replay_refusals_run_id_fkey FOREIGN KEY (run_id) REFERENCES ops.replay_runs(run_id);
+
+--
+-- Name: FUNCTION replay_refusal_count(); Type: ACL; Schema: ops; Owner: -
+--
+
+REVOKE ALL ON FUNCTION ops.replay_refusal_count() FROM PUBLIC;
 
 --
 --

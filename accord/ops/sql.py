@@ -146,11 +146,11 @@ ORDER BY w.workflow
 # accord.relay.outbox.figures / held_by_reason and accord.consumers.inbox.delivery_counts /
 # accord.consumers.poison.poison_counts.
 
-# Replay refusals by workflow and typed reason (the ledger only grows: a counter).
+# Replay refusals ever recorded, by workflow and typed reason: a counter, kept by a trigger
+# that the ledger's retention leaves alone (0041).
 REPLAY_REFUSALS = """
-SELECT workflow, reason, count(*)::bigint AS refusals
-FROM ops.replay_refusals
-GROUP BY workflow, reason
+SELECT workflow, reason, refusals
+FROM ops.replay_refusal_totals
 ORDER BY workflow, reason
 """
 
@@ -182,6 +182,9 @@ LEAVE_PROJECTION_ROLE = "SET LOCAL ROLE NONE"
 
 # Who this transaction runs as now (a handler must not have left the projection principal).
 CURRENT_ROLE = "SELECT current_user::text"
+
+# One batch of the replay ledger's retention ($1 seconds, at most $2 rows): (runs, refusals).
+PRUNE_REPLAY = "SELECT runs, refusals FROM ops.prune_replay($1, $2)"
 
 # Open a replay run; returns its id.
 START_RUN = "INSERT INTO ops.replay_runs (workflow, since) VALUES ($1, $2) RETURNING run_id"

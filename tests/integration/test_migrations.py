@@ -321,3 +321,30 @@ async def test_0038_parks_the_jobs_refused_while_their_class_stays_disabled(
         assert len(await store.claim("w", "o", lease_s=60, limit=5)) == 1
     finally:
         await conn.close()
+
+
+async def test_0041_carries_the_refusals_recorded_before_it_into_the_totals(
+    empty_pg_dsn: str,
+) -> None:
+    """A database at 0040 whose ledger holds 2 refusals of one run: 0041's totals start at 2,
+    and a refusal recorded after the upgrade counts on from there."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=40)
+        run_id = await conn.fetchval(
+            "INSERT INTO ops.replay_runs (workflow, since) VALUES ('p', now()) RETURNING run_id"
+        )
+        refusal = (
+            "INSERT INTO ops.replay_refusals (run_id, workflow, tenant, operation_id, event_id,"
+            " event_type, outbox_id, reason, sqlstate, message) VALUES ($1, 'p', 'acme', $2,"
+            " gen_random_uuid(), 't', 1, 'insufficient_privilege', '42501', 'm')"
+        )
+        for op in ("a", "b"):
+            await conn.execute(refusal, run_id, op)
+        await migrate.migrate(conn)
+        totals = "SELECT refusals FROM ops.replay_refusal_totals WHERE workflow = 'p'"
+        assert await conn.fetchval(totals) == 2
+        await conn.execute(refusal, run_id, "c")
+        assert await conn.fetchval(totals) == 3
+    finally:
+        await conn.close()

@@ -242,6 +242,7 @@ EXPECTED: dict[str, set[str]] = {
         "families",
         "install_span_metrics",
         "parse_since",
+        "prune_ledger",
         "render_table",
         "replay",
         "resolve_since",

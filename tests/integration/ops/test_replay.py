@@ -30,6 +30,7 @@ from accord.ops import (
     UnknownProjection,
     collect_status,
     install_span_metrics,
+    prune_ledger,
     replay,
     serve_metrics,
 )
@@ -212,6 +213,9 @@ COUNTS = (
 )
 
 
+PRUNE_ONE = "SELECT runs, refusals FROM ops.prune_replay($1, $2)"
+
+
 def greedy(attempt: Callable[[Any, Event], Awaitable[None]], every: int) -> Projection:
     """The demo projection whose handler also tries ``attempt`` on every ``every``-th event."""
     honest = demo_app.projection_of(REPORT_PROJECTION)
@@ -312,3 +316,63 @@ async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.C
     assert "ReplayWindowExceeded" in too_old.stderr
     with pytest.raises(UnknownProjection):
         demo_app.projection_of("report")
+
+
+async def test_the_replay_ledger_is_bounded_and_its_counter_never_goes_back(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """Two replays refused 3 events each; the first one ended 100 days ago. The ledger's
+    retention (90 days, batches of 2) removes the old run and its 3 refusals and keeps the
+    recent run's (control: the recent run is inside the retention). The refusal counter that
+    status and /metrics read stays at 6: its totals are kept apart (0041). A run in progress
+    is never taken: a run that began long ago and never ended is."""
+    batch = [published(n) for n in range(12)]
+    await mark_published(pg, batch)
+    old = await do_replay(pg_dsn, greedy(forbidden_submit, every=4), rebuild=True)
+    recent = await do_replay(pg_dsn, greedy(forbidden_submit, every=4), rebuild=True)
+    assert (old.refused, recent.refused) == (3, 3)
+    await pg.execute(
+        "UPDATE ops.replay_runs SET started_at = started_at - interval '100 days',"
+        " finished_at = finished_at - interval '100 days' WHERE run_id = $1",
+        old.run_id,
+    )
+    dead = await pg.fetchval(
+        "INSERT INTO ops.replay_runs (workflow, since, started_at) VALUES ($1, now(),"
+        " now() - interval '100 days') RETURNING run_id",
+        REPORT_PROJECTION,
+    )
+    running = await pg.fetchval(
+        "INSERT INTO ops.replay_runs (workflow, since) VALUES ($1, now()) RETURNING run_id",
+        REPORT_PROJECTION,
+    )
+    ninety_days = 90 * 86400.0
+    # bounded: 2 of the old run's 3 refusals, and the dead run (it has none)
+    assert tuple(await pg.fetchrow(PRUNE_ONE, ninety_days, 2)) == (1, 2)
+    assert await prune_ledger(pg, retention_s=ninety_days, batch=2) == (1, 1)
+    assert await prune_ledger(pg, retention_s=ninety_days, batch=2) == (0, 0)
+    runs = {r["run_id"] for r in await pg.fetch("SELECT run_id FROM ops.replay_runs")}
+    assert runs == {recent.run_id, running}  # not old, not dead
+    assert await pg.fetchval("SELECT count(*) FROM ops.replay_refusals") == 3
+    report = await collect_status(pg)
+    assert [(x.workflow, x.refusals) for x in report.replay_refusals] == [(REPORT_PROJECTION, 6)]
+    assert dead not in runs
+    with pytest.raises(asyncpg.InvalidParameterValueError):
+        await pg.fetchrow(PRUNE_ONE, ninety_days, 0)
+
+
+async def test_accord_replay_prunes_the_ledger_it_writes(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """The ledger's one writer prunes it at its start: a run that ended 100 days ago is gone
+    after `accord replay`, the run it just made is kept."""
+    await mark_published(pg, [published(1)])
+    old = await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION))
+    await pg.execute(
+        "UPDATE ops.replay_runs SET started_at = now() - interval '100 days',"
+        " finished_at = now() - interval '100 days'"
+    )
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h")
+    assert done.returncode == 0, done.stderr
+    assert "replay ledger: removed 1 runs and 0 refused events" in done.stdout
+    runs = [r["run_id"] for r in await pg.fetch("SELECT run_id FROM ops.replay_runs")]
+    assert len(runs) == 1 and old.run_id not in runs
