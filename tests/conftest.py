@@ -185,10 +185,9 @@ class BrokerNames:
         return full
 
 
-@pytest.fixture
-async def broker_names(amqp_url: str) -> AsyncIterator[BrokerNames]:
-    names = BrokerNames(prefix=unique("t"))
-    yield names
+async def delete_broker_names(amqp_url: str, names: BrokerNames) -> None:
+    """Delete the queues, then the exchanges, ``names`` holds (each on a channel of its own:
+    a missing one closes its channel, never the rest)."""
     conn = await aio_pika.connect(amqp_url)
     try:
         for queue in names.queues:
@@ -201,3 +200,10 @@ async def broker_names(amqp_url: str) -> AsyncIterator[BrokerNames]:
             await channel.close()
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def broker_names(amqp_url: str) -> AsyncIterator[BrokerNames]:
+    names = BrokerNames(prefix=unique("t"))
+    yield names
+    await delete_broker_names(amqp_url, names)

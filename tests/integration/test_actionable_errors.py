@@ -37,7 +37,7 @@ from accord.jobs.runner.journal_records import Claim
 from accord.schemas import topology
 from accord.schemas.db import DB_CONNECTION_LOST, connect
 from accord.schemas.errors import ServiceUnavailable
-from tests.conftest import BrokerNames
+from tests.conftest import BrokerNames, delete_broker_names
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "accord.demo:app"
@@ -302,12 +302,22 @@ def test_an_unknown_vhost_stops_the_relay_and_the_consumer(pg_dsn: str, amqp_url
         assert "rabbitmqctl add_vhost" in line and "at='127.0.0.1:" in line
 
 
+@pytest.fixture
+def demo_names(amqp_url: str) -> Iterator[str]:
+    """A topology prefix of this test's own; the demo topology a process declared under it
+    is deleted afterwards (a sync test's broker_names)."""
+    names = BrokerNames(prefix=f"t{uuid.uuid4().hex[:10]}")
+    yield names.prefix
+    names.exchanges, names.queues = (list(n) for n in demo_topology(names.prefix).names())
+    asyncio.run(delete_broker_names(amqp_url, names))
+
+
 def test_a_refused_broker_login_stops_the_consumer_within_seconds(
-    pg_dsn: str, amqp_url: str
+    pg_dsn: str, amqp_url: str, demo_names: str
 ) -> None:
     """Control first: with the right password the consumer serves (SIGTERM ends it, 0)."""
     env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": amqp_url, "ACCORD_CONSUMER_TENANTS": "*",
-           "ACCORD_TOPOLOGY_PREFIX": f"t{uuid.uuid4().hex[:10]}"}  # fmt: skip
+           "ACCORD_TOPOLOGY_PREFIX": demo_names}  # fmt: skip
     with _start("consume", "--workflow", "report", **env) as good:
         try:
             _wait_for_line(good, "consumer ready", within=30)
