@@ -104,20 +104,12 @@ CREATE FUNCTION spec.finish_effect(h text, k text, o text) RETURNS text LANGUAGE
     FROM spec.leases l WHERE l.holder = h
 $$;
 
--- Give h's job up (jobs.fail, retry, no backoff): its new state or the refusal.
-CREATE FUNCTION spec.fail(h text) RETURNS text LANGUAGE sql AS $$
+-- Give h's job up for reason e (jobs.fail, retry, no backoff): its new state or the refusal.
+-- 'effects_disabled' is the worker's when jobs.begin_effect refused for disabled effects.
+CREATE FUNCTION spec.fail(h text, e text DEFAULT 'gave up') RETURNS text LANGUAGE sql AS $$
     SELECT coalesce(r.status, r.state) FROM spec.leases l,
         jobs.fail(l.job_id, l.tenant, l.workflow, l.operation_id, l.owner, l.attempt_id,
-                  l.generation, l.epoch, 'gave up', true, 0, 0) r
-    WHERE l.holder = h
-$$;
-
--- h's job refused for effects_disabled, as the worker gives it up when jobs.begin_effect
--- refuses (jobs.fail, retry, no backoff): its new state or the refusal.
-CREATE FUNCTION spec.refuse(h text) RETURNS text LANGUAGE sql AS $$
-    SELECT coalesce(r.status, r.state) FROM spec.leases l,
-        jobs.fail(l.job_id, l.tenant, l.workflow, l.operation_id, l.owner, l.attempt_id,
-                  l.generation, l.epoch, 'effects_disabled', true, 0, 0) r
+                  l.generation, l.epoch, e, true, 0, 0) r
     WHERE l.holder = h
 $$;
 
