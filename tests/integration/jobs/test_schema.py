@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -548,6 +549,38 @@ async def test_a_freeze_and_a_thaw_read_live_work_not_history(pg: asyncpg.Connec
     assert "Seq Scan on jobs" in control and any(n >= 20000 for n in filtered_out(control))
 
 
+async def waits_for(
+    pg_dsn: str,
+    hold: Callable[[asyncpg.Connection], Awaitable[object]],
+    then: Callable[[], Awaitable[object]],
+) -> bool:
+    """Whether ``then()``, started while another connection's transaction that ran ``hold``
+    is open, waits for that transaction (it has not returned 0.3 s later); both finish."""
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        async with other.transaction():
+            await hold(other)
+            task = asyncio.ensure_future(then())
+            await asyncio.sleep(0.3)
+            waited = not task.done()
+        await task
+    finally:
+        await other.close()
+    return waited
+
+
+async def redefine_without(
+    pg: asyncpg.Connection, function: str, lock: str, unlocked: str, absent: str
+) -> None:
+    """A race's control: ``function`` redefined with its ``lock`` text replaced by
+    ``unlocked`` (``absent`` no longer in it)."""
+    definition = await pg.fetchval(
+        "SELECT replace(pg_get_functiondef($1::regproc), $2, $3)", function, lock, unlocked
+    )
+    assert absent not in definition
+    await pg.execute(definition)
+
+
 async def test_a_thaw_clears_the_flag_of_a_job_submitted_while_it_waited(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
@@ -562,26 +595,20 @@ async def test_a_thaw_clears_the_flag_of_a_job_submitted_while_it_waited(
     async def race(operation_id: str) -> tuple[bool, bool]:
         """(the thaw waited for the submit, the job was claimed afterwards)."""
         await store.freeze("acme")
-        submitter = await asyncpg.connect(pg_dsn)
-        try:
-            async with submitter.transaction():
-                await submitter.fetch(sql.SUBMIT, "acme", "w", operation_id, "d", "{}", 5)
-                thaw = asyncio.ensure_future(store.unfreeze("acme"))
-                await asyncio.sleep(0.3)
-                waited = not thaw.done()
-            await thaw
-        finally:
-            await submitter.close()
+        waited = await waits_for(
+            pg_dsn,
+            lambda submitter: submitter.fetch(sql.SUBMIT, "acme", "w", operation_id, "d", "{}", 5),
+            lambda: store.unfreeze("acme"),
+        )
         leases = await store.claim("w", "o", lease_s=60, limit=5)
         return waited, [lease.operation_id for lease in leases] == [operation_id]
 
     assert await race("locked") == (True, True)
-    unlocked = await pg.fetchval(
-        "SELECT replace(pg_get_functiondef('jobs.tenant_frozen_sync'::regproc),"
-        " 'PERFORM 1 FROM jobs.tenants t WHERE t.tenant = NEW.tenant FOR UPDATE;', '')"
-    )
-    assert "FOR UPDATE" not in unlocked
-    await pg.execute(unlocked)
+    await redefine_without(
+        pg, "jobs.tenant_frozen_sync",
+        "PERFORM 1 FROM jobs.tenants t WHERE t.tenant = NEW.tenant FOR UPDATE;", "",
+        absent="FOR UPDATE",
+    )  # fmt: skip
     assert await race("unlocked") == (False, False)
     assert await pg.fetchval(
         "SELECT tenant_frozen FROM jobs.jobs WHERE operation_id = 'unlocked'"
@@ -712,28 +739,20 @@ async def test_an_enabling_brings_back_a_job_refused_while_it_waited(
         async with pg.transaction():
             await pg.fetch(sql.SUBMIT, "acme", "w", operation_id, "d", "{}", 5)
         [lease] = await store.claim("w", "o", lease_s=60, limit=5)
-        worker = await asyncpg.connect(pg_dsn)
-        try:
-            async with worker.transaction():
-                await Store(worker).fail(lease, "effects_disabled", retry=True)
-                enable = asyncio.ensure_future(
-                    store.register_workflow("w", "o", effects_enabled=True)
-                )
-                await asyncio.sleep(0.3)
-                waited = not enable.done()
-            await enable
-        finally:
-            await worker.close()
+        waited = await waits_for(
+            pg_dsn,
+            lambda worker: Store(worker).fail(lease, "effects_disabled", retry=True),
+            lambda: store.register_workflow("w", "o", effects_enabled=True),
+        )
         leases = await store.claim("w", "o", lease_s=60, limit=5)
         return waited, [lease.operation_id for lease in leases] == [operation_id]
 
     assert await race("locked") == (True, True)
-    unlocked = await pg.fetchval(
-        "SELECT replace(pg_get_functiondef('jobs.fail'::regproc),"
-        " 'WHERE w.workflow = p_workflow FOR SHARE', 'WHERE w.workflow = p_workflow')"
-    )
-    assert "FOR SHARE" not in unlocked
-    await pg.execute(unlocked)
+    await redefine_without(
+        pg, "jobs.fail",
+        "WHERE w.workflow = p_workflow FOR SHARE", "WHERE w.workflow = p_workflow",
+        absent="FOR SHARE",
+    )  # fmt: skip
     assert await race("unlocked") == (False, False)
     assert await pg.fetchval(
         "SELECT run_after = 'infinity' FROM jobs.jobs WHERE operation_id = 'unlocked'"
