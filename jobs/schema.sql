@@ -34,6 +34,20 @@ BEGIN
 END $$;
 
 --
+-- Name: audit_guard(); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.audit_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND jobs.pruning() THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+
+--
 -- Name: authority_hold(text, bigint); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -526,6 +540,7 @@ DECLARE
     v_effects integer := 0;
     v_results integer := 0;
     v_audit integer := 0;
+    v_rows integer;
     v_consumer text;
     v_horizon double precision;
     v_refs text;
@@ -598,6 +613,35 @@ BEGIN
         GET DIAGNOSTICS v_jobs = ROW_COUNT;
         DELETE FROM jobs.operations o WHERE o.job_id = ANY (v_ids);
     END IF;
+    -- The audit tables share the batch's budget of p_limit rows (0042). Resolved restore
+    -- records past the audit retention first (an open one holds its tenant and stays, whatever
+    -- its age): the repair audit rows they name may then follow in the same batch.
+    WITH doomed AS (
+        SELECT a.restore_id FROM jobs.authority_restores a
+        WHERE a.resolved_at < now() - make_interval(secs => p_audit_retention_s)
+        ORDER BY a.resolved_at, a.restore_id
+        LIMIT p_limit
+        FOR UPDATE OF a SKIP LOCKED
+    ), gone AS (
+        DELETE FROM jobs.authority_restores a USING doomed d WHERE a.restore_id = d.restore_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_rows FROM gone;
+    v_audit := v_rows;
+    -- Registration audit rows past the audit retention, but never a class's newest: it names
+    -- who registered the owner and effects flag in force, however long ago (0042).
+    WITH doomed AS (
+        SELECT a.audit_id FROM jobs.registration_audit a
+        WHERE a.at < now() - make_interval(secs => p_audit_retention_s)
+          AND EXISTS (SELECT 1 FROM jobs.registration_audit later
+                      WHERE later.workflow = a.workflow AND later.audit_id > a.audit_id)
+        ORDER BY a.at, a.audit_id
+        LIMIT p_limit - v_audit
+        FOR UPDATE OF a SKIP LOCKED
+    ), gone AS (
+        DELETE FROM jobs.registration_audit a USING doomed d WHERE a.audit_id = d.audit_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_rows FROM gone;
+    v_audit := v_audit + v_rows;
     -- Repair audit rows past their own retention, once their job is gone (a job still kept
     -- keeps its repair history) and unless a restore record names them.
     WITH doomed AS (
@@ -608,12 +652,13 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
                           WHERE r.resolved_audit = a.audit_id)
         ORDER BY a.at, a.audit_id
-        LIMIT p_limit
+        LIMIT p_limit - v_audit
         FOR UPDATE OF a SKIP LOCKED
     ), gone AS (
         DELETE FROM jobs.repair_audit a USING doomed d WHERE a.audit_id = d.audit_id
         RETURNING 1
-    ) SELECT count(*) INTO v_audit FROM gone;
+    ) SELECT count(*) INTO v_rows FROM gone;
+    v_audit := v_audit + v_rows;
     PERFORM set_config('accord.prune', '', true);
     -- Another schema's deferred foreign key to a removed job fails here, by name: the
     -- deferrable references to jobs.jobs are checked now, then set back to their declared
@@ -637,7 +682,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest) and of repair audit rows older than the audit retention, oldest first; counts per table (0031)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest), and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone), oldest first; counts per table (0031, 0042)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
@@ -738,20 +783,6 @@ BEGIN
     SET resolved_at = now(), resolved_epoch = p_new_epoch, resolved_audit = v_audit
     WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
     RETURN QUERY SELECT NULL::text, p_new_epoch, v_audit;
-END $$;
-
---
--- Name: repair_audit_guard(); Type: FUNCTION; Schema: jobs; Owner: -
---
-
-CREATE FUNCTION jobs.repair_audit_guard() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF TG_OP = 'DELETE' AND jobs.pruning() THEN
-        RETURN OLD;
-    END IF;
-    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'integrity_constraint_violation';
 END $$;
 
 --
@@ -1798,6 +1829,12 @@ ALTER TABLE ONLY jobs.workflows
 CREATE UNIQUE INDEX authority_restores_open_idx ON jobs.authority_restores USING btree (tenant) WHERE (resolved_at IS NULL);
 
 --
+-- Name: authority_restores_resolved_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX authority_restores_resolved_idx ON jobs.authority_restores USING btree (resolved_at, restore_id) WHERE (resolved_at IS NOT NULL);
+
+--
 -- Name: effects_job_unresolved_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 
@@ -1852,6 +1889,12 @@ CREATE INDEX jobs_running_idx ON jobs.jobs USING btree (lease_expires_at) WHERE 
 CREATE INDEX jobs_tenant_frozen_idx ON jobs.jobs USING btree (tenant) WHERE tenant_frozen;
 
 --
+-- Name: registration_audit_at_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX registration_audit_at_idx ON jobs.registration_audit USING btree (at, audit_id);
+
+--
 -- Name: registration_audit_workflow_idx; Type: INDEX; Schema: jobs; Owner: -
 --
 
@@ -1885,7 +1928,7 @@ CREATE TRIGGER effects_guard BEFORE DELETE OR UPDATE ON jobs.effects FOR EACH RO
 -- Name: registration_audit registration_audit_append_only; Type: TRIGGER; Schema: jobs; Owner: -
 --
 
-CREATE TRIGGER registration_audit_append_only BEFORE DELETE OR UPDATE ON jobs.registration_audit FOR EACH ROW EXECUTE FUNCTION jobs.append_only();
+CREATE TRIGGER registration_audit_append_only BEFORE DELETE OR UPDATE ON jobs.registration_audit FOR EACH ROW EXECUTE FUNCTION jobs.audit_guard();
 
 --
 -- Name: registration_audit registration_audit_no_truncate; Type: TRIGGER; Schema: jobs; Owner: -
@@ -1897,7 +1940,7 @@ CREATE TRIGGER registration_audit_no_truncate BEFORE TRUNCATE ON jobs.registrati
 -- Name: repair_audit repair_audit_append_only; Type: TRIGGER; Schema: jobs; Owner: -
 --
 
-CREATE TRIGGER repair_audit_append_only BEFORE DELETE OR UPDATE ON jobs.repair_audit FOR EACH ROW EXECUTE FUNCTION jobs.repair_audit_guard();
+CREATE TRIGGER repair_audit_append_only BEFORE DELETE OR UPDATE ON jobs.repair_audit FOR EACH ROW EXECUTE FUNCTION jobs.audit_guard();
 
 --
 -- Name: repair_audit repair_audit_no_truncate; Type: TRIGGER; Schema: jobs; Owner: -
@@ -1986,6 +2029,12 @@ GRANT USAGE ON SCHEMA jobs TO accord_consumer;
 --
 
 REVOKE ALL ON FUNCTION jobs.append_only() FROM PUBLIC;
+
+--
+-- Name: FUNCTION audit_guard(); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.audit_guard() FROM PUBLIC;
 
 --
 -- Name: FUNCTION authority_hold(p_tenant text, p_ledger_epoch bigint); Type: ACL; Schema: jobs; Owner: -
@@ -2139,12 +2188,6 @@ GRANT ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow text
 
 REVOKE ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) TO accord_repair;
-
---
--- Name: FUNCTION repair_audit_guard(); Type: ACL; Schema: jobs; Owner: -
---
-
-REVOKE ALL ON FUNCTION jobs.repair_audit_guard() FROM PUBLIC;
 
 --
 -- Name: FUNCTION repair_audit_row(p_action text, p_who text, p_tenant text, p_job_id bigint, p_effect_key text, p_seq integer, p_outcome text, p_evidence text, p_detail jsonb); Type: ACL; Schema: jobs; Owner: -

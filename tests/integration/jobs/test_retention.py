@@ -370,6 +370,70 @@ async def test_repair_audit_rows_leave_after_their_own_retention_once_their_job_
     assert old_epoch not in left
 
 
+async def test_restore_records_and_registrations_leave_after_the_audit_retention(
+    jobs: Jobs,
+) -> None:
+    """0042: a resolved restore record past the audit retention leaves, and the repair audit
+    row it named with it; an open one never does. A registration audit row past it leaves
+    unless it is its class's newest (who set the registration in force)."""
+    register = (
+        "INSERT INTO jobs.registration_audit (action, workflow, owner, effects_enabled, who, at)"
+        " VALUES ('register', $1, 'w', true, 'ops', now() - make_interval(secs => $2))"
+        " RETURNING audit_id"
+    )
+    old, young = AUDIT_S + 60, AUDIT_S - 60
+    fixture = {r[0] for r in await jobs.pool.fetch("SELECT audit_id FROM jobs.registration_audit")}
+    superseded = [await jobs.pool.fetchval(register, "a", old) for _ in range(2)]
+    in_force_young = await jobs.pool.fetchval(register, "a", young)
+    in_force_alone = await jobs.pool.fetchval(register, "b", old)
+    superseded.append(await jobs.pool.fetchval(register, "c", old))
+    in_force_old = await jobs.pool.fetchval(register, "c", old)
+
+    audit = (
+        "INSERT INTO jobs.repair_audit (action, who, db_user, db_role, tenant, outcome, evidence,"
+        " at) VALUES ('advance_epoch', 'ops', 'u', 'r', $1, 'ok', 'ticket',"
+        " now() - make_interval(secs => $2)) RETURNING audit_id"
+    )
+    restore = (
+        "INSERT INTO jobs.authority_restores (tenant, db_epoch, ledger_epoch, detected_by,"
+        " detected_at, resolved_at, resolved_epoch, resolved_audit) VALUES ($1, 1, 2, 'test',"
+        " now() - make_interval(secs => $2), now() - make_interval(secs => $3),"
+        " CASE WHEN $3 IS NOT NULL THEN 3 END, $4) RETURNING restore_id"
+    )
+    await jobs.pool.execute(
+        "INSERT INTO jobs.tenants (tenant) VALUES ($1), ('other') ON CONFLICT DO NOTHING", TENANT
+    )
+    named_old, named_young = [await jobs.pool.fetchval(audit, TENANT, old) for _ in range(2)]
+    resolved_old = await jobs.pool.fetchval(restore, TENANT, old, old, named_old)
+    resolved_young = await jobs.pool.fetchval(restore, TENANT, old, young, named_young)
+    still_open = await jobs.pool.fetchval(restore, "other", LONG_AGO_S, None, None)
+
+    # control: both are closed to every other writer, their owner included
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+        await jobs.pool.execute(
+            "DELETE FROM jobs.registration_audit WHERE audit_id = $1", superseded[0]
+        )
+
+    # One budget for the three audit tables: a batch of 2 takes the oldest restore record
+    # and one registration row, and says it was full.
+    first = await prune(jobs.pool, limit=2)
+    assert first == Pruned(audit=2) and first.full(2)
+    assert await prune(jobs.pool) == Pruned(audit=3)  # two registrations, the named audit row
+    assert await prune(jobs.pool) == Pruned()
+
+    registrations = {
+        r[0] for r in await jobs.pool.fetch("SELECT audit_id FROM jobs.registration_audit")
+    }
+    assert registrations == fixture | {in_force_young, in_force_alone, in_force_old}
+    restores = {
+        r[0] for r in await jobs.pool.fetch("SELECT restore_id FROM jobs.authority_restores")
+    }
+    assert restores == {resolved_young, still_open}
+    assert resolved_old not in restores
+    repair = {r[0] for r in await jobs.pool.fetch("SELECT audit_id FROM jobs.repair_audit")}
+    assert repair == {named_young}
+
+
 async def test_settings_that_cannot_work_are_refused_before_any_row_is_read(jobs: Jobs) -> None:
     finished = await finish(jobs, "op", effect=None)
     await age(jobs.pool, finished, LONG_AGO_S)
