@@ -184,10 +184,16 @@ def next_steps(job: views.JobDetail, unknown: list[dict[str, Any]]) -> list[str]
 
 # -- rendering ------------------------------------------------------------------------------
 
+#: asyncpg reads PostgreSQL's infinite timestamps as naive ``datetime.max`` / ``min``: JSON says
+#: what they are, as PostgreSQL spells them, not a zoneless date in the year 9999.
+_INFINITIES = {datetime.max: "infinity", datetime.min: "-infinity"}
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, datetime) and value in _INFINITIES:
+        return _INFINITIES[value]
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if isinstance(value, float):

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -203,7 +204,8 @@ async def test_jobs_show_says_a_job_refused_for_disabled_effects_is_parked(
 ) -> None:
     """A job given up for effects_disabled while its class's effects are off is parked
     (run_after = 'infinity', 0038): `accord jobs show` says when it can run instead of a date
-    in the year 9999. Control: a job given up for another reason shows its backoff's date."""
+    in the year 9999, and its JSON says "infinity". Control: a job given up for another
+    reason shows its backoff's date, with its zone."""
     await store.register_workflow(WORKFLOW, DEFAULT_OWNER, effects_enabled=False)
     refused = await new_job(store, "report:refused")
     assert await store.fail(refused, "effects_disabled", retry=True) == "queued"
@@ -213,6 +215,10 @@ async def test_jobs_show_says_a_job_refused_for_disabled_effects_is_parked(
     assert shown.returncode == 0, shown.stderr
     assert "run after: never, parked until its class's effects are enabled" in shown.stdout
     assert "effects_disabled" in shown.stdout and "9999" not in shown.stdout
+    as_json = json.loads(accord(pg_dsn, "jobs", "show", str(refused.job_id), "--json").stdout)
+    assert as_json["run_after"] == "infinity"  # PostgreSQL's spelling, not a naive 9999 date
     control = accord(pg_dsn, "jobs", "show", str(other.job_id))
     assert control.returncode == 0, control.stderr
     assert "parked" not in control.stdout and "run after: 20" in control.stdout
+    control_json = json.loads(accord(pg_dsn, "jobs", "show", str(other.job_id), "--json").stdout)
+    assert datetime.fromisoformat(control_json["run_after"]).tzinfo is not None
