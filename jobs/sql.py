@@ -122,10 +122,17 @@ REGISTRATION_AUDIT = (
     " WHERE workflow = $1 ORDER BY audit_id"
 )
 
-# Open work of workflow $1 by state: anything but a finished job keeps its owner.
+# Open work of workflow $1 by state (states with none left out): anything but a finished job
+# keeps its owner. One part per live-work index (claimable, running, attention), so the count
+# reads the live jobs, never the finished history kept for the retention, while the caller
+# holds the class's registration row (and so its claims).
 OPEN_WORK = (
-    "SELECT state, count(*) AS n FROM jobs.jobs"
-    " WHERE workflow = $1 AND state IN ('queued', 'running', 'unknown', 'held') GROUP BY state"
+    "SELECT 'queued' AS state, count(*) AS n FROM jobs.jobs"
+    " WHERE workflow = $1 AND state = 'queued' HAVING count(*) > 0"
+    " UNION ALL SELECT 'running', count(*) FROM jobs.jobs"
+    " WHERE workflow = $1 AND state = 'running' HAVING count(*) > 0"
+    " UNION ALL SELECT state, count(*) FROM jobs.jobs"
+    " WHERE workflow = $1 AND state IN ('unknown', 'held') GROUP BY state"
 )
 
 # Revoke the running leases of workflow $1 (an owner transfer): rescue returns the work.
