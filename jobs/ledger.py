@@ -15,10 +15,19 @@ Two implementations of one small interface, run through one shared test suite:
   writer. A corrupt ledger is fatal (LedgerUnavailable): authority cannot be verified.
 * :class:`PgLedger` a table in a *separate* PostgreSQL database, for several hosts. Pointing
   it at the database it guards defeats it: a restore would roll the ledger back too.
+
+Both keep what they have read: a ledger is read whole once, then each read (the authority
+watch's, every few seconds in every worker) takes only the records appended since and folds
+them into the summary it kept. Records are never rewritten or removed, and the fold keeps
+each tenant's highest epoch in append order, so the summary is the one a whole read would
+give; a check's cost then follows the authority changes since the last one, not every change
+ever made (1.6 s of CPU per read at 100,000 records, read whole).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,7 +42,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accord.jobs import repair_sql
 from accord.jobs.errors import JournalError, JournalLocked, LedgerUnavailable
-from accord.jobs.framing import Journal, Tail, make_dirs, scan_journal
+from accord.jobs.framing import (
+    VERSION,
+    Journal,
+    JournalScan,
+    Tail,
+    make_dirs,
+    scan_bytes,
+    scan_frames,
+)
 from accord.schemas.db import connect
 from accord.schemas.errors import ServiceUnavailable
 
@@ -77,9 +94,12 @@ class LedgerEntry:
     at: datetime
 
 
-def summarize(records: Iterable[LedgerRecord]) -> dict[str, LedgerEntry]:
-    """Each tenant's highest epoch (the first record to reach it wins a tie)."""
-    entries: dict[str, LedgerEntry] = {}
+def summarize(
+    records: Iterable[LedgerRecord], entries: dict[str, LedgerEntry] | None = None
+) -> dict[str, LedgerEntry]:
+    """Each tenant's highest epoch (the first record to reach it wins a tie); with
+    ``entries``, the records are folded into that summary of the records before them."""
+    entries = {} if entries is None else entries
     for r in records:
         seen = entries.get(r.tenant)
         if seen is None or r.epoch > seen.epoch:
@@ -106,6 +126,19 @@ class Ledger(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class _Known:
+    """What a file ledger's reader has verified: the file (device, inode), where its verified
+    prefix ends, the bytes just before that end (the last frame, or the header), how many
+    records it holds, and their summary."""
+
+    file: tuple[int, int]
+    end: int
+    mark: bytes
+    count: int
+    entries: dict[str, LedgerEntry]
+
+
 class FileLedger:
     """The ledger as a runner-journal file on durable storage (one host)."""
 
@@ -113,6 +146,8 @@ class FileLedger:
         self.path = Path(path)
         self._lock_timeout_s = lock_timeout_s
         self._dir_made = False  # its directory made (and committed) once, not per append
+        self._known: _Known | None = None
+        self._reading = threading.Lock()  # reads run on worker threads
 
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
@@ -121,21 +156,83 @@ class FileLedger:
         await anyio.to_thread.run_sync(self.append_sync, *records)
 
     def records(self) -> list[LedgerRecord]:
-        """Every verified record, in append order (blocking; a torn tail is not a record)."""
-        if not self.path.exists():
-            return []
+        """Every verified record, in append order, read whole (blocking; a torn tail is not a
+        record)."""
         try:
-            scan = scan_journal(self.path)
-        except (OSError, JournalError) as exc:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
             raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
-        if scan.runner_id != LEDGER_ID:
+        return [self._parse(raw, i) for i, raw in enumerate(self._verified(data).records)]
+
+    def read_sync(self) -> dict[str, LedgerEntry]:
+        """Each tenant's highest epoch. The first read verifies the whole file; later ones
+        verify only the frames appended since, once the bytes before them are still the
+        frame (or header) they verified last: a file replaced or cut short is read whole
+        again. A damaged frame among the appended ones is judged as in a whole read (a torn
+        last append is not read yet; a corrupt ledger cannot be verified). Damage to records
+        verified earlier is found by the next whole read: a process's start, and every
+        append (the writer verifies the whole file under its lock)."""
+        with self._reading:
+            try:
+                with self.path.open("rb") as f:
+                    known = self._refresh(f)
+            except FileNotFoundError:
+                self._known = None
+                return {}
+            except OSError as exc:
+                raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+            return dict(known.entries)
+
+    def _refresh(self, f: Any) -> _Known:
+        st = os.fstat(f.fileno())
+        file, known = (st.st_dev, st.st_ino), self._known
+        if known is not None and known.file == file and st.st_size >= known.end:
+            if st.st_size == known.end:
+                return known
+            f.seek(known.end - len(known.mark))
+            data = f.read()
+            if data.startswith(known.mark):
+                self._fold(known, data[len(known.mark) :])
+                return known
+        f.seek(0)
+        data = f.read()
+        scan = self._verified(data)
+        last = scan.offsets[-1] if scan.records else 0
+        entries = summarize(self._parse(raw, i) for i, raw in enumerate(scan.records))
+        self._known = _Known(file, scan.end, data[last : scan.end], len(scan.records), entries)
+        return self._known
+
+    def _fold(self, known: _Known, appended: bytes) -> None:
+        """Verify the frames appended after ``known`` and fold their records into it."""
+        frames = scan_frames(appended)
+        if frames.tail is Tail.CORRUPT:
+            raise LedgerUnavailable(
+                "the ledger is corrupt", path=str(self.path), offset=known.end + frames.end
+            )
+        if not frames.records:
+            return
+        records = [self._parse(raw, known.count + i) for i, raw in enumerate(frames.records)]
+        summarize(records, known.entries)
+        known.mark = appended[frames.offsets[-1] : frames.end]
+        known.end += frames.end
+        known.count += len(records)
+
+    def _verified(self, data: bytes) -> JournalScan:
+        """The whole file's scan, refused unless it is an authority ledger's and not corrupt."""
+        try:
+            scan = scan_bytes(data)
+        except JournalError as exc:
+            raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+        if scan.runner_id != LEDGER_ID or scan.version != VERSION:
             raise LedgerUnavailable("not an authority ledger", path=str(self.path))
         if scan.tail is Tail.CORRUPT:
             raise LedgerUnavailable("the ledger is corrupt", path=str(self.path), offset=scan.end)
-        return [_parse(raw, f"{self.path}#{i}") for i, raw in enumerate(scan.records)]
+        return scan
 
-    def read_sync(self) -> dict[str, LedgerEntry]:
-        return summarize(self.records())
+    def _parse(self, raw: Mapping[str, Any], index: int) -> LedgerRecord:
+        return _parse(raw, f"{self.path}#{index}")
 
     def append_sync(self, *records: LedgerRecord) -> None:
         """Open under the exclusive lock (retrying while another writer holds it), repair a
@@ -169,11 +266,22 @@ class FileLedger:
             raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class _PgKnown:
+    """What a PostgreSQL ledger's reader has read: the highest seq, how many records, their
+    summary."""
+
+    seq: int
+    count: int
+    entries: dict[str, LedgerEntry]
+
+
 class PgLedger:
     """The ledger as an append-only table in a separate PostgreSQL database (several hosts)."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
+        self._known = _PgKnown(0, 0, {})
 
     async def ensure(self) -> None:
         """Create the ledger's schema and table if missing (idempotent)."""
@@ -184,15 +292,34 @@ class PgLedger:
             await conn.close()
 
     async def read(self) -> dict[str, LedgerEntry]:
+        """Each tenant's highest epoch, from the records after those read before. When the
+        ledger holds more records than were read plus those (one committed late, below the
+        highest seq read), or fewer, it is read whole again."""
         try:
             conn = await connect(self._dsn)
             try:
-                rows = await conn.fetch(repair_sql.LEDGER_READ)
+                known = self._known
+                after = await self._after(conn, known)
+                if after is None:
+                    known = _PgKnown(0, 0, {})
+                    after = await self._after(conn, known)
             finally:
                 await conn.close()
         except (ServiceUnavailable, asyncpg.PostgresError) as exc:
             raise LedgerUnavailable("the ledger database did not answer", detail=str(exc)) from exc
-        return summarize(_parse(dict(row), "ledger row") for row in rows)
+        if after:
+            records = [_parse(r, f"ledger row {r['seq']}") for r in after]
+            entries = summarize(records, dict(known.entries))
+            known = _PgKnown(after[-1]["seq"], known.count + len(after), entries)
+        self._known = known
+        return dict(known.entries)
+
+    @staticmethod
+    async def _after(conn: Any, known: _PgKnown) -> list[dict[str, Any]] | None:
+        """The records after ``known``, or None when they do not account for the ledger."""
+        rows = await conn.fetch(repair_sql.LEDGER_READ_AFTER, known.seq)
+        after = [dict(row) for row in rows if row["seq"] is not None]
+        return after if rows[0]["total"] == known.count + len(after) else None
 
     async def append(self, *records: LedgerRecord) -> None:
         rows = [(r.tenant, r.epoch, r.frozen, str(r.why), r.at, r.who, r.evidence) for r in records]

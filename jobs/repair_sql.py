@@ -90,10 +90,18 @@ CREATE OR REPLACE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON accord_
     FOR EACH ROW EXECUTE FUNCTION accord_ledger.append_only();
 """
 
-# Every ledger record, in append order.
-LEDGER_READ = (
-    "SELECT tenant, epoch, frozen, why, at, who, evidence FROM accord_ledger.records ORDER BY seq"
-)
+# The ledger's records after seq $1, in append order, each beside how many records the ledger
+# holds (one row with NULL fields when none is after $1): one statement, one snapshot, so a
+# reader that kept what it read can tell a record committed late below seq $1 (identity values
+# are taken in insert order, not commit order) from none.
+LEDGER_READ_AFTER = """
+WITH n AS (SELECT count(*) AS total FROM accord_ledger.records)
+SELECT n.total, r.seq, r.tenant, r.epoch, r.frozen, r.why, r.at, r.who, r.evidence
+FROM n LEFT JOIN LATERAL (
+    SELECT * FROM accord_ledger.records WHERE seq > $1
+) r ON true
+ORDER BY r.seq
+"""
 
 # Append one ledger record.
 LEDGER_APPEND = (

@@ -61,6 +61,7 @@ from accord.jobs.framing.format import (
     VERSION,
     VERSION_GROUPED,
     Defect,
+    Frames,
     JournalScan,
     Repair,
     Tail,
@@ -70,6 +71,7 @@ from accord.jobs.framing.format import (
     encode_payload,
     frame_payload,
     scan_bytes,
+    scan_frames,
 )
 
 __all__ = [
@@ -80,6 +82,7 @@ __all__ = [
     "VERSION",
     "VERSION_GROUPED",
     "Defect",
+    "Frames",
     "Journal",
     "JournalScan",
     "Repair",
@@ -93,6 +96,7 @@ __all__ = [
     "make_dirs",
     "quarantine_tail",
     "scan_bytes",
+    "scan_frames",
     "scan_journal",
     "truncate_journal",
 ]

@@ -314,6 +314,37 @@ def scan_bytes(data: bytes) -> JournalScan:
     return scan(pos, Tail.CLEAN, Defect.NONE)
 
 
+class Frames(NamedTuple):
+    """Version 1 frames verified after a prefix already verified (:func:`scan_frames`)."""
+
+    records: tuple[dict[str, Any], ...]
+    # Where each record's frame begins in ``data``.
+    offsets: tuple[int, ...]
+    # Bytes of ``data`` they take: the verified prefix now ends that much further on.
+    end: int
+    tail: Tail
+    defect: Defect
+
+
+def scan_frames(data: bytes) -> Frames:
+    """Verify ``data``, the bytes of a version 1 journal that follow a prefix already verified
+    (so it begins at a frame boundary), and classify what follows the frames that hold, as
+    :func:`scan_bytes` would classify it in the whole file: a reader that keeps what it
+    verified reads only what was appended since. Pure."""
+    pos = 0
+    records: list[dict[str, Any]] = []
+    offsets: list[int] = []
+    while pos < len(data):
+        defect, record, nxt = _read_frame(data, pos, False)
+        if record is None:
+            tail, defect = _tail(data, pos, defect, False)
+            return Frames(tuple(records), tuple(offsets), pos, tail, defect)
+        records.append(record)
+        offsets.append(pos)
+        pos = nxt
+    return Frames(tuple(records), tuple(offsets), pos, Tail.CLEAN, Defect.NONE)
+
+
 def head_size(version: int) -> int:
     """The bytes of a frame before its payload, in format ``version``."""
     return _head_size(version == VERSION_GROUPED)

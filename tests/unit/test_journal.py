@@ -258,6 +258,40 @@ def test_any_json_objects_round_trip(records: list[dict[str, Any]]) -> None:
     assert (scan.tail, scan.end) == (Tail.CLEAN, boundaries[-1])
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=8),
+    data=st.data(),
+)
+def test_frames_after_a_verified_prefix_read_as_the_whole_file_reads_them(
+    n: int, data: st.DataObject
+) -> None:
+    """A reader that kept a verified prefix (the file ledger's) verifies only what follows it
+    (``scan_frames``): the records, the end and the tail class are the whole scan's, whatever
+    damage follows (cut, zeroed, flipped bytes, junk appended)."""
+    image, boundaries = build(make_records(n))
+    damage = data.draw(st.sampled_from(["none", "cut", "zero", "flip", "junk"]))
+    body = bytearray(image)
+    if damage == "cut" and n:
+        body = body[: data.draw(st.integers(boundaries[0] + 1, len(body) - 1))]
+    elif damage in ("zero", "flip") and n:
+        at = data.draw(st.integers(boundaries[0], len(body) - 1))
+        body[at] = 0 if damage == "zero" else body[at] ^ 0xFF
+    elif damage == "junk":
+        body += data.draw(st.binary(min_size=1, max_size=40))
+    whole = scan_bytes(bytes(body))
+    kept = data.draw(st.integers(0, len(whole.records)))  # records a reader verified before
+    start = boundaries[kept]
+    frames = journal.scan_frames(bytes(body[start:]))
+    assert list(frames.records) == list(whole.records[kept:])
+    assert [start + at for at in frames.offsets] == list(whole.offsets[kept:])
+    assert (start + frames.end, frames.tail, frames.defect) == (
+        whole.end,
+        whole.tail,
+        whole.defect,
+    )
+
+
 @pytest.mark.timeout(60)
 def test_scan_stays_linear_in_the_journal_size() -> None:
     # A guard, not a benchmark: a per-frame look at the rest of the file (quadratic) took

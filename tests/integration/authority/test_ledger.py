@@ -122,3 +122,121 @@ async def test_a_ledger_whose_directory_cannot_be_made_is_unavailable(tmp_path: 
     (tmp_path / "state").unlink()
     await ledger.append(record("acme", 2))
     assert (await ledger.read())["acme"].epoch == 2
+
+
+def another(ledger: Ledger) -> Ledger:
+    """A second handle on the same ledger, as another process would open it."""
+    if isinstance(ledger, FileLedger):
+        return FileLedger(ledger.path)
+    assert isinstance(ledger, PgLedger)
+    return PgLedger(ledger._dsn)
+
+
+async def test_a_reader_that_kept_its_read_sees_every_later_append(any_ledger: Ledger) -> None:
+    """A reader keeps what it read and then takes only what was appended since: it gives what
+    a whole read gives, after each append by another writer (control: a fresh reader)."""
+    reader, writer = any_ledger, another(any_ledger)
+    assert await reader.read() == {}
+    await writer.append(record("acme", 1, LedgerWhy.OBSERVED), record("beta", 4))
+    first = await reader.read()
+    assert {t: e.epoch for t, e in first.items()} == {"acme": 1, "beta": 4}
+    await writer.append(record("acme", 3, LedgerWhy.RESTRICT))
+    await writer.append(record("beta", 2))  # lower: never lowers it
+    await writer.append(record("gamma", 1, LedgerWhy.OBSERVED))
+    kept = await reader.read()
+    assert kept == await another(any_ledger).read()  # the control: read whole
+    assert {t: (e.epoch, e.why) for t, e in kept.items()} == {
+        "acme": (3, LedgerWhy.RESTRICT),
+        "beta": (4, LedgerWhy.ROTATE),
+        "gamma": (1, LedgerWhy.OBSERVED),
+    }
+    assert await reader.read() == kept  # nothing appended: the same
+    first["acme"] = first["beta"]  # a caller's copy, not the reader's own
+    assert (await reader.read())["acme"].epoch == 3
+
+
+async def test_a_pg_record_committed_late_below_the_highest_read_is_not_missed(
+    empty_pg_dsn: str,
+) -> None:
+    """Identity values are taken in insert order, not commit order: a record inserted first
+    and committed after a later one has a lower seq than one already read. The reader sees it
+    (the ledger holds more records than it accounts for: it reads whole). Control: reading
+    only after the highest seq read misses it."""
+    reader = PgLedger(empty_pg_dsn)
+    await reader.ensure()
+    await reader.append(record("acme", 1, LedgerWhy.OBSERVED))
+    late = await asyncpg.connect(empty_pg_dsn)
+    try:
+        tx = late.transaction()
+        await tx.start()
+        await late.execute(
+            "INSERT INTO accord_ledger.records (tenant, epoch, frozen, why, at)"
+            " VALUES ('acme', 9, true, 'restrict', now())"
+        )
+        await PgLedger(empty_pg_dsn).append(record("beta", 2))  # a later seq, committed first
+        assert {t: e.epoch for t, e in (await reader.read()).items()} == {"acme": 1, "beta": 2}
+        highest = await late.fetchval("SELECT max(seq) FROM accord_ledger.records")
+        await tx.commit()
+        missed = await late.fetch("SELECT * FROM accord_ledger.records WHERE seq > $1", highest)
+        assert missed == []  # the control: after the highest seq read, nothing
+    finally:
+        await late.close()
+    assert (await reader.read())["acme"].epoch == 9
+
+
+async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replaced(
+    tmp_path: Path,
+) -> None:
+    """A kept reader verifies only the frames appended since its last read: a torn append in
+    flight is not read until it is whole, damage among the appended frames is refused as in
+    a whole read, and damage to frames it verified before is found by the next whole read (a
+    process's start, every append), not by it. A file replaced at the path (another inode, or
+    the same inode rewritten) is read whole again."""
+    writer = FileLedger(tmp_path / "ledger")
+    await writer.append(record("acme", 2), record("beta", 1))
+    reader = FileLedger(writer.path)
+    assert {t: e.epoch for t, e in (await reader.read()).items()} == {"acme": 2, "beta": 1}
+
+    # A torn append in flight: not read yet; the next append repairs it, and is read.
+    with writer.path.open("ab") as f:
+        f.write(b"\x40\x00\x00\x00\x12\x34")
+    assert (await reader.read())["acme"].epoch == 2
+    await writer.append(record("acme", 5))
+    assert (await reader.read())["acme"].epoch == 5
+
+    # Damage before the last frame it verified: a whole read refuses; the kept reader, which
+    # does not read it again, goes on, and sees the next append (made before the damage).
+    await writer.append(record("beta", 3))
+    data = bytearray(writer.path.read_bytes())
+    header = 8 + 2 + 2 + len(LEDGER_ID) + 4
+    data[header + 8 + 2] ^= 0xFF  # inside the first payload
+    writer.path.write_bytes(bytes(data))  # the same inode, rewritten
+    assert {t: e.epoch for t, e in (await reader.read()).items()} == {"acme": 5, "beta": 3}
+    with pytest.raises(LedgerUnavailable, match="corrupt"):
+        await FileLedger(writer.path).read()  # a process's start
+    with pytest.raises(LedgerUnavailable):
+        await writer.append(record("acme", 6))  # every append
+    data[header + 8 + 2] ^= 0xFF
+    writer.path.write_bytes(bytes(data))
+
+    # Damage among the appended frames: refused, as a whole read refuses it.
+    before = writer.path.stat().st_size
+    await writer.append(record("acme", 6), record("acme", 7))
+    whole = bytearray(writer.path.read_bytes())
+    good = bytes(whole)
+    whole[before + 8 + 2] ^= 0xFF  # inside the first of the two appended frames
+    writer.path.write_bytes(bytes(whole))
+    with pytest.raises(LedgerUnavailable, match="corrupt"):
+        await reader.read()
+    writer.path.write_bytes(good)
+    assert (await reader.read())["acme"].epoch == 7
+
+    # Replaced by another ledger: another inode, then the same inode rewritten longer.
+    other = FileLedger(tmp_path / "other")
+    await other.append(*(record(f"t{i}", 1) for i in range(20)))
+    other.path.replace(writer.path)
+    assert set(await reader.read()) == {f"t{i}" for i in range(20)}
+    third = FileLedger(tmp_path / "third")
+    await third.append(*(record(f"u{i}", 2) for i in range(40)))
+    writer.path.write_bytes(third.path.read_bytes())
+    assert set(await reader.read()) == {f"u{i}" for i in range(40)}
