@@ -91,13 +91,17 @@ CREATE OR REPLACE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON accord_
 """
 
 # The ledger's records after seq $1, in append order, each beside how many records the ledger
-# holds (one row with NULL fields when none is after $1): one statement, one snapshot, so a
-# reader that kept what it read can tell a record committed late below seq $1 (identity values
-# are taken in insert order, not commit order) from none.
+# holds and the record at seq $1 (one row with NULL fields when none is after $1): one
+# statement, one snapshot, so a reader that kept what it read can tell a record committed
+# late below seq $1 (identity values are taken in insert order, not commit order), or a
+# ledger whose seqs were reused (restored, truncated), from none.
 LEDGER_READ_AFTER = """
-WITH n AS (SELECT count(*) AS total FROM accord_ledger.records)
-SELECT n.total, r.seq, r.tenant, r.epoch, r.frozen, r.why, r.at, r.who, r.evidence
-FROM n LEFT JOIN LATERAL (
+WITH n AS (SELECT count(*) AS total FROM accord_ledger.records),
+     m AS (SELECT tenant AS mark_tenant, epoch AS mark_epoch, at AS mark_at
+           FROM accord_ledger.records WHERE seq = $1)
+SELECT n.total, m.mark_tenant, m.mark_epoch, m.mark_at,
+       r.seq, r.tenant, r.epoch, r.frozen, r.why, r.at, r.who, r.evidence
+FROM n LEFT JOIN m ON true LEFT JOIN LATERAL (
     SELECT * FROM accord_ledger.records WHERE seq > $1
 ) r ON true
 ORDER BY r.seq

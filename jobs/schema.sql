@@ -1913,6 +1913,12 @@ CREATE INDEX repair_audit_at_idx ON jobs.repair_audit USING btree (at, audit_id)
 CREATE INDEX repair_audit_job_idx ON jobs.repair_audit USING btree (job_id) WHERE (job_id IS NOT NULL);
 
 --
+-- Name: authority_restores authority_restores_pruned_only; Type: TRIGGER; Schema: jobs; Owner: -
+--
+
+CREATE TRIGGER authority_restores_pruned_only BEFORE DELETE ON jobs.authority_restores FOR EACH ROW EXECUTE FUNCTION jobs.audit_guard();
+
+--
 -- Name: effects effects_count; Type: TRIGGER; Schema: jobs; Owner: -
 --
 

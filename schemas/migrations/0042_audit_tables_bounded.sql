@@ -5,12 +5,16 @@
 -- resolved restore records (an open one holds its tenant: never), then registration audit
 -- rows that are not their class's newest (the newest names who set the registration in
 -- force). Each is read by an index of its age. The registration audit's guard lets only the
--- pruner delete, as the repair audit's does (one guard for both, renamed).
+-- pruner delete, as the repair audit's does (one guard for both, renamed); restore records,
+-- which had no guard, get the same for deletes (their updates are the detection's and the
+-- repair's).
 
 ALTER FUNCTION jobs.repair_audit_guard() RENAME TO audit_guard;
 
 DROP TRIGGER registration_audit_append_only ON jobs.registration_audit;
 CREATE TRIGGER registration_audit_append_only BEFORE DELETE OR UPDATE ON jobs.registration_audit
+    FOR EACH ROW EXECUTE FUNCTION jobs.audit_guard();
+CREATE TRIGGER authority_restores_pruned_only BEFORE DELETE ON jobs.authority_restores
     FOR EACH ROW EXECUTE FUNCTION jobs.audit_guard();
 
 CREATE INDEX registration_audit_at_idx ON jobs.registration_audit (at, audit_id);

@@ -190,8 +190,9 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     """A kept reader verifies only the frames appended since its last read: a torn append in
     flight is not read until it is whole, damage among the appended frames is refused as in
     a whole read, and damage to frames it verified before is found by the next whole read (a
-    process's start, every append), not by it. A file replaced at the path (another inode, or
-    the same inode rewritten) is read whole again."""
+    process's start, every append, its own every verify_every_s), not by a read between. A
+    file replaced at the path (another inode, or the same inode rewritten) is read whole
+    again."""
     writer = FileLedger(tmp_path / "ledger")
     await writer.append(record("acme", 2), record("beta", 1))
     reader = FileLedger(writer.path)
@@ -205,17 +206,24 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     assert (await reader.read())["acme"].epoch == 5
 
     # Damage before the last frame it verified: a whole read refuses; the kept reader, which
-    # does not read it again, goes on, and sees the next append (made before the damage).
+    # does not read it again, goes on, and sees the next append (made before the damage),
+    # until its next whole read (every verify_every_s: an hour by default).
+    hourly = FileLedger(writer.path, verify_every_s=1.0)
+    await hourly.read()
     await writer.append(record("beta", 3))
     data = bytearray(writer.path.read_bytes())
     header = 8 + 2 + 2 + len(LEDGER_ID) + 4
     data[header + 8 + 2] ^= 0xFF  # inside the first payload
     writer.path.write_bytes(bytes(data))  # the same inode, rewritten
     assert {t: e.epoch for t, e in (await reader.read()).items()} == {"acme": 5, "beta": 3}
+    assert (await hourly.read())["beta"].epoch == 3
     with pytest.raises(LedgerUnavailable, match="corrupt"):
         await FileLedger(writer.path).read()  # a process's start
     with pytest.raises(LedgerUnavailable):
         await writer.append(record("acme", 6))  # every append
+    await anyio.sleep(1.1)
+    with pytest.raises(LedgerUnavailable, match="corrupt"):
+        await hourly.read()  # its next whole read
     data[header + 8 + 2] ^= 0xFF
     writer.path.write_bytes(bytes(data))
 
@@ -240,3 +248,47 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     await third.append(*(record(f"u{i}", 2) for i in range(40)))
     writer.path.write_bytes(third.path.read_bytes())
     assert set(await reader.read()) == {f"u{i}" for i in range(40)}
+
+
+async def test_a_pg_ledger_whose_seqs_were_reused_is_read_whole(empty_pg_dsn: str) -> None:
+    """A ledger database restored or truncated takes seqs again: as many records as were read,
+    up to the same highest seq, but other ones. The reader sees the record at its highest
+    seq changed and reads whole. Control: the count and the records after that seq alone
+    say nothing changed."""
+    reader = PgLedger(empty_pg_dsn)
+    await reader.ensure()
+    await reader.append(record("acme", 1, LedgerWhy.OBSERVED), record("acme", 2))
+    assert (await reader.read())["acme"].epoch == 2
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await conn.execute("TRUNCATE accord_ledger.records RESTART IDENTITY")
+        await PgLedger(empty_pg_dsn).append(record("beta", 1, LedgerWhy.OBSERVED))
+        await PgLedger(empty_pg_dsn).append(record("beta", 7, LedgerWhy.RESTRICT))
+        # the control: the same count, nothing after the highest seq read
+        assert await conn.fetchval("SELECT count(*) FROM accord_ledger.records") == 2
+        assert await conn.fetch("SELECT * FROM accord_ledger.records WHERE seq > 2") == []
+    finally:
+        await conn.close()
+    assert {t: e.epoch for t, e in (await reader.read()).items()} == {"beta": 7}
+
+
+async def test_a_pg_ledger_that_does_not_add_up_cannot_be_verified(empty_pg_dsn: str) -> None:
+    """A record outside the seqs a read takes (seq 0, written by hand): a whole read does not
+    add up to the table's count, and the ledger cannot be verified, rather than read as
+    empty. Control: the same ledger before it reads."""
+    ledger = PgLedger(empty_pg_dsn)
+    await ledger.ensure()
+    await ledger.append(record("acme", 2))
+    assert (await ledger.read())["acme"].epoch == 2
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO accord_ledger.records (seq, tenant, epoch, frozen, why, at)"
+            " OVERRIDING SYSTEM VALUE VALUES (0, 'acme', 9, true, 'restrict', now())"
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(LedgerUnavailable, match="do not add up"):
+        await ledger.read()
+    with pytest.raises(LedgerUnavailable, match="do not add up"):
+        await PgLedger(empty_pg_dsn).read()

@@ -413,6 +413,10 @@ async def test_restore_records_and_registrations_leave_after_the_audit_retention
         await jobs.pool.execute(
             "DELETE FROM jobs.registration_audit WHERE audit_id = $1", superseded[0]
         )
+    with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+        await jobs.pool.execute(
+            "DELETE FROM jobs.authority_restores WHERE restore_id = $1", resolved_old
+        )
 
     # One budget for the three audit tables: a batch of 2 takes the oldest restore record
     # and one registration row, and says it was full.
