@@ -19,6 +19,12 @@ worker's own ``check_restore`` (what ``authority_watch`` runs every ACCORD_AUTHO
 * ``floor``: the pass's own database read alone (every tenant's epoch, ``TENANTS``), which a
   pass needs whatever the ledger does.
 
+Then one record appended to the file ledger (what a rotation, a restriction or a pass that
+sees a new tenant writes, under the lock every writer waits for): by a new handle, which
+verifies the whole file (``append_whole``, as every append did before appends trusted their
+handle's verified prefix), and by the kept handle (``append_kept``), against an append to a
+ledger holding one record (``append_floor``: the lock, the write and its fsync).
+
 Figures: the process's CPU per pass (every thread: a file ledger reads on a worker thread) and
 wall time, medians over ``--passes``, each pass after a full garbage collection (what an earlier
 pass left is not its cost); ratios against the floor. Prints one JSON document, then
@@ -89,6 +95,39 @@ async def bench_ledger(
     return out
 
 
+async def bench_append(path: Path, floor: Path, passes: int) -> dict[str, dict[str, float]]:
+    """One record appended (for a tenant the database does not hold: after the passes)."""
+    epochs = iter(range(1, 1_000_000))
+
+    def one() -> LedgerRecord:
+        return LedgerRecord(
+            tenant="bench-append", epoch=next(epochs), frozen=False, why=LedgerWhy.ROTATE
+        )
+
+    kept = FileLedger(path)
+    await kept.read()
+    small = FileLedger(floor)
+    await small.append(one())
+
+    async def whole() -> None:
+        await FileLedger(path).append(one())
+
+    out = {
+        "append_floor": await timed(passes, lambda: small.append(one())),
+        "append_whole": await timed(passes, whole),
+        "append_kept": await timed(passes, lambda: kept.append(one())),
+    }
+    for how in ("whole", "kept"):
+        out[f"append_{how}"]["x_floor"] = (
+            out[f"append_{how}"]["cpu_ms"] / out["append_floor"]["cpu_ms"]
+        )
+    print(
+        f"  file append: whole {out['append_whole']['cpu_ms']:.1f} ms CPU,"
+        f" kept {out['append_kept']['cpu_ms']:.1f}, floor {out['append_floor']['cpu_ms']:.1f}"
+    )
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     admin = os.environ.get("ACCORD_PG_DSN_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
     dsn = await fresh_database(admin)
@@ -132,6 +171,7 @@ async def main(args: argparse.Namespace) -> None:
                 result["file"] = await bench_ledger(
                     "file", pool, lambda: FileLedger(path), args.passes
                 )
+                result["append"] = await bench_append(path, Path(tmp) / "floor", args.passes)
                 result["pg"] = await bench_ledger(
                     "pg", pool, lambda: PgLedger(ledger_dsn), args.passes
                 )
@@ -152,6 +192,14 @@ async def main(args: argparse.Namespace) -> None:
             f" the floor), {w['cpu_ms']:.1f} ms read whole ({w['x_floor']:.2f} x);"
             f" wall {k['wall_ms']:.1f} against {w['wall_ms']:.1f} ms"
         )
+    a = result["append"]
+    print(
+        f"file ledger: an append costs {a['append_kept']['cpu_ms']:.2f} ms of CPU kept"
+        f" ({a['append_kept']['x_floor']:.2f} x an append to a one-record ledger),"
+        f" {a['append_whole']['cpu_ms']:.1f} ms verifying the whole file"
+        f" ({a['append_whole']['x_floor']:.1f} x); wall {a['append_kept']['wall_ms']:.2f}"
+        f" against {a['append_whole']['wall_ms']:.1f} ms (floor {a['append_floor']['wall_ms']:.2f})"
+    )
 
 
 def cli() -> None:

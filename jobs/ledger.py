@@ -22,8 +22,10 @@ them into the summary it kept. Records are never rewritten or removed, and the f
 each tenant's highest epoch in append order, so the summary is the one a whole read would
 give; a check's cost then follows the authority changes since the last one, not every change
 ever made (1.1 to 1.6 s of CPU per read at 100,000 records, read whole). A file ledger's
-reader still verifies the whole file every hour; PostgreSQL counts the table at every read
-(on the server: no row is sent).
+handle verifies the whole file again every hour; PostgreSQL counts the table at every read
+(on the server: no row is sent). A file ledger's append, under the lock every writer
+waits for, verifies likewise only what follows the prefix its handle verified last (read
+or written), not the whole file each time (0.5 s at 100,000 records).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from accord.jobs.framing import (
     Journal,
     JournalScan,
     Tail,
+    Verified,
+    encode_payload,
     make_dirs,
     scan_bytes,
     scan_frames,
@@ -145,6 +149,10 @@ class _Known:
     verified_at: float  # time.monotonic() of the whole read it began with
 
 
+#: A prefix this handle verified, with the time.monotonic() of the whole read it began with.
+_Trusted = tuple[Verified, float]
+
+
 class FileLedger:
     """The ledger as a runner-journal file on durable storage (one host)."""
 
@@ -161,6 +169,7 @@ class FileLedger:
         self._dir_made = False  # its directory made (and committed) once, not per append
         self._known: _Known | None = None
         self._reading = threading.Lock()  # reads run on worker threads
+        self._written: _Trusted | None = None  # the prefix its last append left verified
 
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
@@ -186,8 +195,8 @@ class FileLedger:
         again. A damaged frame among the appended ones is judged as in a whole read (a torn
         last append is not read yet; a corrupt ledger cannot be verified). Damage to records
         verified earlier is found by the next whole read: every ``verify_every_s`` (an hour
-        by default), a process's start, and every append (the writer verifies the whole file
-        under its lock)."""
+        by default), a process's start, and an append by a handle that has not verified the
+        file within that time."""
         with self._reading:
             try:
                 with self.path.open("rb") as f:
@@ -197,6 +206,11 @@ class FileLedger:
                 return {}
             except OSError as exc:
                 raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+            except LedgerUnavailable:
+                # What this handle verified before is no longer trusted: its next append
+                # verifies the whole file.
+                self._known, self._written = None, None
+                raise
             return dict(known.entries)
 
     def _refresh(self, f: Any) -> _Known:
@@ -255,18 +269,24 @@ class FileLedger:
         return _parse(raw, f"{self.path}#{index}")
 
     def append_sync(self, *records: LedgerRecord) -> None:
-        """Open under the exclusive lock (retrying while another writer holds it), repair a
-        torn tail (an unacknowledged intent), append with fsync, close."""
+        """Open under the exclusive lock (retrying while another writer holds it), verify
+        what follows the prefix this handle verified last (read or written) within
+        ``verify_every_s``, or else the whole file, repair a torn tail (an unacknowledged
+        intent), append with fsync, close."""
+        if not records:
+            return
+        payloads = [encode_payload(r) for r in records]
         if not self._dir_made:
             try:
                 make_dirs(self.path.parent)
             except OSError as exc:
                 raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
             self._dir_made = True
+        trusted, at = self._trusted()
         deadline = time.monotonic() + self._lock_timeout_s
         while True:
             try:
-                journal = Journal.open(self.path, LEDGER_ID)
+                journal = Journal.open(self.path, LEDGER_ID, verified=trusted)
                 break
             except JournalLocked as exc:
                 if time.monotonic() >= deadline:
@@ -278,12 +298,26 @@ class FileLedger:
                 raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
         try:
             with journal:
+                if journal.scan.after == 0:  # the trusted prefix did not hold: read whole
+                    at = time.monotonic()
                 if journal.scan.tail is not Tail.CLEAN:
                     journal.repair()
-                for record in records:
-                    journal.append(record)
+                offsets = journal.append_payloads(payloads)
+                self._written = (journal.verified(offsets[-1]), at)
         except (OSError, JournalError) as exc:
             raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+
+    def _trusted(self) -> tuple[Verified | None, float]:
+        """The furthest prefix this handle verified (by a read or an append) whose whole
+        read is younger than ``verify_every_s``, with that read's time; (None, now) if none."""
+        now = time.monotonic()
+        with self._reading:
+            k = self._known
+            seen = [] if k is None else [(Verified(k.file, k.end, k.mark), k.verified_at)]
+        if self._written is not None:
+            seen.append(self._written)
+        fresh = [t for t in seen if now - t[1] < self._verify_every_s]
+        return max(fresh, key=lambda t: t[0].end, default=(None, now))
 
 
 @dataclass(frozen=True, slots=True)

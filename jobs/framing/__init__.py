@@ -47,6 +47,7 @@ Here: :mod:`.format` the bytes (encoding, the scan and its tail classes; pure) a
 
 from accord.jobs.framing.file import (
     Journal,
+    Verified,
     fsync_dir,
     make_dirs,
     quarantine_tail,
@@ -70,6 +71,7 @@ from accord.jobs.framing.format import (
     encode_header,
     encode_payload,
     frame_payload,
+    scan_after,
     scan_bytes,
     scan_frames,
 )
@@ -87,6 +89,7 @@ __all__ = [
     "JournalScan",
     "Repair",
     "Tail",
+    "Verified",
     "crc32c",
     "encode_frame",
     "encode_header",
@@ -95,6 +98,7 @@ __all__ = [
     "fsync_dir",
     "make_dirs",
     "quarantine_tail",
+    "scan_after",
     "scan_bytes",
     "scan_frames",
     "scan_journal",

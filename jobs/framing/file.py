@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from accord.jobs.errors import (
     JournalTornTail,
 )
 from accord.jobs.framing.format import (
+    HEADER_MAX,
     VERSION,
     VERSION_GROUPED,
     Defect,
@@ -34,12 +36,25 @@ from accord.jobs.framing.format import (
     frame_payload,
     head_size,
     payload_length,
+    scan_after,
     scan_bytes,
     verified_payload,
 )
 
 # A journal replaced (rotated) between our open and our lock is opened again, this often.
 _OPEN_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A prefix of a version 1 journal verified before: the file (device, inode), where the
+    prefix ends, and its last bytes (its last frame, or the header), by which an open sees
+    that the prefix is still there. Damage before those bytes is not seen by an open that
+    trusts it: whoever keeps one verifies the whole file again from time to time."""
+
+    file: tuple[int, int]
+    end: int
+    mark: bytes
 
 
 def scan_journal(path: str | os.PathLike[str]) -> JournalScan:
@@ -169,10 +184,18 @@ class Journal:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], runner_id: str, *, version: int = VERSION
+        cls,
+        path: str | os.PathLike[str],
+        runner_id: str,
+        *,
+        version: int = VERSION,
+        verified: Verified | None = None,
     ) -> Journal:
         """Open (creating if missing, in format ``version``) and lock the journal of
-        ``runner_id``; an existing journal keeps its own format.
+        ``runner_id``; an existing journal keeps its own format. With ``verified``, a prefix
+        of this version 1 file verified before, only its header and what follows the prefix
+        are verified (:attr:`scan` holds only their records), once the file is the same one
+        and ends the prefix with the same bytes; otherwise the whole file is.
 
         Raises JournalLocked at once if another handle holds it, JournalCorrupt for a
         corrupt body, JournalRunnerMismatch / JournalHeaderInvalid for someone else's file.
@@ -193,7 +216,7 @@ class Journal:
                     # that is no longer the journal. Open what the name holds now.
                     os.close(fd)
                     continue
-                scan = _scan_fd(fd)
+                scan = _scan_fd(fd, verified)
                 if scan.runner_id != runner_id:
                     raise JournalRunnerMismatch(path=str(journal), owner=scan.runner_id)
                 _refuse_corrupt(journal, scan)
@@ -221,6 +244,14 @@ class Journal:
     @property
     def version(self) -> int:
         return self._scan.version
+
+    def verified(self, last: int) -> Verified:
+        """The prefix verified up to :attr:`end`, whose last frame begins at ``last`` (an
+        offset :meth:`append_payloads` returned, or the scan's), for a later :meth:`open`."""
+        with self._lock:
+            fd = self._require_fd()
+            st = os.fstat(fd)
+            return Verified((st.st_dev, st.st_ino), self._end, os.pread(fd, self._end - last, last))
 
     @property
     def segment(self) -> int:
@@ -377,9 +408,21 @@ class Journal:
                 os.close(fd)
 
 
-def _scan_fd(fd: int) -> JournalScan:
-    size = os.fstat(fd).st_size
-    return scan_bytes(os.pread(fd, size, 0))
+def _scan_fd(fd: int, verified: Verified | None = None) -> JournalScan:
+    st = os.fstat(fd)
+    if (
+        verified is not None
+        and verified.file == (st.st_dev, st.st_ino)
+        and len(verified.mark) <= verified.end
+        and verified.end <= st.st_size
+    ):
+        start = verified.end - len(verified.mark)
+        rest = os.pread(fd, st.st_size - start, start)
+        if rest.startswith(verified.mark):
+            scan = scan_after(os.pread(fd, HEADER_MAX, 0), verified.end, rest[len(verified.mark) :])
+            if scan is not None:
+                return scan
+    return scan_bytes(os.pread(fd, st.st_size, 0))
 
 
 def _refuse_corrupt(path: Path, scan: JournalScan) -> None:

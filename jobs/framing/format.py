@@ -74,6 +74,9 @@ class JournalScan:
     carried: int = 0
     # Where each record's frame begins (records[i] at offsets[i]); 8 bytes a record.
     offsets: Sequence[int] = ()
+    # Where the verification began: 0 for a whole image; after a prefix verified before
+    # (scan_after), that prefix's end, and records and offsets hold only what follows it.
+    after: int = 0
 
     @property
     def tail_bytes(self) -> int:
@@ -343,6 +346,34 @@ def scan_frames(data: bytes) -> Frames:
         offsets.append(pos)
         pos = nxt
     return Frames(tuple(records), tuple(offsets), pos, Tail.CLEAN, Defect.NONE)
+
+
+#: Enough of a file's first bytes to hold any header (its runner id at the longest).
+HEADER_MAX = _HEADER.size + MAX_RUNNER_ID_BYTES + _SEGMENT.size + _U32.size
+
+
+def scan_after(head: bytes, end: int, rest: bytes) -> JournalScan | None:
+    """The scan of a version 1 journal whose first ``end`` bytes were verified before:
+    ``head`` its first bytes (the header at least), ``rest`` every byte from ``end`` on. The
+    header is verified again and the frames of ``rest`` as :func:`scan_frames` verifies them;
+    the scan holds only their records (``after`` is ``end``; offsets from the file's start).
+    None for a version 2 journal, whose groups and carried records need the whole image.
+    Pure; raises JournalHeaderInvalid for a bad header."""
+    h = _parse_header(head)
+    if h.version != VERSION:
+        return None
+    frames = scan_frames(rest)
+    return JournalScan(
+        h.runner_id,
+        frames.records,
+        end + frames.end,
+        end + len(rest),
+        frames.tail,
+        frames.defect,
+        version=VERSION,
+        offsets=tuple(end + o for o in frames.offsets),
+        after=end,
+    )
 
 
 def head_size(version: int) -> int:

@@ -290,6 +290,27 @@ def test_frames_after_a_verified_prefix_read_as_the_whole_file_reads_them(
         whole.tail,
         whole.defect,
     )
+    # The scan an open that trusts the prefix takes (the file ledger's append): the same,
+    # with the header read again.
+    after = journal.scan_after(bytes(body[:start]), start, bytes(body[start:]))
+    assert after is not None
+    assert (after.runner_id, after.version, after.size, after.after) == (
+        whole.runner_id,
+        whole.version,
+        whole.size,
+        start,
+    )
+    assert list(after.records) == list(whole.records[kept:])
+    assert list(after.offsets) == list(whole.offsets[kept:])
+    assert (after.end, after.tail, after.defect) == (whole.end, whole.tail, whole.defect)
+
+
+def test_a_grouped_journal_is_never_scanned_after_a_prefix() -> None:
+    """A version 2 segment's groups and carried records need the whole image: scan_after
+    declines it (an open then scans the whole file). Control: version 1 is scanned."""
+    for version, trusted in ((journal.VERSION_GROUPED, False), (journal.VERSION, True)):
+        head = journal.encode_header(RUNNER, version=version)
+        assert (journal.scan_after(head, len(head), b"") is not None) is trusted
 
 
 @pytest.mark.timeout(60)

@@ -96,9 +96,11 @@ async def test_a_corrupt_ledger_refuses_to_verify(tmp_path: Path) -> None:
     data[header + 8 + 2] ^= 0xFF  # inside the first payload, with a valid frame after it
     ledger.path.write_bytes(bytes(data))
     with pytest.raises(LedgerUnavailable):
+        await FileLedger(ledger.path).append(record("acme", 4))  # a handle that never read it
+    with pytest.raises(LedgerUnavailable):
         await ledger.read()
     with pytest.raises(LedgerUnavailable):
-        await ledger.append(record("acme", 4))
+        await ledger.append(record("acme", 4))  # the failed read dropped what it trusted
 
 
 async def test_a_worker_journal_is_not_a_ledger(tmp_path: Path) -> None:
@@ -190,7 +192,8 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     """A kept reader verifies only the frames appended since its last read: a torn append in
     flight is not read until it is whole, damage among the appended frames is refused as in
     a whole read, and damage to frames it verified before is found by the next whole read (a
-    process's start, every append, its own every verify_every_s), not by a read between. A
+    process's start, a new handle's append, its own every verify_every_s), not by a read
+    between. A
     file replaced at the path (another inode, or the same inode rewritten) is read whole
     again."""
     writer = FileLedger(tmp_path / "ledger")
@@ -220,7 +223,7 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     with pytest.raises(LedgerUnavailable, match="corrupt"):
         await FileLedger(writer.path).read()  # a process's start
     with pytest.raises(LedgerUnavailable):
-        await writer.append(record("acme", 6))  # every append
+        await FileLedger(writer.path).append(record("acme", 6))  # a new handle's append
     await anyio.sleep(1.1)
     with pytest.raises(LedgerUnavailable, match="corrupt"):
         await hourly.read()  # its next whole read
@@ -248,6 +251,95 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     await third.append(*(record(f"u{i}", 2) for i in range(40)))
     writer.path.write_bytes(third.path.read_bytes())
     assert set(await reader.read()) == {f"u{i}" for i in range(40)}
+
+
+def flip(path: Path, offset: int) -> bytes:
+    """Flip one byte of the file at ``path`` in place (the same inode); returns its bytes
+    before, to put back."""
+    data = bytearray(path.read_bytes())
+    before = bytes(data)
+    data[offset] ^= 0xFF
+    with path.open("r+b") as f:
+        f.write(bytes(data))
+    return before
+
+
+def put_back(path: Path, data: bytes) -> None:
+    with path.open("r+b") as f:
+        f.write(data)
+        f.truncate()
+
+
+async def test_a_file_append_verifies_only_what_follows_its_handles_verified_prefix(
+    tmp_path: Path,
+) -> None:
+    """An append, under the lock every writer waits for, verifies the frames that follow
+    the prefix its handle verified last (by a read or an append) within verify_every_s,
+    not the whole file. Damage among those frames is refused and a torn tail after them is
+    repaired, as a whole read would; damage inside the prefix is found by a whole read: a
+    new handle's append, the handle's own append once verify_every_s has passed, and any
+    read that finds it (the handle then trusts nothing it verified before)."""
+    header = 8 + 2 + 2 + len(LEDGER_ID) + 4
+    kept = FileLedger(tmp_path / "ledger", verify_every_s=1.0)
+    await kept.append(record("acme", 2), record("beta", 1))
+    end = kept.path.stat().st_size
+    other = FileLedger(kept.path)
+    await other.append(record("acme", 3), record("beta", 2))  # after kept's prefix
+
+    # Damage in the first frame another writer appended (a valid one follows: corrupt, not
+    # torn): refused, as a whole read refuses it.
+    good = flip(kept.path, end + 8 + 2)
+    with pytest.raises(LedgerUnavailable):
+        await kept.append(record("acme", 4))
+    put_back(kept.path, good)
+    # A torn tail a crashed writer left after it: quarantined and cut, then the append.
+    with kept.path.open("ab") as f:
+        f.write(b"\x40\x00\x00\x00\x12\x34")
+    await kept.append(record("acme", 4))
+    assert [q async for q in anyio.Path(tmp_path).glob("ledger.quarantine-*")]
+    assert {t: e.epoch for t, e in (await FileLedger(kept.path).read()).items()} == {
+        "acme": 4,
+        "beta": 2,
+    }
+
+    # Damage inside the prefix kept verified: its append does not read it again (it goes
+    # on, and what it appends is whole), while a new handle's append reads the whole file
+    # and refuses it (the control).
+    await kept.read()
+    good = flip(kept.path, header + 8 + 2)  # inside the first payload
+    with pytest.raises(LedgerUnavailable):
+        await FileLedger(kept.path).append(record("acme", 5))
+    await kept.append(record("acme", 5))
+    damaged = kept.path.read_bytes()
+    put_back(kept.path, good + damaged[len(good) :])
+    assert (await FileLedger(kept.path).read())["acme"].epoch == 5
+    # Past verify_every_s the handle reads whole again, and refuses.
+    put_back(kept.path, damaged)
+    await anyio.sleep(1.1)
+    with pytest.raises(LedgerUnavailable):
+        await kept.append(record("acme", 6))
+    put_back(kept.path, good + damaged[len(good) :])
+
+    # A read that finds damage drops what the handle trusted: its next append reads whole.
+    fresh = FileLedger(kept.path)
+    await fresh.append(record("acme", 6))
+    flip(kept.path, header + 8 + 2)
+    with pytest.raises(LedgerUnavailable):
+        await fresh.read()
+    with pytest.raises(LedgerUnavailable):
+        await fresh.append(record("acme", 7))
+
+    # A file replaced at the path (another inode) is verified whole: the same damage,
+    # trusted on the old inode, is refused on the new one.
+    replaced = FileLedger(tmp_path / "replaced")
+    await replaced.append(record("acme", 1), record("beta", 1))
+    appender = FileLedger(tmp_path / "replaced")
+    await appender.append(record("acme", 2))
+    flip(replaced.path, header + 8 + 2)
+    (tmp_path / "copy").write_bytes(replaced.path.read_bytes())
+    (tmp_path / "copy").replace(replaced.path)
+    with pytest.raises(LedgerUnavailable):
+        await appender.append(record("acme", 3))
 
 
 async def test_a_pg_ledger_whose_seqs_were_reused_is_read_whole(empty_pg_dsn: str) -> None:
