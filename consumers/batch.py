@@ -5,7 +5,10 @@ Invariant: a message is acknowledged only after the transaction holding its inbo
 redelivery, which the inbox turns into an acknowledged duplicate. Every message of a
 batch is its own inbox decision: the fast path applies the whole batch in one
 transaction; if anything in it fails, the batch is rolled back and applied again with a
-savepoint per message, so a failing message rolls back only itself.
+savepoint per message, so a failing message rolls back only itself. If that commit is
+refused for the content (a deferred constraint is checked only at COMMIT, where no savepoint
+can say whose write broke it), each message is applied in a transaction of its own, so
+only the offender's commit fails. A missing grant stops the consumer from any pass.
 
 Settling: the failed messages one by one (requeue, or poison record then reject), then
 one cumulative ack (``multiple``) for the applied ones. The runtime guarantees that a
@@ -120,8 +123,9 @@ class BatchProcessor:
         items = [self.admit(m) for m in messages]
         try:
             ready = [i for i in items if i.permanent is None]
-            if ready and await self._apply(conn, ready):
-                self.stats.commits += 1
+            commits = await self._apply(conn, ready) if ready else 0
+            if commits:
+                self.stats.commits += commits
                 if self.after_commit is not None:
                     self.after_commit()
             await self._settle(conn, items)
@@ -191,40 +195,59 @@ class BatchProcessor:
                 computed_digest=item.digest,
             )
 
-    async def _apply(self, conn: Any, ready: list[Item]) -> bool:
-        """Fast path: the batch in one transaction. On any failure, again per savepoint.
+    async def _apply(self, conn: Any, ready: list[Item]) -> int:
+        """Fast path: the batch in one transaction. On any failure, again per savepoint;
+        if that commit is refused for the content, each message in its own transaction.
 
-        Returns whether a transaction committed (the ``after_commit`` hook and the commit
+        Returns how many transactions committed (the ``after_commit`` hook and the commit
         count follow only a real commit)."""
         try:
             async with conn.transaction():
                 await self._apply_all(conn, ready)
-            return True
+            return 1
         except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
             _raise_if_lost(conn, exc)
             for item in ready:
                 item.outcome = None
             if len(ready) == 1:  # it was that message's own failure: no need to redo
                 _classify(conn, ready[0], exc)
-                return False
+                return 0
         try:
             async with conn.transaction():
                 for item in ready:
                     await self._apply_one(conn, item)
-        except Exception as exc:  # noqa: BLE001 - the commit failed: every message is retried
+        except (PrivilegeMissing, ConnectionLost):
+            raise  # from _classify: the process's grants, or the connection; not a message's
+        except Exception as exc:  # noqa: BLE001 - the commit failed: classified below
             _raise_if_lost(conn, exc)
-            for item in ready:
+            if database_refusal(exc) is not None:
+                return await self._apply_each(conn, ready)
+            for item in ready:  # every message not judged permanent is retried
                 if item.permanent is None:
                     item.outcome, item.transient = None, exc
-            return False
-        return True
+            return 0
+        return 1
+
+    async def _apply_each(self, conn: Any, ready: list[Item]) -> int:
+        """Each message not yet judged permanent in a transaction of its own (a commit
+        refused the batch's content, and no savepoint can say whose write it was): only the
+        offender's own commit fails. Returns how many committed."""
+        commits = 0
+        for item in ready:
+            if item.permanent is None:
+                item.outcome, item.transient = None, None
+                await self._apply_one(conn, item)  # outside any transaction: its own
+                commits += item.outcome in _ACKED
+        return commits
 
     async def _apply_one(self, conn: Any, item: Item) -> None:
-        """One message under its own savepoint: only its own failure is rolled back."""
+        """One message in a transaction of its own, a savepoint inside the caller's: only
+        its own failure is rolled back."""
         try:
             async with conn.transaction():
                 item.outcome = await self._reserve_and_handle(conn, item)
         except Exception as exc:  # noqa: BLE001 - classified: permanent, transient or lost
+            item.outcome = None  # whatever it decided was rolled back
             _classify(conn, item, exc)
 
     async def _apply_all(self, conn: Any, ready: list[Item]) -> None:

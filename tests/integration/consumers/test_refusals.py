@@ -15,10 +15,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from opentelemetry.trace import NoOpTracer
 
 from accord.consumers import Consumer, Handlers, PoisonReason, TransientFailure
 from accord.consumers.batch import BatchProcessor
+from accord.consumers.errors import PrivilegeMissing
 from accord.schemas import wire
 from accord.schemas.events import Event
 from tests.integration.consumers.support import CATALOG, report
@@ -165,3 +167,94 @@ async def test_transient_database_failures_are_still_retried(pg: asyncpg.Connect
     assert [m.settled for m in messages] == [["requeue"], ["requeue"], [], ["ack-multiple"]]
     assert (batch.stats.new, batch.stats.poisoned, batch.stats.retried) == (2, 0, 2)
     assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
+
+
+LINKED = """
+CREATE TABLE public.parents (id int PRIMARY KEY);
+INSERT INTO public.parents VALUES (1);
+CREATE TABLE public.children (
+    operation_id text PRIMARY KEY,
+    parent int NOT NULL REFERENCES public.parents DEFERRABLE INITIALLY DEFERRED
+);
+"""
+
+
+def child_handlers() -> Handlers:
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        await tx.execute(
+            "INSERT INTO public.children (operation_id, parent) VALUES ($1, $2)",
+            event.operation_id,
+            int(event.payload["doc"]),
+        )
+
+    return handlers
+
+
+async def test_a_refusal_at_commit_poisons_only_its_message_in_a_batch(
+    pg: asyncpg.Connection,
+) -> None:
+    """A deferred constraint is checked at COMMIT, where no savepoint says whose write broke
+    it: each message is then applied in a transaction of its own, so only the offender is
+    poisoned (integrity_violation, at once) and the others are applied and acknowledged.
+    Before, every message of the batch was requeued as a retry, and at the delivery limit
+    the sound ones were poisoned beside it as retries_exhausted. Control: the same batch
+    without the offender commits once."""
+    await pg.execute(LINKED)
+    first = [with_doc("1"), with_doc("1")]
+    sound = [delivered(e, tag) for tag, e in enumerate(first, start=1)]
+    batch = processor(child_handlers())
+    await batch.process(pg, sound)  # type: ignore[arg-type]
+    assert [m.settled for m in sound] == [[], ["ack-multiple"]]
+    assert batch.stats.commits == 1
+
+    events = [with_doc("1"), with_doc("2"), with_doc("1")]  # parent 2 does not exist
+    messages = [delivered(e, tag) for tag, e in enumerate(events, start=3)]
+    for message in messages:
+        message.headers["x-delivery-count"] = 3  # at the limit: a retry would poison them all
+    batch = processor(child_handlers())
+    await batch.process(pg, messages)  # type: ignore[arg-type]
+    assert [m.settled for m in messages] == [[], ["reject"], ["ack-multiple"]]
+    assert (batch.stats.new, batch.stats.poisoned, batch.stats.retried) == (2, 1, 0)
+    assert batch.stats.commits == 2  # each sound message in its own transaction
+    rows = await pg.fetch("SELECT reason, detail, message_id FROM consumers.poison")
+    assert [(r["message_id"], r["reason"], json.loads(r["detail"])["sqlstate"]) for r in rows] == [
+        (messages[1].message_id, PoisonReason.INTEGRITY_VIOLATION, "23503")
+    ]
+    stored = {r["operation_id"] for r in await pg.fetch("SELECT operation_id FROM public.children")}
+    assert stored == {e.operation_id for e in (*first, events[0], events[2])}
+    inbox = {r["operation_id"] for r in await pg.fetch("SELECT operation_id FROM consumers.inbox")}
+    assert inbox == stored
+
+
+async def test_a_missing_grant_stops_the_consumer_in_a_batch_too(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """A handler's write the consumer's role may not make (42501) is the process's grants,
+    not the messages: the batch stops with PrivilegeMissing, acknowledges nothing, requeues
+    nothing as a retry and poisons nothing, whether the message came alone (the control)
+    or with others. Before, a batch of two caught it in its savepoint pass and requeued
+    every message as a retry, and at the delivery limit poisoned them as retries_exhausted."""
+    await pg.execute("CREATE TABLE public.ungranted (operation_id text)")
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        await tx.execute("INSERT INTO public.ungranted VALUES ($1)", event.operation_id)
+
+    consumer = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        for n in (1, 2, 3):
+            messages = [delivered(report(), tag) for tag in range(1, n + 1)]
+            for message in messages:
+                message.headers["x-delivery-count"] = 3
+            with pytest.raises(PrivilegeMissing) as info:
+                await processor(handlers).process(consumer, messages)  # type: ignore[arg-type]
+            assert "ungranted" in info.value.fields["detail"]
+            assert [m.settled for m in messages] == [[]] * n
+    finally:
+        await consumer.close()
+    assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
+    assert await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 0
