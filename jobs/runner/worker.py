@@ -120,9 +120,12 @@ class Worker:
         self._handlers[workflow] = Registered(workflow, handler, timeout_s, declared)
 
     def register_all(self, handlers: Mapping[str, Registered] | Sequence[Registered]) -> None:
+        """:meth:`register` each entry, its declared effect keys with it."""
         values = handlers.values() if isinstance(handlers, Mapping) else handlers
         for entry in values:
-            self.register(entry.workflow, entry.handler, timeout_s=entry.timeout_s)
+            self.register(
+                entry.workflow, entry.handler, timeout_s=entry.timeout_s, effects=entry.effects
+            )
 
     @property
     def workflows(self) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectUndeclared, JobState
-from accord.jobs.runner import JobContext, Success
+from accord.jobs.runner import JobContext, Registered, Success
 from accord.jobs.runner.context import declares
 from tests.integration.runner.conftest import Rig, running, wait_for
 
@@ -26,9 +26,13 @@ def test_a_key_is_declared_exactly_or_under_a_prefix_ending_in_a_dot() -> None:
     assert not declares((), "mail.send")
 
 
-async def _serve(rig: Rig, workflow: str, keys: tuple[str, ...], calls: list[str]) -> int:
+async def _serve(
+    rig: Rig, workflow: str, keys: tuple[str, ...], calls: list[str], *, via_all: bool = False
+) -> int:
     """One job of ``workflow`` whose handler begins ``keys`` in turn, then publishes; the
-    worker declares DECLARED for the class. Returns the job id once the job has ended."""
+    worker declares DECLARED for the class, by ``register`` or (``via_all``) by
+    ``register_all``, as ``accord worker`` registers an application's job classes. Returns
+    the job id once the job has ended."""
 
     async def handler(ctx: JobContext) -> None:
         for key in keys:
@@ -43,7 +47,10 @@ async def _serve(rig: Rig, workflow: str, keys: tuple[str, ...], calls: list[str
     await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
     job = await rig.submit_job(f"{workflow}-1", workflow)
     worker = rig.worker({}, journal=workflow)
-    worker.register(workflow, handler, timeout_s=10.0, effects=DECLARED)
+    if via_all:
+        worker.register_all([Registered(workflow, handler, 10.0, DECLARED)])
+    else:
+        worker.register(workflow, handler, timeout_s=10.0, effects=DECLARED)
     async with running(worker):
 
         async def ended() -> bool:
@@ -64,11 +71,14 @@ async def test_declared_keys_run_and_publish(rig: Rig) -> None:
     ]
 
 
+@pytest.mark.parametrize("via_all", [False, True], ids=["register", "register_all"])
 async def test_an_undeclared_key_is_refused_before_anything_is_recorded_and_fails_the_job(
-    rig: Rig,
+    rig: Rig, via_all: bool
 ) -> None:
+    """Both ways a worker learns a class's keys; ``register_all`` (``accord worker``'s) once
+    dropped them, and every key ran."""
     calls: list[str] = []
-    job = await _serve(rig, "undeclared", ("mail.send", "sms.send"), calls)
+    job = await _serve(rig, "undeclared", ("mail.send", "sms.send"), calls, via_all=via_all)
     row = await rig.job(job)
     # The declared key ran; the undeclared one was neither recorded nor sent, and the job
     # failed on its first attempt instead of being retried up to poison.
