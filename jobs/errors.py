@@ -9,6 +9,8 @@
         ├── EffectError               an effect record refuses the transition
         │   ├── EffectsDisabled       the workflow class is not registered with effects enabled
         │   ├── EffectUndeclared      the key is not among the job class's declared effect keys
+        │   ├── EffectIntentInvalid   the intent is not canonical JSON (cannot be digested)
+        │   ├── IdempotencyKeyMismatch the call's idempotency key is not the one reconcile asks
         │   ├── EffectAlreadyBegun    the key's latest record is not failed_before_dispatch
         │   ├── EffectConflict        the key was begun with another intent digest
         │   ├── EffectNotPending      no pending record of this attempt to finish
@@ -116,6 +118,24 @@ class EffectUndeclared(EffectError):
     owns it; only an owner's lookup can ever resolve an effect whose reply is lost."""
 
     reason = "effect_undeclared"
+
+
+class EffectIntentInvalid(EffectError):
+    """The effect's intent is not canonical JSON (RFC 8785: no NaN, no integer past 2**53,
+    string keys), so it has no digest: nothing was begun or sent. Pass plain JSON values."""
+
+    reason = "effect_intent_invalid"
+
+
+class IdempotencyKeyMismatch(EffectError):
+    """The idempotency key given for this effect is not ``ctx.idempotency_key(effect_key)``,
+    the key ``accord reconcile`` asks the provider's lookup about: an effect whose reply is
+    lost could then be resolved by another key's answer and sent again. Nothing was begun or
+    sent. Call the provider with ``ctx.idempotency_key(effect_key)``; a provider that needs
+    another form of key can derive it from that one by a fixed mapping, in the call and in
+    its lookup alike."""
+
+    reason = "idempotency_key_mismatch"
 
 
 class EffectAlreadyBegun(EffectError):

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
-from accord.jobs.errors import EffectUndeclared, FenceLost, ResultMismatch
+from accord.jobs.errors import EffectUndeclared, FenceLost, IdempotencyKeyMismatch, ResultMismatch
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner import effects
 from accord.jobs.runner.effects import (
@@ -133,9 +133,11 @@ class JobContext:
         Returns the Success. If an earlier attempt of this job recorded ``key`` succeeded (a
         run the repair role resumed), ``call`` is not called: the recorded receipt comes back
         as the Success, journaled as reused. Raises EffectUndeclared (a key the job class did
-        not declare: permanent, the job fails without a retry) / FenceLost /
-        EffectAlreadyBegun / EffectConflict / EffectsDisabled before dispatch (nothing was
-        called);
+        not declare), IdempotencyKeyMismatch (an ``idempotency_key`` other than
+        ``self.idempotency_key(key)``), EffectIntentInvalid (an intent that is not canonical
+        JSON) or EffectConflict (the key begun before with another intent): the handler's
+        own defect, permanent, the job fails without a retry; FenceLost /
+        EffectAlreadyBegun / EffectsDisabled: all before dispatch (nothing was called);
         FailedBeforeDispatch (recorded: the same key and intent may begin again);
         EffectUnknown (recorded unknown, or left pending: never redo it); or the cancellation
         that interrupted the call (recorded unknown first).
@@ -143,6 +145,13 @@ class JobContext:
         if self._declared is not None and not declares(self._declared, key):
             raise EffectUndeclared(
                 workflow=self._lease.workflow, effect_key=key, declared=list(self._declared)
+            )
+        if idempotency_key is not None and idempotency_key != self.idempotency_key(key):
+            raise IdempotencyKeyMismatch(
+                workflow=self._lease.workflow,
+                effect_key=key,
+                given=idempotency_key,
+                expected=self.idempotency_key(key),
             )
         span = _TRACER.start_span(
             f"effect {key}",

@@ -28,6 +28,7 @@ from typing import Any
 
 import rfc8785
 
+from accord.jobs.errors import EffectIntentInvalid
 from accord.jobs.models import EffectState, Lease
 from accord.schemas import canonical
 from accord.schemas.errors import AccordError
@@ -80,7 +81,9 @@ def intent_digest(lease: Lease, effect_key: str, intent: Mapping[str, Any]) -> s
         # The fast path for plain values (rfc8785's bytes exactly: schemas.canonical).
         text = canonical.dumps(document)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
-        raise ValueError(f"the effect intent is not canonical JSON: {exc}") from exc
+        raise EffectIntentInvalid(
+            workflow=lease.workflow, effect_key=effect_key, detail=str(exc)[:200]
+        ) from exc
     return hashlib.sha256(text).hexdigest()
 
 

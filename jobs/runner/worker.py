@@ -31,9 +31,12 @@ from opentelemetry import trace
 from accord import observe
 from accord.jobs.authority import AuthorityGate
 from accord.jobs.errors import (
+    EffectConflict,
+    EffectIntentInvalid,
     EffectsUnresolved,
     EffectUndeclared,
     FenceLost,
+    IdempotencyKeyMismatch,
     JournalBroken,
     ObjectKeyInvalid,
     ResultMismatch,
@@ -51,6 +54,19 @@ from accord.jobs.store import Store
 from accord.schemas.backoff import Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConfigError
+
+#: The handler's own defects, which a retry cannot mend: the job fails at once. A key its
+#: class never declared, an idempotency key other than the one reconcile asks about, an
+#: intent with no canonical form or changed since the key was begun, a result named two
+#: ways or not as a content address.
+HANDLER_DEFECTS = (
+    EffectUndeclared,
+    IdempotencyKeyMismatch,
+    EffectIntentInvalid,
+    EffectConflict,
+    ResultMismatch,
+    ObjectKeyInvalid,
+)
 
 __all__ = ["Ending", "Finished", "Handler", "Registered", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -476,9 +492,7 @@ class Worker:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
         if isinstance(error, JournalBroken):  # the worker's fault, not the job's: it stops
             return await self._give_up(ctx, store, Ending.STOPPED, error_reason(error))
-        # A key the class never declared, or a result the handler named two ways or not as a
-        # content address, is the handler's own defect: retrying cannot help.
-        retry = not isinstance(error, (EffectUndeclared, ResultMismatch, ObjectKeyInvalid))
+        retry = not isinstance(error, HANDLER_DEFECTS)
         return await self._give_up(ctx, store, Ending.FAILED, error_reason(error), retry=retry)
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:

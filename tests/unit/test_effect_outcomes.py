@@ -13,6 +13,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from accord.jobs.errors import EffectIntentInvalid
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner.effects import (
     FailedBeforeDispatch,
@@ -59,7 +60,7 @@ def test_intent_digest_binds_meaning_not_attempt() -> None:
     assert one != intent_digest(lease(), "k", {"a": 2, "b": [1, 2]})
     assert one != intent_digest(lease(), "k2", {"a": 1, "b": [1, 2]})
     assert one != intent_digest(lease(tenant="other"), "k", {"a": 1, "b": [1, 2]})
-    with pytest.raises(ValueError):
+    with pytest.raises(EffectIntentInvalid):
         intent_digest(lease(), "k", {"x": float("nan")})
 
 

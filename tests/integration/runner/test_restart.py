@@ -41,6 +41,7 @@ async def test_restart_reports_an_effect_whose_outcome_the_database_never_record
     recorded = await rig.submit_job("op-recorded", "pay")
     lost = await rig.submit_job("op-lost", "pay")
     release = anyio.Event()
+    keys: dict[int, str] = {}
 
     async def pay(ctx: JobContext) -> None:
         async def send() -> Success:
@@ -48,7 +49,8 @@ async def test_restart_reports_an_effect_whose_outcome_the_database_never_record
                 await release.wait()  # the lease is taken from us while the call is out
             return Success(f"rcpt-{ctx.lease.job_id}")
 
-        await ctx.effect("pay", {"amount": 5}, send, idempotency_key=f"idem-{ctx.lease.job_id}")
+        keys[ctx.lease.job_id] = ctx.idempotency_key("pay")
+        await ctx.effect("pay", {"amount": 5}, send, idempotency_key=keys[ctx.lease.job_id])
 
     worker = rig.worker({"pay": (pay, 30.0)}, lease_s=30.0, concurrency=2)
     async with running(worker):
@@ -76,7 +78,7 @@ async def test_restart_reports_an_effect_whose_outcome_the_database_never_record
         pass
     [entry] = restarted.unrecorded
     assert entry.ref == EffectRef(lost, "pay", 1)  # and not the recorded one (control)
-    assert entry.begin.idempotency_key == f"idem-{lost}"
+    assert entry.begin.idempotency_key == keys[lost]
     assert entry.journal_outcome is not None
     assert (entry.journal_outcome.outcome, entry.journal_outcome.receipt) == (
         EffectState.SUCCEEDED,
@@ -125,7 +127,7 @@ async def _lose_an_effect(rig: Rig, worker_for: Any) -> tuple[int, int, Any]:
                 await release.wait()
             return Success(f"rcpt-{ctx.lease.job_id}")
 
-        await ctx.effect("pay", {"amount": 5}, send, idempotency_key=f"idem-{ctx.lease.job_id}")
+        await ctx.effect("pay", {"amount": 5}, send, idempotency_key=ctx.idempotency_key("pay"))
 
     worker = worker_for(pay)
     async with running(worker):

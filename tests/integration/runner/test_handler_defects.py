@@ -1,0 +1,112 @@
+"""A handler's own defects around an effect fail its job at once, with nothing sent, instead
+of being retried up to poison: a retry runs the same code and meets the same defect.
+
+* An idempotency key other than ``ctx.idempotency_key(key)``: ``accord reconcile`` asks the
+  provider's lookup by that derived key, so an effect whose reply is lost would be resolved
+  by another key's answer ("never seen") and sent again under the handler's own key.
+* An intent with no canonical form (NaN), which has no digest.
+* An intent changed since the key was begun (``EffectConflict``).
+
+Each beside its control: the derived key, a plain intent, the same intent again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import EffectConflict, EffectIntentInvalid, IdempotencyKeyMismatch, JobState
+from accord.jobs.runner import FailedBeforeDispatch, JobContext, Success
+from tests.integration.runner.conftest import Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+#: What the handler passes to ctx.effect, from its context and its attempt number.
+Effect = Callable[[JobContext, int], tuple[dict[str, Any], str | None]]
+
+
+async def _run(
+    rig: Rig, workflow: str, effect: Effect, *, fail_first: bool = False
+) -> tuple[int, list[str | None]]:
+    """One job whose handler begins an effect with what ``effect`` gives (from the context
+    and the number of calls made before, plus one) and publishes; the provider refuses the
+    first call before dispatch when ``fail_first``. Returns the job id once the job has
+    ended, and the keys of the calls made."""
+    calls: list[str | None] = []
+
+    async def handler(ctx: JobContext) -> None:
+        intent, key = effect(ctx, len(calls) + 1)
+
+        async def send() -> Success:
+            calls.append(key)
+            if fail_first and len(calls) == 1:
+                raise FailedBeforeDispatch(reason="provider refused the connection")
+            return Success(receipt="r")
+
+        await ctx.effect("mail.send", intent, send, idempotency_key=key)
+        await ctx.publish()
+
+    await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+    job = await rig.submit_job(f"{workflow}-1", workflow)
+    worker = rig.worker({workflow: (handler, 10.0)}, journal=workflow)
+    async with running(worker):
+
+        async def ended() -> bool:
+            return await rig.state(job) not in ("queued", "running")
+
+        await wait_for(ended)
+    return job, calls
+
+
+async def test_the_derived_idempotency_key_runs_another_is_refused_before_anything_is_sent(
+    rig: Rig,
+) -> None:
+    job, calls = await _run(
+        rig, "derived", lambda ctx, _: ({"to": "a"}, ctx.idempotency_key("mail.send"))
+    )
+    assert await rig.state(job) == JobState.SUCCEEDED  # control: the key reconcile asks about
+    assert len(calls) == 1
+
+    job, calls = await _run(
+        rig, "custom", lambda ctx, _: ({"to": "a"}, f"my-key-{ctx.lease.job_id}")
+    )
+    row = await rig.job(job)
+    assert calls == []
+    assert await rig.effects(job) == []  # nothing begun: nothing for reconcile to misread
+    assert (row["state"], row["attempts"]) == (JobState.FAILED, 1)
+    assert row["last_error"] == IdempotencyKeyMismatch.reason
+
+
+async def test_an_intent_with_no_canonical_form_fails_the_job_at_once(rig: Rig) -> None:
+    job, calls = await _run(rig, "plain", lambda ctx, _: ({"amount": 1.5}, None))
+    assert await rig.state(job) == JobState.SUCCEEDED  # control: a plain intent
+    job, calls = await _run(rig, "nan", lambda ctx, _: ({"amount": float("nan")}, None))
+    row = await rig.job(job)
+    assert (row["state"], row["attempts"], row["last_error"]) == (
+        JobState.FAILED,
+        1,
+        EffectIntentInvalid.reason,
+    )
+    assert calls == [] and await rig.effects(job) == []
+
+
+async def test_an_intent_changed_since_its_key_was_begun_fails_the_job_at_once(rig: Rig) -> None:
+    """The first call fails before dispatch, so the key may begin again: with the same intent
+    it does and succeeds (control); with another, the second attempt's begin conflicts and
+    the job fails then, not after every attempt it has left."""
+    job, calls = await _run(rig, "same", lambda ctx, n: ({"to": "a"}, None), fail_first=True)
+    assert await rig.state(job) == JobState.SUCCEEDED
+    assert len(calls) == 2
+    assert [s for _, _, s, _ in await rig.effects(job)] == ["failed_before_dispatch", "succeeded"]
+
+    job, calls = await _run(rig, "changed", lambda ctx, n: ({"to": f"a{n}"}, None), fail_first=True)
+    row = await rig.job(job)
+    assert (row["state"], row["attempts"], row["last_error"]) == (
+        JobState.FAILED,
+        2,
+        EffectConflict.reason,
+    )
+    assert len(calls) == 1
+    assert [s for _, _, s, _ in await rig.effects(job)] == ["failed_before_dispatch"]
