@@ -2,10 +2,11 @@
 
 An object is kept while a ``jobs.results`` row names it, and while it is younger than the
 retention whatever the rows say: a worker puts its result object *before* the fenced publish
-that references it commits, so the retention must exceed the longest put-to-publish time
-(a job's whole run, at worst). A retention shorter than a job's lease
-(``ACCORD_JOB_LEASE_S``) is refused: it could take the object of a publish in flight.
-Re-putting existing content restarts an object's clock.
+that references it commits. That publish first restarts the object's clock (and fails if
+the object is gone), so the retention must exceed a publish, not the handler's whole run
+since its put. A retention shorter than a job's lease (``ACCORD_JOB_LEASE_S``) is refused:
+it could take the object of a publish in flight. Re-putting existing content restarts an
+object's clock too.
 """
 
 from __future__ import annotations

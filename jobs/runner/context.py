@@ -352,6 +352,13 @@ class JobContext:
         key: str = await anyio.to_thread.run_sync(self._objects.put, data)
         return key
 
+    async def _refresh(self, object_key: str) -> None:
+        """Restart the object's age before a manifest row names it, however long ago it was
+        put: the collector keeps it through the publish (its retention is at least a lease).
+        Raises ObjectNotFound if it was collected meanwhile: the job is retried, and its
+        handler puts it again."""
+        await anyio.to_thread.run_sync(self._objects.touch, object_key)
+
     async def record_result(self, tx: Tx, object_key: str) -> None:
         """Runs in the publish callback's transaction; never commits. Makes ``object_key``
         the job's result: in a ``publish(object_key=...)`` naming the same key, the fenced
@@ -366,6 +373,7 @@ class JobContext:
                     job_id=self._lease.job_id, published=self._publishing, recorded=object_key
                 )
             return
+        await self._refresh(object_key)
         await Store.record_result(tx, self._lease, object_key, _digest(object_key))
 
     async def publish(
@@ -378,10 +386,13 @@ class JobContext:
         when the publish commits (a callback's ``record_result`` of the same key adds
         nothing; a callback writing the row itself through ``Store.record_result`` names
         no ``object_key``: a job has one result row). Raises ObjectKeyInvalid (not a
-        content address: nothing written), ResultMismatch, FenceLost (nothing the callback
-        wrote survives) or EffectsUnresolved.
+        content address: nothing written), ObjectNotFound (the object was collected since
+        its put: nothing written), ResultMismatch, FenceLost (nothing the callback wrote
+        survives) or EffectsUnresolved.
         """
         result = None if object_key is None else (check_key(object_key), _digest(object_key))
+        if object_key is not None:
+            await self._refresh(object_key)
         span = _TRACER.start_span(
             f"publish {self._lease.workflow}",
             attributes={

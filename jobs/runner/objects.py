@@ -4,8 +4,10 @@ Invariant: an object a manifest row names holds exactly the bytes that hash to i
 (``sha256-<hex>``), durably: ``put`` returns only once the bytes and the name survive a power
 cut, and a job's result is published by a fenced manifest row naming the key
 (``jobs.results.object_key``) only after its ``put`` returned. An object no row names is
-garbage once it is older than the retention, which must exceed the longest time between a
-put and the publish that references it.
+garbage once it is older than the retention. A publish that names an object first restarts
+its clock (``touch``; it fails once the object is gone), so the retention need only exceed
+the publish that follows, bounded by the worker's record timeout and shorter than a lease,
+not the handler's whole run since its put.
 
 One durable write per object: the bytes go into an unnamed file (``O_TMPFILE``, or a named
 temporary file where that is missing), which is linked under its final name only once every
@@ -72,6 +74,11 @@ class ObjectStore(Protocol):
     def get(self, key: str) -> bytes: ...
 
     def exists(self, key: str) -> bool: ...
+
+    def touch(self, key: str) -> None:
+        """Restart the object's age, as a put of its bytes would; raises ObjectNotFound once
+        it is gone (a collector took it)."""
+        ...
 
     def iter(self) -> Iterator[ObjectInfo]: ...
 
@@ -237,6 +244,14 @@ class LocalDirStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def touch(self, key: str) -> None:
+        # A delete moves the file aside before it reads its age: a touch before the move is
+        # seen there and the object kept; after it, the name is gone and the touch fails.
+        try:
+            os.utime(self._path(key))
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key=key) from exc
 
     def iter(self) -> Iterator[ObjectInfo]:
         if not self.root.is_dir():

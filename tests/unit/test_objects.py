@@ -114,6 +114,24 @@ def test_gc_spares_an_object_put_again_after_the_listing(tmp_path: Path) -> None
     assert not store.exists(key) and store.delete(key) is False
 
 
+def test_a_touch_restarts_an_objects_age_and_fails_once_it_is_gone(tmp_path: Path) -> None:
+    """What a publish does to the object it names: an old object touched is young again, so
+    a collection keeps it (control: the same object untouched is collected); a touch of an
+    object collected, or never put, raises ObjectNotFound."""
+    store = LocalDirStore(tmp_path)
+    kept, taken = store.put(b"named by a publish"), store.put(b"named by nothing")
+    age(store, kept, 2 * HOUR)
+    age(store, taken, 2 * HOUR)
+    store.touch(kept)
+    assert collect_garbage(store, set(), HOUR) == [taken]
+    assert store.get(kept) == b"named by a publish"
+    for key in (taken, key_for(b"never put")):
+        with pytest.raises(ObjectNotFound):
+            store.touch(key)
+    with pytest.raises(ObjectKeyInvalid):
+        store.touch("results/report.json")
+
+
 def test_gc_rejects_negative_retention(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         collect_garbage(LocalDirStore(tmp_path), set(), older_than_s=-1)

@@ -13,12 +13,13 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import FenceLost, JobState
-from accord.jobs.errors import ObjectKeyInvalid, ResultMismatch
+from accord.jobs.errors import ObjectKeyInvalid, ObjectNotFound, ResultMismatch
 from accord.jobs.models import Lease
 from accord.jobs.runner import Ending, JobContext
-from accord.jobs.runner.objects import key_for
+from accord.jobs.runner.objects import collect_garbage
 from accord.schemas.db import Tx
 from tests.integration.runner.conftest import Rig, running, wait_for
+from tests.unit.test_objects import age
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,7 +71,7 @@ async def test_the_current_lease_s_publish_writes_the_manifest_in_its_succeeded_
     plain: Rig,
 ) -> None:
     rig = plain
-    key = key_for(b"the report")
+    key = rig.objects.put(b"the report")
     job_id, ctx = await _claimed(rig, "with-callback")
     await ctx.publish(_mark(job_id), object_key=key)
     assert ctx.published and await rig.state(job_id) == JobState.SUCCEEDED
@@ -90,7 +91,7 @@ async def test_a_stale_lease_s_publish_writes_no_manifest_and_nothing_of_its_cal
     plain: Rig,
 ) -> None:
     rig = plain
-    key = key_for(b"a plausible report")
+    key = rig.objects.put(b"a plausible report")
     job_id, stale = await _claimed(rig, "stale")
     await rig.store.cancel(job_id, reason="test")
     with pytest.raises(FenceLost) as lost:
@@ -108,7 +109,7 @@ async def test_another_key_recorded_in_the_callback_is_refused_and_rolls_back(
     plain: Rig,
 ) -> None:
     rig = plain
-    named, other = key_for(b"named"), key_for(b"other")
+    named, other = rig.objects.put(b"named"), rig.objects.put(b"other")
     job_id, ctx = await _claimed(rig, "mismatch")
     with pytest.raises(ResultMismatch) as refused:
         await ctx.publish(_mark(job_id, (ctx, other)), object_key=named)
@@ -136,7 +137,7 @@ async def test_without_object_key_the_callback_s_record_result_writes_through_it
     plain: Rig,
 ) -> None:
     rig = plain
-    key = key_for(b"recorded in the callback")
+    key = rig.objects.put(b"recorded in the callback")
     job_id, ctx = await _claimed(rig, "callback-records")
     await ctx.publish(_mark(job_id, (ctx, key)))
     assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
@@ -154,8 +155,8 @@ async def test_the_worker_fails_a_handler_naming_two_results_without_a_retry(pla
     rig = plain
 
     async def handler(ctx: JobContext) -> None:
-        named = key_for(ctx.payload["named"].encode())
-        recorded = key_for(ctx.payload["recorded"].encode())
+        named = await ctx.put_object(ctx.payload["named"].encode())
+        recorded = await ctx.put_object(ctx.payload["recorded"].encode())
         await ctx.publish(_mark(ctx.lease.job_id, (ctx, recorded)), object_key=named)
 
     good = await rig.submit_job("good", WORKFLOW, named="a", recorded="a")
@@ -174,3 +175,55 @@ async def test_the_worker_fails_a_handler_naming_two_results_without_a_retry(pla
     assert await _manifest(rig.pool, bad) == []
     assert await rig.pool.fetchval("SELECT array_agg(job_id) FROM public.marks") == [good]
     assert worker.stats.endings == {str(Ending.PUBLISHED): 1, str(Ending.FAILED): 1}
+
+
+async def test_a_publish_restarts_its_object_s_age_so_a_run_longer_than_the_retention_keeps_it(
+    plain: Rig,
+) -> None:
+    """A handler may run longer than the collector's retention after its put: a publish
+    naming the object restarts its age first (as a callback's record_result does), so a
+    collection during the publish keeps it, and no manifest names a missing object. Control:
+    an object aged alike that nothing names is collected by the same pass. Collected before
+    the publish, the object is refused (ObjectNotFound) and nothing is written: the job is
+    retried, and its handler puts it again."""
+    rig = plain
+    retention = 60.0
+    collected: list[str] = []
+
+    def collecting(job_id: int, record: tuple[JobContext, str] | None = None):  # type: ignore[no-untyped-def]
+        """A callback recording ``record`` (if any), then a collector's pass."""
+
+        async def callback(tx: Tx) -> None:
+            await _mark(job_id, record)(tx)
+            collected.extend(collect_garbage(rig.objects, set(), retention))
+
+        return callback
+
+    for how in ("object_key", "record_result"):
+        key = rig.objects.put(f"a long run's report ({how})".encode())
+        stray = rig.objects.put(f"nothing names it ({how})".encode())
+        age(rig.objects, key, 3600)
+        age(rig.objects, stray, 3600)
+        job_id, ctx = await _claimed(rig, f"long-run-{how}")
+        if how == "object_key":
+            await ctx.publish(collecting(job_id), object_key=key)
+        else:
+            await ctx.publish(collecting(job_id, (ctx, key)))
+        assert collected == [stray]
+        collected.clear()
+        assert rig.objects.get(key) == f"a long run's report ({how})".encode()
+        assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
+
+    gone = rig.objects.put(b"collected while its handler ran")
+    age(rig.objects, gone, 3600)
+    job_id, ctx = await _claimed(rig, "collected")
+    assert collect_garbage(rig.objects, set(), retention) == [gone]
+    with pytest.raises(ObjectNotFound):
+        await ctx.publish(_mark(job_id), object_key=gone)
+    with pytest.raises(ObjectNotFound):
+        await ctx.publish(_mark(job_id, (ctx, gone)))
+    assert not ctx.published and await rig.state(job_id) == JobState.RUNNING
+    assert await _manifest(rig.pool, job_id) == []
+    assert (
+        await rig.pool.fetchval("SELECT count(*) FROM public.marks WHERE job_id = $1", job_id) == 0
+    )
