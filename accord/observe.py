@@ -108,6 +108,12 @@ PUBLISH_FAILURES = Counter(
     "accord_relay_publish_failures", "Publish attempts that failed, by typed reason",
     ["reason", "permanent"], registry=REGISTRY,
 )  # fmt: skip
+SETTLES_LOST = Counter(
+    "accord_relay_settles_lost",
+    "Rows a relay published or failed but could no longer settle: their lease ran out first"
+    " and another relay claimed them (published again)",
+    registry=REGISTRY,
+)  # fmt: skip
 RELAY_LAG = Histogram(
     "accord_relay_publish_lag_seconds", "Enqueued (occurred) to broker-confirmed, per event",
     buckets=_LATENCY_BUCKETS, registry=REGISTRY,
@@ -201,6 +207,10 @@ def published(occurred_at: datetime | None = None) -> None:
     lag = _age_s(occurred_at)
     if lag is not None:
         RELAY_LAG.observe(lag)
+
+
+def settle_lost(rows: int) -> None:
+    SETTLES_LOST.inc(rows)
 
 
 def publish_failed(reason: str, *, permanent: bool) -> None:

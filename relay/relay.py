@@ -139,6 +139,9 @@ class RelayStats:
     failures: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     promises: int = 0  # awake promises written (relay.awake)
+    # Rows published (or failed) whose settle found them no longer this relay's: their lease
+    # ran out first and another relay claimed them (they are published again).
+    settle_lost: int = 0
 
 
 class Relay:
@@ -362,9 +365,26 @@ class Relay:
             return 0
         previous = await self._previous_reasons(conn, rows)
         outcomes = await self._publish_batch(publisher, rows, previous)
-        await outbox.settle(conn, token, outcomes)
+        settled = await outbox.settle(conn, token, outcomes)
+        if settled < len(outcomes):
+            self._settle_lost(len(outcomes) - settled, len(outcomes))
         self.stats.cycles += 1
         return len(rows)
+
+    def _settle_lost(self, lost: int, of: int) -> None:
+        """The settle changed fewer rows than it was given: the token guard refused the rest,
+        whose lease ran out before it (a stalled relay): another relay has claimed them, and
+        publishes them again (at least once; the consumers' inbox absorbs the duplicate)."""
+        self.stats.settle_lost += lost
+        observe.settle_lost(lost)
+        log.warning(
+            "relay lease ran out before the settle of %d of %d rows: another relay claimed"
+            " them and publishes them again; if publishing a batch takes this long, raise"
+            " ACCORD_RELAY_LEASE_S (now %gs)",
+            lost,
+            of,
+            self.config.lease_s,
+        )
 
     async def _previous_reasons(
         self, conn: asyncpg.Connection, rows: Sequence[OutboxRow]

@@ -175,3 +175,58 @@ async def test_a_refused_publish_stops_the_relay_after_every_loop_settled(pg_dsn
     states = sorted(str(rows).split())
     assert states == sorted(["pending/access_refused/false", "published/-/false",
                              "pending/-/false", "pending/-/false"]), rows  # fmt: skip
+
+
+class StallingPublisher:
+    """A double at the broker seam whose confirm comes only after ``stall_s``, during which
+    another relay claims the batch's rows (their lease ran out): a stalled relay."""
+
+    def __init__(self, pg_dsn: str, stall_s: float) -> None:
+        self.pg_dsn, self.stall_s = pg_dsn, stall_s
+        self.taken: list[int] = []
+
+    async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        if not self.stall_s:
+            return
+        await anyio.sleep(self.stall_s)
+        other = await asyncpg.connect(self.pg_dsn)
+        try:
+            self.taken += [row.id for row in await outbox.claim(other, uuid.uuid4(), 10, 30.0)]
+        finally:
+            await other.close()
+
+    def broken(self) -> bool:
+        return False
+
+
+async def test_a_settle_that_lost_its_lease_is_counted_and_named(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay whose lease ran out while its publish was in flight finds, at its settle,
+    that another relay claimed the row: the token guard changes nothing (the row stays
+    pending under the other's lease, to be published again), and the relay counts the lost
+    settle and logs what to raise, instead of nothing. Control: a prompt publish settles
+    its row and counts no loss."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        config = helpers.config(
+            pg_dsn, "amqp://unused", Topology("unused"), lease_s=0.5, publish_timeout_s=0.4
+        )
+        prompt = Relay(config)
+        await helpers.enqueue_committed(pg_dsn, [helpers.make_event(1)])
+        assert await prompt.cycle(conn, StallingPublisher(pg_dsn, 0.0)) == 1
+        assert (prompt.stats.published, prompt.stats.settle_lost) == (1, 0)
+
+        [row_id] = await helpers.enqueue_outbox_ids(pg_dsn, [helpers.make_event(2)])
+        stalled, double = Relay(config), StallingPublisher(pg_dsn, 0.7)
+        assert await stalled.cycle(conn, double) == 1
+        assert double.taken == [row_id]
+        assert stalled.stats.settle_lost == 1
+        row = await conn.fetchrow(
+            "SELECT state, lease_token IS NOT NULL AS leased FROM relay.outbox WHERE id = $1",
+            row_id,
+        )
+        assert (row["state"], row["leased"]) == ("pending", True)  # the other relay's now
+        assert any("ACCORD_RELAY_LEASE_S" in r.getMessage() for r in caplog.records)
+    finally:
+        await conn.close()
