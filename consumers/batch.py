@@ -300,7 +300,11 @@ class BatchProcessor:
                 if item.delivery.delivery_count >= self.delivery_limit:
                     doomed.append(item)  # the broker would dead-letter it on this return
                 else:
-                    await item.message.nack(requeue=True)
+                    # reject, not nack: from RabbitMQ 4.3 only a reject counts a failed
+                    # delivery (x-delivery-count), and so reaches the delivery limit; a nack
+                    # returns it uncounted (https://www.rabbitmq.com/docs/4.3/nack). Before
+                    # 4.3 both count.
+                    await item.message.reject(requeue=True)
                     self.stats.retried += 1
                     observe.delivered(self.consumer.name, "retried")
                     log.info("retry %s", _ids(item, item.transient))

@@ -50,7 +50,9 @@ class Delivered:
         self.settled.append("ack-multiple" if multiple else "ack")
 
     async def nack(self, requeue: bool = True) -> None:
-        self.settled.append("requeue" if requeue else "nack")
+        # A retry must be a reject: from RabbitMQ 4.3 a nack is not counted as a failed
+        # delivery, so a message always failing would never reach its delivery limit.
+        self.settled.append("nack-requeue" if requeue else "nack")
 
     async def reject(self, requeue: bool = False) -> None:
         self.settled.append("requeue" if requeue else "reject")
