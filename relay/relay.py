@@ -299,7 +299,8 @@ class Relay:
     async def _promise(self, conn: asyncpg.Connection) -> None:
         """Promise (again) to poll for ``awake_s``, once less than half of it is left. A
         refusal (a role without its grant) ends the promises, not the relay: enqueues go on
-        notifying."""
+        notifying. Any other error of the statement skips this promise only (the next
+        poll's tries again): a promise is an optimisation, never worth the relay."""
         awake_s = self.config.awake_s
         left_s = self._awake_until - anyio.current_time()
         if not awake_s or self._promise_refused or left_s > awake_s / 2:
@@ -308,12 +309,19 @@ class Relay:
             row = await conn.fetchrow(sql.PROMISE_AWAKE, awake_s)
         except DB_CONNECTION_LOST:
             raise
-        except asyncpg.PostgresError as exc:
+        except asyncpg.InsufficientPrivilegeError as exc:
             self._promise_refused = True
             log.error(
                 "relay: cannot promise to poll (%s: %s); enqueues keep notifying and this"
                 " relay tries no more until it restarts. Grant UPDATE (until) ON relay.awake"
                 " to the relay's role, or set ACCORD_RELAY_AWAKE_S=0",
+                type(exc).__name__,
+                exc,
+            )
+            return
+        except asyncpg.PostgresError as exc:
+            log.warning(
+                "relay: this promise to poll failed (%s: %s); enqueues notify meanwhile",
                 type(exc).__name__,
                 exc,
             )

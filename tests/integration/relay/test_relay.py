@@ -636,3 +636,41 @@ async def test_a_promise_no_relay_keeps_delays_an_event_by_one_poll_and_loses_no
         relay.stop()
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == {str(e.event_id) for e in events}
+
+
+@pytest.mark.timeout(60)
+async def test_a_promise_that_fails_for_another_reason_is_tried_again(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, topo: Topology,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Only a missing grant ends a relay's promises. A promise that fails otherwise (here
+    its UPDATE of relay.awake waits past this database's lock_timeout while another session
+    holds the row) skips that promise only: the relay publishes on by NOTIFY, and promises
+    again once the row is free. Before, any error ended the promises until a restart, with
+    a message naming a grant that was not missing."""
+    database = await pg.fetchval("SELECT current_database()")
+    await pg.execute(f"ALTER DATABASE \"{database}\" SET lock_timeout = '200ms'")
+    holder = await asyncpg.connect(pg_dsn)
+    try:
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute("SELECT * FROM relay.awake FOR UPDATE")
+        relay = Relay(helpers.config(pg_dsn, amqp_url, topo, pg_role="accord_relay"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            first = [helpers.make_event(n) for n in range(40)]
+            await helpers.enqueue_committed_together(pg_dsn, first)
+            await helpers.wait_until_settled(pg_dsn, expect_published=40, within_s=10)
+            await anyio.sleep(0.6)  # past the lock_timeout of the promise after that claim
+            assert relay.stats.promises == 0
+            await hold.rollback()  # the row is free again
+            second = [helpers.make_event(n) for n in range(40, 80)]
+            await helpers.enqueue_committed_together(pg_dsn, second)
+            await helpers.wait_until_settled(pg_dsn, expect_published=80, within_s=10)
+            relay.stop()
+    finally:
+        await holder.close()
+    assert relay.stats.promises >= 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("this promise to poll failed" in m for m in messages)
+    assert not any("cannot promise to poll" in m for m in messages)
