@@ -54,6 +54,7 @@ from accord.jobs.framing import (
     Verified,
     encode_payload,
     make_dirs,
+    read_after,
     scan_bytes,
     scan_frames,
 )
@@ -216,18 +217,10 @@ class FileLedger:
     def _refresh(self, f: Any) -> _Known:
         st = os.fstat(f.fileno())
         file, known, now = (st.st_dev, st.st_ino), self._known, time.monotonic()
-        if (
-            known is not None
-            and now - known.verified_at < self._verify_every_s
-            and known.file == file
-            and st.st_size >= known.end
-        ):
-            if st.st_size == known.end:
-                return known
-            f.seek(known.end - len(known.mark))
-            data = f.read()
-            if data.startswith(known.mark):
-                self._fold(known, data[len(known.mark) :])
+        if known is not None and now - known.verified_at < self._verify_every_s:
+            appended = read_after(f.fileno(), Verified(known.file, known.end, known.mark))
+            if appended is not None:
+                self._fold(known, appended)
                 return known
         f.seek(0)
         data = f.read()

@@ -51,6 +51,7 @@ from accord.jobs.framing.file import (
     fsync_dir,
     make_dirs,
     quarantine_tail,
+    read_after,
     scan_journal,
     truncate_journal,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "fsync_dir",
     "make_dirs",
     "quarantine_tail",
+    "read_after",
     "scan_after",
     "scan_bytes",
     "scan_frames",

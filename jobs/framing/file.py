@@ -408,21 +408,26 @@ class Journal:
                 os.close(fd)
 
 
-def _scan_fd(fd: int, verified: Verified | None = None) -> JournalScan:
+def read_after(fd: int, verified: Verified) -> bytes | None:
+    """The bytes of the file open at ``fd`` that follow the prefix ``verified``, once the
+    file is the same one and still ends that prefix with the same bytes; else None (another
+    file, cut short, or rewritten there: read it whole)."""
     st = os.fstat(fd)
-    if (
-        verified is not None
-        and verified.file == (st.st_dev, st.st_ino)
-        and len(verified.mark) <= verified.end
-        and verified.end <= st.st_size
-    ):
-        start = verified.end - len(verified.mark)
-        rest = os.pread(fd, st.st_size - start, start)
-        if rest.startswith(verified.mark):
-            scan = scan_after(os.pread(fd, HEADER_MAX, 0), verified.end, rest[len(verified.mark) :])
-            if scan is not None:
-                return scan
-    return scan_bytes(os.pread(fd, st.st_size, 0))
+    start = verified.end - len(verified.mark)
+    if verified.file != (st.st_dev, st.st_ino) or start < 0 or st.st_size < verified.end:
+        return None
+    rest = os.pread(fd, st.st_size - start, start)
+    return rest[len(verified.mark) :] if rest.startswith(verified.mark) else None
+
+
+def _scan_fd(fd: int, verified: Verified | None = None) -> JournalScan:
+    rest = None if verified is None else read_after(fd, verified)
+    if rest is not None:
+        assert verified is not None
+        scan = scan_after(os.pread(fd, HEADER_MAX, 0), verified.end, rest)
+        if scan is not None:
+            return scan
+    return scan_bytes(os.pread(fd, os.fstat(fd).st_size, 0))
 
 
 def _refuse_corrupt(path: Path, scan: JournalScan) -> None:
