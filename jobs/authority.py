@@ -76,10 +76,12 @@ async def _change(
 ) -> int:
     require_transaction(tx)
     row = await tx.fetchrow(repair_sql.AUTHORITY_LOCK, tenant)
-    if why is LedgerWhy.LIFT:
-        entry = (await ledger.read()).get(tenant)
-        if row["open_restore"] or (entry is not None and entry.epoch > row["epoch"]):
-            raise AuthorityRefused(reason="restore_unresolved", tenant=tenant)
+    # A database behind the ledger was restored (or lost a change the ledger saw), detected
+    # or not yet: no change of any kind here, since one epoch more would bring it level with
+    # the ledger and hide the restore from every later check. A repair principal resolves it.
+    entry = (await ledger.read()).get(tenant)
+    if row["open_restore"] or (entry is not None and entry.epoch > row["epoch"]):
+        raise AuthorityRefused(reason="restore_unresolved", tenant=tenant)
     epoch = int(row["epoch"]) + 1
     frozen = bool(row["frozen"]) if frozen is None else frozen
     # Ledger first (durable), then the row: see the module docstring for the crash windows.
@@ -96,7 +98,9 @@ async def _change(
 async def rotate(tx: Tx, ledger: Ledger, tenant: str, *, who: str | None = None) -> int:
     """Runs in the caller's transaction; never commits. Advances the tenant's epoch by one,
     ledger first; once committed every lease under the old epoch fails its fence. Keeps the
-    tenant's restriction as it is. Returns the new epoch."""
+    tenant's restriction as it is. Returns the new epoch. Raises AuthorityRefused
+    (reason="restore_unresolved") while the database is behind the ledger or a detected
+    restore is open, as restrict and lift do."""
     return await _change(tx, ledger, tenant, LedgerWhy.ROTATE, None, who, None)
 
 

@@ -170,28 +170,38 @@ async def resume(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
 async def advance_epoch(
     tx: Tx, ledger: Ledger, tenant: str, *, who: str, evidence: str
 ) -> EpochAdvanced:
-    """Runs in the caller's transaction; never commits. Validates and advances the tenant's
-    epoch past both the database and the ledger, lifts the freeze and resolves the open restore
-    detection; held work stays held (release it per job, after looking). Ledger first: the
-    new epoch is appended (durable) under the tenant row lock before the row changes, so a
-    rollback leaves the ledger ahead, which the next check treats as a restore again."""
+    """Runs in the caller's transaction; never commits. After a detected restore only:
+    validates and advances the tenant's epoch past both the database and the ledger, and
+    resolves the open restore detection. The tenant's restriction becomes the one the ledger
+    records (a restriction survives the restore; lifting it is the owner's ``lift``); held
+    work stays held (release it per job, after looking). Ledger first: the new epoch is
+    appended (durable) under the tenant row lock before the row changes, so a rollback leaves
+    the ledger ahead, which the next check treats as a restore again. Raises RepairRefused
+    (no_restore: no restore is open, so the repair role has nothing to advance: run
+    ``accord repair restore-check`` if the database is behind the ledger; missing;
+    not_past_ledger; no_principal; no_evidence)."""
     require_transaction(tx)
     _require_principal(who, evidence)
     row = await tx.fetchrow(repair_sql.AUTHORITY_LOCK, tenant)
+    if not row["open_restore"]:
+        raise RepairRefused(reason="no_restore", tenant=tenant)
     entry = (await ledger.read()).get(tenant)
     ledger_epoch = entry.epoch if entry is not None else 0
+    frozen = entry.frozen if entry is not None else False
     epoch = max(int(row["epoch"]), ledger_epoch) + 1
     await ledger.append(
         LedgerRecord(
             tenant=tenant,
             epoch=epoch,
-            frozen=False,
+            frozen=frozen,
             why=LedgerWhy.REPAIR_ADVANCE,
             who=who,
             evidence=evidence,
         )
     )
-    done = await tx.fetchrow(repair_sql.ADVANCE_EPOCH, tenant, epoch, ledger_epoch, who, evidence)
+    done = await tx.fetchrow(
+        repair_sql.ADVANCE_EPOCH, tenant, epoch, ledger_epoch, frozen, who, evidence
+    )
     _refused(done["status"], tenant=tenant)
     return EpochAdvanced(tenant, epoch, ledger_epoch, done["audit_id"])
 

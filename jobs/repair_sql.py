@@ -41,7 +41,9 @@ REQUEUE_POISON = "SELECT status, job_state, audit_id FROM jobs.repair_requeue_po
 RESUME = "SELECT status, job_state, audit_id FROM jobs.repair_resume($1, $2, $3)"
 
 # Advance tenant $1's epoch to $2, past ledger epoch $3, as principal $4 with evidence $5.
-ADVANCE_EPOCH = "SELECT status, epoch, audit_id FROM jobs.repair_advance_epoch($1, $2, $3, $4, $5)"
+ADVANCE_EPOCH = (
+    "SELECT status, epoch, audit_id FROM jobs.repair_advance_epoch($1, $2, $3, $4, $5, $6)"
+)
 
 # Escalate up to $2 unresolved effects begun more than $1 seconds ago.
 ESCALATE = "SELECT job_id, effect_key, seq, tenant, age_s FROM jobs.repair_escalate($1, $2)"

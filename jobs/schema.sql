@@ -748,10 +748,10 @@ BEGIN
 END $$;
 
 --
--- Name: repair_advance_epoch(text, bigint, bigint, text, text); Type: FUNCTION; Schema: jobs; Owner: -
+-- Name: repair_advance_epoch(text, bigint, bigint, boolean, text, text); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
-CREATE FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) RETURNS TABLE(status text, epoch bigint, audit_id bigint)
+CREATE FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text) RETURNS TABLE(status text, epoch bigint, audit_id bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -759,12 +759,18 @@ CREATE FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_l
 DECLARE
     t jobs.tenants%ROWTYPE;
     v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+    v_detected bigint;
     v_audit bigint;
 BEGIN
     IF v_refusal IS NULL THEN
         SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+        -- The ledger epoch the open restore recorded: the caller's may not be below it.
+        SELECT max(r.ledger_epoch) INTO v_detected FROM jobs.authority_restores r
+        WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
         v_refusal := CASE
             WHEN t.tenant IS NULL THEN 'missing'
+            WHEN v_detected IS NULL THEN 'no_restore'
+            WHEN p_ledger_epoch < v_detected THEN 'behind_detection'
             WHEN p_new_epoch <= greatest(t.epoch, p_ledger_epoch) THEN 'not_past_ledger'
         END;
     END IF;
@@ -772,13 +778,13 @@ BEGIN
         RETURN QUERY SELECT v_refusal, t.epoch, NULL::bigint;
         RETURN;
     END IF;
-    UPDATE jobs.tenants x SET epoch = p_new_epoch, frozen = false, updated_at = now()
+    UPDATE jobs.tenants x SET epoch = p_new_epoch, frozen = p_frozen, updated_at = now()
     WHERE x.tenant = p_tenant;
     PERFORM jobs.drain_fences(p_tenant);
     v_audit := jobs.repair_audit_row(
         'advance_epoch', p_who, p_tenant, NULL, NULL, NULL, p_new_epoch::text, p_evidence,
         jsonb_build_object('from_epoch', t.epoch, 'ledger_epoch', p_ledger_epoch,
-                           'was_frozen', t.frozen));
+                           'was_frozen', t.frozen, 'frozen', p_frozen));
     UPDATE jobs.authority_restores r
     SET resolved_at = now(), resolved_epoch = p_new_epoch, resolved_audit = v_audit
     WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
@@ -889,6 +895,9 @@ BEGIN
             WHEN j.state = 'running' THEN 'running'
             WHEN j.state <> 'poison' THEN 'not_poison'
             WHEN jobs.blocking_effects(p_job_id) THEN 'effects_unresolved'
+            WHEN EXISTS (SELECT 1 FROM jobs.authority_restores r
+                         WHERE r.tenant = j.tenant AND r.resolved_at IS NULL)
+                THEN 'restore_unresolved'
         END;
     END IF;
     IF v_refusal IS NOT NULL THEN
@@ -946,7 +955,11 @@ BEGIN
                               finished_at = now()
     WHERE x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq;
     PERFORM set_config('accord.repair_effect', '', true);
-    IF j.state = 'unknown' AND NOT jobs.blocking_effects(p_job_id) THEN
+    -- An unknown job with nothing left forbidding a rerun is queued again, unless its
+    -- tenant's restore is open: then it stays unknown, for a person to resume after.
+    IF j.state = 'unknown' AND NOT jobs.blocking_effects(p_job_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
+                       WHERE r.tenant = j.tenant AND r.resolved_at IS NULL) THEN
         UPDATE jobs.jobs x SET state = 'queued', generation = x.generation + 1,
                                run_after = now(), updated_at = now()
         WHERE x.job_id = p_job_id RETURNING x.state INTO j.state;
@@ -2189,11 +2202,11 @@ REVOKE ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow tex
 GRANT ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_lease_s double precision) TO accord_worker;
 
 --
--- Name: FUNCTION repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text); Type: ACL; Schema: jobs; Owner: -
+-- Name: FUNCTION repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text); Type: ACL; Schema: jobs; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_who text, p_evidence text) TO accord_repair;
+REVOKE ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text) TO accord_repair;
 
 --
 -- Name: FUNCTION repair_audit_row(p_action text, p_who text, p_tenant text, p_job_id bigint, p_effect_key text, p_seq integer, p_outcome text, p_evidence text, p_detail jsonb); Type: ACL; Schema: jobs; Owner: -

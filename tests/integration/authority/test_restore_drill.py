@@ -5,7 +5,8 @@ Dump (pg_dump -Fc) while a job is leased → advance the tenant's authority (rot
 restriction, ledger first) → restore the dump into a new database → start the processes:
 the restore is detected, the lease that was valid in the dump can neither publish, renew nor
 begin an effect, nothing is claimed until a repair principal advances the epoch past the
-ledger, and after that new claims work (the control).
+ledger, and after that new claims work (the control), once the owner lifted a restriction the
+ledger recorded (it survives the restore).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import anyio
 import pytest
 
 from accord.jobs import FenceLost, FileLedger, RepairRefused, check_restore, require_authority, sql
-from accord.jobs.authority import restrict, rotate
+from accord.jobs.authority import lift, restrict, rotate
 from accord.jobs.repair import audit, release_hold
 from tests.integration.authority.conftest import (
     TENANT,
@@ -139,9 +140,15 @@ async def test_restore_drill(
         assert (await ledger.read())[TENANT].epoch == 3
         assert await check_restore(p.worker, ledger) == []
 
-        # 6. control: new claims work, under the new epoch; the old lease stays dead
+        # 6. control: new claims work, under the new epoch; the old lease stays dead. A
+        # restriction the ledger recorded survived the restore: the owner lifts it first.
+        if advance == "restriction":
+            assert await p.claim() == []
+            async with p.owner.acquire() as conn, conn.transaction():
+                assert await lift(conn, ledger, TENANT, who="ops", evidence="inc-1 closed") == 4
         [claimed] = await p.claim()
-        assert (claimed.job_id, claimed.epoch) == (fresh, 3)
+        epoch = 3 if advance == "rotation" else 4
+        assert (claimed.job_id, claimed.epoch) == (fresh, epoch)
         await p.store.publish(claimed)
         with pytest.raises(FenceLost):
             await p.store.publish(lease)
@@ -152,7 +159,7 @@ async def test_restore_drill(
         )  # fmt: skip
         assert code == 0, out
         again = await p.claim_one()
-        assert (again.job_id, again.epoch) == (lease.job_id, 3)
+        assert (again.job_id, again.epoch) == (lease.job_id, epoch)
         assert again.generation > lease.generation
         async with p.repair.acquire() as conn:
             trail = await audit(conn, tenant=TENANT)

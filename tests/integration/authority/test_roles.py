@@ -48,7 +48,7 @@ async def test_the_worker_executes_but_cannot_repair(principals: Principals) -> 
             (repair_sql.RESOLVE_EFFECT, (unknown, "charge", "succeeded", None, "w", "e")),
             (repair_sql.RELEASE_HOLD, (unknown, "w", "e")),
             (repair_sql.REQUEUE_POISON, (unknown, "w", "e")),
-            (repair_sql.ADVANCE_EPOCH, ("acme", 9, 1, "w", "e")),
+            (repair_sql.ADVANCE_EPOCH, ("acme", 9, 1, False, "w", "e")),
             (repair_sql.ESCALATE, (0.0, 10)),
             (repair_sql.AUTHORITY_LOCK, ("acme",)),
             (repair_sql.AUTHORITY_SET, ("acme", 9, False)),

@@ -1,0 +1,144 @@
+-- 0043 The repair role's authority ends where a restore's begins. jobs.repair_advance_epoch
+-- advanced any tenant's epoch and cleared its freeze whenever it was called, restore or not,
+-- and trusted the ledger epoch its caller passed: the repair role could lift a restriction
+-- (DESIGN §7 gives it no such power), a restriction the ledger recorded did not survive a
+-- restore, and a direct call could resolve a restore below the ledger. It now acts only on
+-- an open restore, advances past the highest ledger epoch that restore recorded, and keeps
+-- the restriction the ledger holds (p_frozen; lifting it is the owner's `lift`). While a
+-- restore is open, jobs.repair_resolve_effect records the resolution but leaves the job
+-- `unknown` (a person resumes it once the restore is resolved, as `repair_resume` already
+-- required), and jobs.repair_requeue_poison refuses: old work of a restored tenant runs
+-- again only through a person's release.
+
+DROP FUNCTION jobs.repair_advance_epoch(text, bigint, bigint, text, text);
+
+CREATE FUNCTION jobs.repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text) RETURNS TABLE(status text, epoch bigint, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    t jobs.tenants%ROWTYPE;
+    v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+    v_detected bigint;
+    v_audit bigint;
+BEGIN
+    IF v_refusal IS NULL THEN
+        SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+        -- The ledger epoch the open restore recorded: the caller's may not be below it.
+        SELECT max(r.ledger_epoch) INTO v_detected FROM jobs.authority_restores r
+        WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
+        v_refusal := CASE
+            WHEN t.tenant IS NULL THEN 'missing'
+            WHEN v_detected IS NULL THEN 'no_restore'
+            WHEN p_ledger_epoch < v_detected THEN 'behind_detection'
+            WHEN p_new_epoch <= greatest(t.epoch, p_ledger_epoch) THEN 'not_past_ledger'
+        END;
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT v_refusal, t.epoch, NULL::bigint;
+        RETURN;
+    END IF;
+    UPDATE jobs.tenants x SET epoch = p_new_epoch, frozen = p_frozen, updated_at = now()
+    WHERE x.tenant = p_tenant;
+    PERFORM jobs.drain_fences(p_tenant);
+    v_audit := jobs.repair_audit_row(
+        'advance_epoch', p_who, p_tenant, NULL, NULL, NULL, p_new_epoch::text, p_evidence,
+        jsonb_build_object('from_epoch', t.epoch, 'ledger_epoch', p_ledger_epoch,
+                           'was_frozen', t.frozen, 'frozen', p_frozen));
+    UPDATE jobs.authority_restores r
+    SET resolved_at = now(), resolved_epoch = p_new_epoch, resolved_audit = v_audit
+    WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
+    RETURN QUERY SELECT NULL::text, p_new_epoch, v_audit;
+END $$;
+
+REVOKE ALL ON FUNCTION jobs.repair_advance_epoch(text, bigint, bigint, boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION jobs.repair_advance_epoch(text, bigint, bigint, boolean, text, text) TO accord_repair;
+
+CREATE OR REPLACE FUNCTION jobs.repair_requeue_poison(p_job_id bigint, p_who text, p_evidence text) RETURNS TABLE(status text, job_state text, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j jobs.jobs%ROWTYPE;
+    v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+BEGIN
+    IF v_refusal IS NULL THEN
+        SELECT * INTO j FROM jobs.jobs x WHERE x.job_id = p_job_id FOR UPDATE;
+        v_refusal := CASE
+            WHEN j.job_id IS NULL THEN 'missing'
+            WHEN j.state = 'running' THEN 'running'
+            WHEN j.state <> 'poison' THEN 'not_poison'
+            WHEN jobs.blocking_effects(p_job_id) THEN 'effects_unresolved'
+            WHEN EXISTS (SELECT 1 FROM jobs.authority_restores r
+                         WHERE r.tenant = j.tenant AND r.resolved_at IS NULL)
+                THEN 'restore_unresolved'
+        END;
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT v_refusal, j.state, NULL::bigint;
+        RETURN;
+    END IF;
+    UPDATE jobs.jobs x
+    SET state = 'queued', attempts = 0, generation = x.generation + 1, run_after = now(),
+        updated_at = now()
+    WHERE x.job_id = p_job_id;
+    RETURN QUERY SELECT NULL::text, 'queued'::text,
+        jobs.repair_audit_row('requeue_poison', p_who, j.tenant, p_job_id, NULL, NULL, 'queued',
+                              p_evidence, jsonb_build_object('attempts', j.attempts,
+                                                             'last_error', j.last_error));
+END $$;
+
+CREATE OR REPLACE FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text) RETURNS TABLE(status text, seq integer, job_state text, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j jobs.jobs%ROWTYPE;
+    e jobs.effects%ROWTYPE;
+    v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+    v_audit bigint;
+BEGIN
+    IF v_refusal IS NULL AND p_outcome NOT IN ('succeeded', 'failed_before_dispatch') THEN
+        v_refusal := 'invalid_outcome';
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT v_refusal, NULL::integer, NULL::text, NULL::bigint;
+        RETURN;
+    END IF;
+    SELECT * INTO j FROM jobs.jobs x WHERE x.job_id = p_job_id FOR UPDATE;
+    IF NOT FOUND OR j.state = 'running' THEN
+        RETURN QUERY SELECT CASE WHEN j.job_id IS NULL THEN 'missing' ELSE 'running' END,
+                            NULL::integer, j.state, NULL::bigint;
+        RETURN;
+    END IF;
+    SELECT * INTO e FROM jobs.effects x WHERE x.job_id = p_job_id AND x.effect_key = p_key
+    ORDER BY x.seq DESC LIMIT 1 FOR UPDATE;
+    IF NOT FOUND OR e.state NOT IN ('pending', 'unknown') THEN
+        RETURN QUERY SELECT CASE WHEN e.job_id IS NULL THEN 'missing_effect'
+                                 ELSE 'not_unresolved' END, e.seq, j.state, NULL::bigint;
+        RETURN;
+    END IF;
+    PERFORM set_config('accord.repair_effect',
+                       jsonb_build_array(e.job_id, e.effect_key, e.seq)::text, true);
+    UPDATE jobs.effects x SET state = p_outcome, receipt = coalesce(p_receipt, x.receipt),
+                              finished_at = now()
+    WHERE x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq;
+    PERFORM set_config('accord.repair_effect', '', true);
+    -- An unknown job with nothing left forbidding a rerun is queued again, unless its
+    -- tenant's restore is open: then it stays unknown, for a person to resume after.
+    IF j.state = 'unknown' AND NOT jobs.blocking_effects(p_job_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
+                       WHERE r.tenant = j.tenant AND r.resolved_at IS NULL) THEN
+        UPDATE jobs.jobs x SET state = 'queued', generation = x.generation + 1,
+                               run_after = now(), updated_at = now()
+        WHERE x.job_id = p_job_id RETURNING x.state INTO j.state;
+    END IF;
+    v_audit := jobs.repair_audit_row('resolve_effect', p_who, j.tenant, p_job_id, p_key, e.seq,
+                                     p_outcome, p_evidence,
+                                     jsonb_build_object('from', e.state, 'receipt', p_receipt,
+                                                        'job_state', j.state));
+    RETURN QUERY SELECT NULL::text, e.seq, j.state, v_audit;
+END $$;

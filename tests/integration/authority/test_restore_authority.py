@@ -1,0 +1,161 @@
+"""What nobody may do to a tenant whose database is behind its ledger, and what the repair role
+may do only then.
+
+* An owner's rotate or restrict on a database one epoch behind the ledger would bring it level
+  and hide the restore from every later check: refused, like a lift (control: level, it runs).
+* The repair role advances an epoch only past an open restore (it cannot lift a restriction by
+  advancing), never below the ledger epoch that restore recorded, and keeps the restriction the
+  ledger holds: a restriction survives a restore, and only the owner lifts it.
+* While a restore is open, a resolved effect leaves its job ``unknown`` and a poisoned job is
+  not requeued: old work of the restored tenant runs again only once a person resumes it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accord.jobs import (
+    AuthorityRefused,
+    EffectState,
+    FileLedger,
+    JobState,
+    LedgerRecord,
+    LedgerWhy,
+    RepairRefused,
+    check_restore,
+)
+from accord.jobs.authority import lift, restrict, rotate
+from accord.jobs.repair import advance_epoch, requeue_poison, resolve_effect, resume
+from tests.integration.authority.conftest import TENANT, Principals
+
+
+async def epoch_of(p: Principals) -> tuple[int, bool]:
+    row = await p.owner.fetchrow("SELECT epoch, frozen FROM jobs.tenants WHERE tenant = $1", TENANT)
+    return row["epoch"], row["frozen"]
+
+
+async def restored(p: Principals, ledger: FileLedger, *, frozen: bool = False) -> None:
+    """The ledger one epoch ahead of the database, as after a restore to the snapshot
+    before the last change (a restriction, with ``frozen``)."""
+    await p.owner.execute(
+        "INSERT INTO jobs.tenants (tenant) VALUES ($1) ON CONFLICT DO NOTHING", TENANT
+    )
+    epoch, _ = await epoch_of(p)
+    why = LedgerWhy.RESTRICT if frozen else LedgerWhy.ROTATE
+    await ledger.append(LedgerRecord(tenant=TENANT, epoch=epoch + 1, frozen=frozen, why=why))
+
+
+@pytest.mark.parametrize("change", ["rotate", "restrict"])
+async def test_a_change_on_a_database_behind_the_ledger_is_refused_not_hiding_it(
+    principals: Principals, ledger: FileLedger, change: str
+) -> None:
+    p = principals
+    await p.submit("a")
+
+    async def apply() -> int:
+        async with p.owner.acquire() as conn, conn.transaction():
+            if change == "rotate":
+                return await rotate(conn, ledger, TENANT, who="ops")
+            return await restrict(conn, ledger, TENANT, who="ops", evidence="inc-1")
+
+    assert await apply() == 2  # control: level with the ledger, it runs
+    if change == "restrict":
+        async with p.owner.acquire() as conn, conn.transaction():
+            await lift(conn, ledger, TENANT, who="ops")
+    await restored(p, ledger)
+    before = await epoch_of(p)
+    with pytest.raises(AuthorityRefused) as refused:
+        await apply()
+    assert refused.value.reason == "restore_unresolved"
+    assert await epoch_of(p) == before
+    # ... so the next check still sees the restore, freezes the tenant and holds its work
+    [restore] = await check_restore(p.worker, ledger)
+    assert (restore.db_epoch, restore.ledger_epoch, restore.held_jobs) == (
+        before[0],
+        before[0] + 1,
+        1,
+    )
+    assert await p.claim() == []
+
+
+async def test_the_repair_role_advances_only_past_an_open_restore(
+    principals: Principals, ledger: FileLedger
+) -> None:
+    p = principals
+    async with p.owner.acquire() as conn, conn.transaction():
+        await restrict(conn, ledger, TENANT, who="security", evidence="inc-2")
+    await p.submit("a")
+    async with p.repair.acquire() as conn:
+        with pytest.raises(RepairRefused) as refused:  # no restore: a restriction stays
+            async with conn.transaction():
+                await advance_epoch(conn, ledger, TENANT, who="mallory", evidence="x")
+        assert refused.value.reason == "no_restore"
+        assert await epoch_of(p) == (2, True) and await p.claim() == []
+        # A direct call refuses alike, and below the ledger epoch a restore recorded.
+        call = "SELECT status FROM jobs.repair_advance_epoch($1, $2, $3, false, 'm', 'x')"
+        assert await conn.fetchval(call, TENANT, 9, 2) == "no_restore"
+        await restored(p, ledger)  # the database one behind (ledger 3, database 2)
+        assert len(await check_restore(p.worker, ledger)) == 1
+        assert await conn.fetchval(call, TENANT, 3, 2) == "behind_detection"
+        assert await epoch_of(p) == (2, True)
+        async with conn.transaction():  # control: with the restore open, it advances
+            done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
+        assert (done.epoch, done.ledger_epoch) == (4, 3)
+
+
+async def test_a_restriction_the_ledger_records_survives_the_restore(
+    principals: Principals, ledger: FileLedger
+) -> None:
+    """Restricted after the snapshot: the restored database is unrestricted, one behind. The
+    repair principal's advance keeps the ledger's restriction; new work waits for the owner's
+    lift (control: it runs after)."""
+    p = principals
+    await restored(p, ledger, frozen=True)
+    assert len(await check_restore(p.worker, ledger)) == 1
+    async with p.repair.acquire() as conn, conn.transaction():
+        done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
+    assert await epoch_of(p) == (done.epoch, True)
+    assert (await ledger.read())[TENANT].frozen is True
+    assert await check_restore(p.worker, ledger) == []
+    fresh = await p.submit("new")
+    assert await p.claim() == []
+    async with p.owner.acquire() as conn, conn.transaction():
+        await lift(conn, ledger, TENANT, who="security", evidence="inc-2 closed")
+    [lease] = await p.claim()
+    assert lease.job_id == fresh
+
+
+async def test_old_work_waits_for_a_person_while_a_restore_is_open(
+    principals: Principals, ledger: FileLedger
+) -> None:
+    """An unknown effect resolved during an open restore (reconcile runs unattended) leaves its
+    job unknown, and a poisoned job is not requeued; once the restore is resolved, a person
+    resumes and requeues them (the control)."""
+    p = principals
+    unknown = await p.submit("u")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, "charge", "i")
+    await p.store.finish_effect(lease, "charge", EffectState.UNKNOWN)
+    assert await p.store.fail(lease, "lost reply", retry=True) is JobState.UNKNOWN
+    poisoned = await p.submit("p", max_attempts=1)
+    assert await p.store.fail(await p.claim_one(), "boom", retry=True) is JobState.POISON
+    await restored(p, ledger)
+    assert len(await check_restore(p.worker, ledger)) == 1
+    async with p.repair.acquire() as conn:
+        async with conn.transaction():
+            done = await resolve_effect(
+                conn, unknown, "charge", EffectState.FAILED_BEFORE_DISPATCH,
+                who="reconcile", evidence="provider: never accepted",
+            )  # fmt: skip
+        assert done.job_state is JobState.UNKNOWN
+        with pytest.raises(RepairRefused) as refused:
+            async with conn.transaction():
+                await requeue_poison(conn, poisoned, who="alice", evidence="fixed")
+        assert refused.value.reason == "restore_unresolved"
+        async with conn.transaction():
+            await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
+        assert await p.claim() == []
+        async with conn.transaction():
+            await resume(conn, unknown, who="alice", evidence="looked: never sent")
+            await requeue_poison(conn, poisoned, who="alice", evidence="fixed")
+    assert {lease.job_id for lease in await p.claim()} == {unknown, poisoned}
