@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,18 +21,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("accord.runtime")
 
 
+#: A one-shot command stopped by SIGTERM exits as a process the signal ended would (128 + 15).
+INTERRUPTED = 128 + signal.SIGTERM
+
+
 def _stop_before_ready(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+def _interrupted(signum: int, frame: object) -> None:
+    print(
+        "accord: stopped by SIGTERM before the command finished; what it committed stays"
+        " (each step is its own transaction): run it again",
+        file=sys.stderr,
+    )
+    raise SystemExit(INTERRUPTED)
+
+
+def run(main: Callable[..., Awaitable[Any]], *args: Any, service: bool = False) -> Any:
     """Run ``main`` on asyncio, with uvloop as the loop where it is installed.
 
-    Until ``main`` installs its own SIGTERM handling (each long-running command does once it
-    serves: finish the batch, then exit 0), a SIGTERM ends the process at once with exit 0:
-    nothing has been claimed, consumed or published yet, so there is nothing to drain.
+    A ``service`` (a long-running command) installs its own SIGTERM handling once it serves
+    (finish the batch, then exit 0); until then a SIGTERM ends it at once with exit 0:
+    nothing has been claimed, consumed or published yet, so there is nothing to drain. A
+    one-shot command (migrate, replay, repair, ...) stopped by SIGTERM did not finish: it
+    exits 143, so that ``accord migrate && start`` does not go on.
     """
-    signal.signal(signal.SIGTERM, _stop_before_ready)
+    signal.signal(signal.SIGTERM, _stop_before_ready if service else _interrupted)
     observe.starting()
     with telemetry.tracing():  # OTEL_* configure this process's traces; flushed on return
         try:

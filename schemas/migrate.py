@@ -87,6 +87,15 @@ def _read(entries: Sequence[Traversable], where: str) -> tuple[Migration, ...]:
     for entry in entries:
         match = _FILE.match(entry.name)
         if match is None:
+            if entry.name.lower().endswith(".sql"):
+                # Skipped, it would leave the schema behind the code while every check
+                # said current.
+                raise MigrationError(
+                    "a migration file must be named NNNN_name.sql (four digits, then"
+                    " lowercase letters, digits and underscores): rename it",
+                    where=where,
+                    file=entry.name,
+                )
             continue
         found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)

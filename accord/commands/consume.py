@@ -69,7 +69,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
     config = config_from(args, settings, app)
     with runtime.metrics(settings, checks=readiness_checks(settings, config, app)):
-        return int(runtime.run(_main, settings, config, app))
+        return int(runtime.run(_main, settings, config, app, service=True))
 
 
 def readiness_checks(settings: Settings, config: RuntimeConfig, app: App) -> list[Check]:

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     port = args.port if args.port is not None else (settings.metrics_port or DEFAULT_PORT)
-    return int(runtime.run(_main, settings.pg_dsn, port, args.addr))
+    return int(runtime.run(_main, settings.pg_dsn, port, args.addr, service=True))
 
 
 async def _main(dsn: str, port: int, addr: str) -> int:

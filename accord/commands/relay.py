@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
     check_retention(settings)  # the relay prunes the release audit (audit_retention_s)
     with runtime.metrics(settings):
-        return int(runtime.run(_main, settings, app))
+        return int(runtime.run(_main, settings, app, service=True))
 
 
 def handle_held(args: argparse.Namespace, settings: Settings) -> int:

@@ -132,7 +132,11 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         checks.registered(db, options.workflow, options.config.owner),
     ]
     with runtime.metrics(settings, checks=ready):
-        return int(runtime.run(serve, settings, options, [registered], app.migration_chains()))
+        return int(
+            runtime.run(
+                serve, settings, options, [registered], app.migration_chains(), service=True
+            )
+        )
 
 
 def pool_size(concurrency: int) -> int:
