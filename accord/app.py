@@ -34,23 +34,33 @@ provider owns (or two do), a job class with no consumer... each is a one-line
 from __future__ import annotations
 
 import importlib
+import itertools
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accord.consumers import Handlers, InboxConflict
+from accord.consumers.batch import ANY_TENANT
 from accord.errors import AppInvalid, AppNotFound
 from accord.jobs import JobConflict, Submitted, store
 from accord.jobs.runner import JobContext, Registered
 from accord.jobs.runner.context import declares
+from accord.jobs.store import MAX_LEASE_S
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
 from accord.relay import Joined, Prepared, enqueue, enqueue_joined, prepare
 from accord.schemas import migrate
 from accord.schemas.db import Tx
 from accord.schemas.errors import AccordError, UnknownEventType
-from accord.schemas.events import Catalog, Event, split_versioned_type
+from accord.schemas.events import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Catalog,
+    Event,
+    split_versioned_type,
+    valid_tenant,
+)
 from accord.schemas.topology import DEFAULT_DELIVERY_LIMIT, Topology, WorkflowQueue
 
 JobHandler = Callable[[JobContext], Awaitable[None]]
@@ -131,6 +141,9 @@ class App:
     name: str
     catalog: Catalog
     migrations: Path | None = None
+    #: The largest encoded payload its producers enqueue (``enqueue``'s limit); its
+    #: consumers refuse to start with a smaller ACCORD_CONSUMER_MAX_BODY_BYTES.
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     consumers: dict[str, ConsumerClass] = field(default_factory=dict)
     jobs: dict[str, JobClass] = field(default_factory=dict)
     providers: list[Provider] = field(default_factory=list)
@@ -140,6 +153,8 @@ class App:
             raise AppInvalid(
                 "an application name is lowercase letters, digits and _", name=self.name
             )
+        if type(self.max_payload_bytes) is not int or self.max_payload_bytes < 1:
+            raise AppInvalid("max_payload_bytes is a positive number of bytes", name=self.name)
         if self.name == migrate.ACCORD:
             raise AppInvalid("'accord' is accord's own migration component", name=self.name)
         if self.migrations is not None:
@@ -156,6 +171,12 @@ class App:
         delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
     ) -> Handlers:
         """Declare a consumer workflow class; returns its handler registry (``@h.on(type, v)``)."""
+        if type(delivery_limit) is not int or delivery_limit < 1:
+            raise AppInvalid(
+                "a delivery limit is a whole number of deliveries, at least 1",
+                workflow=workflow,
+                delivery_limit=delivery_limit,
+            )
         return self._add_consumer(
             ConsumerClass(workflow, Handlers(workflow), tuple(tenants), queue, delivery_limit)
         )
@@ -173,6 +194,13 @@ class App:
         )
 
     def _add_consumer(self, declared: ConsumerClass) -> Handlers:
+        bad = [t for t in declared.tenants if t != ANY_TENANT and not valid_tenant(t)]
+        if bad:  # no event could carry it: every delivery would be refused as another's
+            raise AppInvalid(
+                "a tenant must be an identifier an event can carry (or * for any)",
+                workflow=declared.workflow,
+                tenants=bad,
+            )
         if declared.workflow in self.consumers:
             raise AppInvalid("this consumer class is declared twice", workflow=declared.workflow)
         self.consumers[declared.workflow] = declared
@@ -191,6 +219,8 @@ class App:
         """Decorator: the job handler of ``workflow``, run by ``accord worker``. ``effects``:
         the keys (or prefixes ending in a dot) it may begin, each owned by one provider; any
         other key is refused at run time (EffectUndeclared, the job fails without a retry)."""
+
+        _check_job(workflow, timeout_s, max_attempts, lease_s)
 
         def declare(handler: JobHandler) -> JobHandler:
             if workflow in self.jobs:
@@ -218,10 +248,13 @@ class App:
         """``accord.relay.prepare`` with this application's catalog: ``event`` validated,
         encoded and digested before its transaction (typed errors here, nothing written), for
         ``enqueue`` or ``enqueue_joined`` to write with less work inside it."""
+        options.setdefault("max_payload_bytes", self.max_payload_bytes)
         return prepare(event, catalog=self.catalog, **options)
 
     async def enqueue(self, tx: Tx, event: Event | Prepared, **options: Any) -> int:
-        """``accord.relay.enqueue`` with this application's catalog (the caller's transaction)."""
+        """``accord.relay.enqueue`` with this application's catalog and payload limit (the
+        caller's transaction)."""
+        options.setdefault("max_payload_bytes", self.max_payload_bytes)
         return await enqueue(tx, event, catalog=self.catalog, **options)
 
     async def enqueue_joined(
@@ -230,6 +263,7 @@ class App:
         """``accord.relay.enqueue_joined`` with this application's catalog: the domain
         statement (``... RETURNING``) and the outbox row in one statement, the row only when
         the statement affected one."""
+        options.setdefault("max_payload_bytes", self.max_payload_bytes)
         return await enqueue_joined(
             tx, statement, *args, event=event, catalog=self.catalog, **options
         )
@@ -340,6 +374,16 @@ class App:
                     queue=declared.queue_name,
                     workflows=sorted((other, declared.workflow)),
                 )
+        for a, b in itertools.combinations(self.providers, 2):
+            shared = sorted(x for x in a.owns for y in b.owns if _overlap(x, y))
+            if shared:  # an effect of both would be judged by whichever lookup came first
+                raise AppInvalid(
+                    "two providers own overlapping effect keys: each key needs one owner,"
+                    " whose lookup alone is evidence",
+                    app=self.name,
+                    providers=[a.name, b.name],
+                    keys=shared,
+                )
         for job in self.jobs.values():
             for key in job.effects:
                 owners = [p.name for p in self.providers if _covers(p, key)]
@@ -356,6 +400,33 @@ class App:
         if self.migrations is not None:
             self.migration_chains()  # a missing directory or two files of one version
         return self
+
+
+def _overlap(x: str, y: str) -> bool:
+    """Whether owned keys or prefixes ``x`` and ``y`` cover a key in common."""
+    return x == y or (x.endswith(".") and y.startswith(x)) or (y.endswith(".") and x.startswith(y))
+
+
+def _check_job(workflow: str, timeout_s: float, max_attempts: int, lease_s: float | None) -> None:
+    """AppInvalid for numbers no job can run with (the database would refuse a submit with
+    them, and a consumer's every message starting one would be poisoned)."""
+    problems = {
+        "timeout_s": not _positive(timeout_s),
+        "max_attempts": type(max_attempts) is not int or max_attempts < 1,
+        "lease_s": lease_s is not None and not (_positive(lease_s) and lease_s <= MAX_LEASE_S),
+    }
+    wrong = [name for name, bad in problems.items() if bad]
+    if wrong:
+        raise AppInvalid(
+            "a job class needs timeout_s > 0, max_attempts >= 1 and lease_s (if set) in"
+            f" (0, {MAX_LEASE_S:g}] s",
+            workflow=workflow,
+            wrong=wrong,
+        )
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
 def _covers(provider: Provider, declared: str) -> bool:

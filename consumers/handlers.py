@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from accord.consumers.errors import NoHandler
 from accord.schemas.db import Tx
-from accord.schemas.events import Event, versioned_type
+from accord.schemas.events import Event, check_versioned, versioned_type
 
 Handler = Callable[[Tx, Event], Awaitable[None]]
 
@@ -26,6 +26,9 @@ class Handlers:
         self._by_key: dict[tuple[str, int], Handler] = {}
 
     def register(self, type_: str, version: int, handler: Handler) -> None:
+        """Raises ValueError for a type or version no event can carry (``"1"`` for 1, say:
+        it would bind the queue and then match no delivery) or a second handler."""
+        check_versioned(type_, version)
         key = (type_, version)
         if key in self._by_key:
             raise ValueError(f"{versioned_type(type_, version)} already has a handler")

@@ -59,7 +59,8 @@ class RuntimeConfig:
     (``{"*"}`` to serve every tenant, written out on purpose); any other tenant is poison.
     ``prefetch`` bounds each worker's channel (``concurrency * prefetch`` in flight).
     ``max_body_bytes`` bounds a message body: a larger one is poisoned unread (``too_large``);
-    keep it at least the producers' payload limit (``max_payload_bytes``)."""
+    at least the producers' payload limit (``App.max_payload_bytes``: ``accord consume``
+    refuses to start below it)."""
 
     workflow: str
     tenants: frozenset[str]

@@ -34,7 +34,14 @@ def where(url: str) -> dict[str, str]:
 
 async def connect(url: str, **kwargs: Any) -> aio_pika.abc.AbstractConnection:
     """``aio_pika.connect`` with BrokerLoginRefused / BrokerVhostRefused for the refusals."""
-    if urlsplit(url).scheme not in ("amqp", "amqps"):
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed here: a port that is not a number is a ValueError
+    except ValueError as exc:
+        raise InvalidDsn(
+            "the AMQP URL does not parse: fix ACCORD_AMQP_URL", detail=str(exc)
+        ) from None
+    if parts.scheme not in ("amqp", "amqps"):
         raise InvalidDsn("the AMQP URL must start with amqp:// or amqps://", url_scheme=url[:8])
     try:
         connection: aio_pika.abc.AbstractConnection = await aio_pika.connect(url, **kwargs)

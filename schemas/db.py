@@ -176,7 +176,8 @@ def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
     extra = {"role": role} if role else {}
     try:
         yield
-    except asyncpg.ClientConfigurationError as exc:
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        # ValueError: asyncpg's parse of the DSN (a port that is not a number, say).
         raise InvalidDsn(detail=str(exc)) from None
     except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError) as exc:
         raise DatabaseLoginRefused(

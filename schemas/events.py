@@ -53,6 +53,7 @@ _IDENT_RE = re.compile(_IDENT)
 # ASCII digits only (str.isdigit() also accepts "²" or Arabic-Indic digits), no leading
 # zero, at most 999.
 _VERSION_RE = re.compile(r"[1-9][0-9]{0,2}")
+_NAME_RE = re.compile(_NAME)
 #: I-JSON (RFC 7493): integers a binary64 double holds exactly, |n| <= 2**53 - 1.
 MAX_SAFE_INTEGER = 2**53 - 1
 #: Nesting of objects and arrays a payload may have (the parsers and the digest recurse).
@@ -92,6 +93,20 @@ def versioned_type(type_: str, version: int) -> str:
     return f"{type_}.v{version}"
 
 
+def valid_tenant(tenant: str) -> bool:
+    """Whether ``tenant`` is an identifier an event can carry (Event.tenant's pattern)."""
+    return bool(_IDENT_RE.fullmatch(tenant))
+
+
+def check_versioned(type_: object, version: object) -> None:
+    """Refuse (ValueError) a type name or version no event can carry (a handler or catalog
+    entry for them would match nothing: every delivery of its queue would be poisoned)."""
+    if not isinstance(type_, str) or not _NAME_RE.fullmatch(type_):
+        raise ValueError(f"event type {type_!r}: dotted lowercase names, e.g. order.placed")
+    if type(version) is not int or not 1 <= version <= 999:
+        raise ValueError(f"{type_} version {version!r}: an int from 1 to 999")
+
+
 def split_versioned_type(ce_type: str) -> tuple[str, int]:
     """``order.placed.v1`` → (``order.placed``, 1); UnknownEventType if it has no version."""
     base, _, tail = ce_type.rpartition(".v")
@@ -123,9 +138,23 @@ class Catalog:
             self.register(entry)
 
     def register(self, entry: EventType) -> None:
+        """Raises ValueError for a type or version no event can carry, a type already
+        registered, or ``material`` naming no field or a field its model lacks (a name
+        missing from the payload would drop out of the digest silently, and a changed
+        meaning would read as a duplicate)."""
+        check_versioned(entry.name, entry.version)
         key = (entry.name, entry.version)
         if key in self._entries:
             raise ValueError(f"{entry.ce_type} is already registered")
+        if entry.material is not None:
+            fields = entry.model.model_fields
+            known = set(fields) | {f.alias for f in fields.values() if f.alias}
+            unknown = sorted(set(entry.material) - known)
+            if not entry.material or unknown:
+                raise ValueError(
+                    f"{entry.ce_type}: material must name fields of {entry.model.__name__}"
+                    f" ({', '.join(sorted(known))}); {unknown or 'it names none'}"
+                )
         self._entries[key] = entry
 
     def __iter__(self) -> Any:

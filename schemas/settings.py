@@ -17,7 +17,11 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 class Settings(BaseSettings):
     """accord's configuration (environment prefix ``ACCORD_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="ACCORD_", frozen=True, extra="ignore")
+    # allow_inf_nan off: "inf" or "nan" for a duration passes every bound (a NaN compares
+    # false) and fails later, at run time, after the process said it was ready.
+    model_config = SettingsConfigDict(
+        env_prefix="ACCORD_", frozen=True, extra="ignore", allow_inf_nan=False
+    )
 
     # The application (module:attribute of an accord.App) the commands run for; --app wins.
     app: str = ""
@@ -28,7 +32,6 @@ class Settings(BaseSettings):
     # Declare the topology at start (idempotent); false: only check it passively, so the
     # processes need no configure permission on the broker (deploy/rabbitmq/definitions.json).
     topology_declare: bool = True
-    max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     relay_batch: int = Field(default=200, gt=0)
     relay_in_flight: int = Field(default=256, gt=0)
     relay_publish_timeout_s: float = Field(default=10.0, gt=0)

@@ -15,10 +15,12 @@ from accord import runtime
 from accord.app import App
 from accord.commands.common import check_retention, prefix, require_app
 from accord.consumers import ConsumerRuntime, RuntimeConfig
+from accord.consumers.batch import ANY_TENANT
 from accord.ops import checks
 from accord.ops.health import Check
 from accord.schemas import migrate
 from accord.schemas.errors import ConfigError
+from accord.schemas.events import valid_tenant
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.consumer")
@@ -50,6 +52,20 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
     if not tenants:
         raise ConfigError(
             "a consumer serves explicit tenants: pass --tenant (or '*' for every tenant)"
+        )
+    bad = [t for t in tenants if t != ANY_TENANT and not valid_tenant(t)]
+    if bad:  # no event carries such a tenant: every delivery would be poisoned as another's
+        raise ConfigError(
+            "not a tenant an event can carry: one tenant per --tenant, and"
+            " ACCORD_CONSUMER_TENANTS separated by commas",
+            tenants=bad,
+        )
+    if settings.consumer_max_body_bytes < app.max_payload_bytes:
+        raise ConfigError(
+            "ACCORD_CONSUMER_MAX_BODY_BYTES is below the payload its producers may enqueue"
+            " (App max_payload_bytes): such events would be poisoned unread as too_large",
+            consumer_max_body_bytes=settings.consumer_max_body_bytes,
+            max_payload_bytes=app.max_payload_bytes,
         )
     return RuntimeConfig(
         workflow=args.workflow,

@@ -12,6 +12,7 @@ object's clock too.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import anyio
@@ -31,8 +32,8 @@ REFERENCED_KEYS = "SELECT object_key FROM jobs.results"
 
 def _retention(text: str) -> float:
     value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("retention must be >= 0 seconds")
+    if not (math.isfinite(value) and value >= 0):  # a NaN passes every comparison's guard
+        raise argparse.ArgumentTypeError("retention must be a finite number of seconds, >= 0")
     return value
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -56,6 +57,14 @@ class WorkerOptions:
         return self.journal.stem
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text}: a positive number of seconds")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "worker", help="run job workers for one workflow class", description=__doc__
@@ -71,7 +80,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="journal file (default: <journal_dir>/<owner>.<class>.journal)",
     )
     parser.add_argument(
-        "--lease-s", type=float, default=None, help="default: the class's lease, else job_lease_s"
+        "--lease-s",
+        type=_seconds,
+        default=None,
+        help="default: the class's lease, else job_lease_s",
     )
     parser.add_argument("--poll-s", type=float, default=1.0, help="claim poll interval")
     parser.add_argument(
@@ -97,7 +109,9 @@ def options_from(args: argparse.Namespace, settings: Settings, app: App) -> Work
     declared = app.job_class(args.workflow)
     owner = args.owner or declared.owner
     journal = args.journal or Path(settings.journal_dir) / f"{owner}.{args.workflow}.journal"
-    lease_s = args.lease_s or declared.lease_s or settings.job_lease_s
+    lease_s = next(
+        s for s in (args.lease_s, declared.lease_s, settings.job_lease_s) if s is not None
+    )
     config = WorkerConfig(
         owner=owner,
         concurrency=args.concurrency,

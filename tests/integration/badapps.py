@@ -40,6 +40,12 @@ unowned_key.consumer("orders").on("order.placed", 1)(_ignore)
 unowned_key.provider("mailer", owns=("mail.",))
 unowned_key.job("orders", owner="w", effects=("mail.send", "charge.card"))(_job)
 
+shared_key = App("shared_key", catalog=_catalog())
+shared_key.consumer("orders").on("order.placed", 1)(_ignore)
+shared_key.provider("mailer", owns=("mail.",))
+shared_key.provider("bulk_mailer", owns=("mail.bulk.",))
+shared_key.job("orders", owner="w", effects=("mail.",))(_job)
+
 #: A good application whose migrations live where BADAPP_MIGRATIONS says (the test changes
 #: an applied file).
 migrating = App(

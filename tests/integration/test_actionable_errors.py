@@ -288,9 +288,16 @@ def test_a_full_disk_at_the_worker_s_start_is_one_line(pg_dsn: str, tmp_path: Pa
             assert worker.wait(timeout=30) == 0
 
 
-def test_an_invalid_dsn_and_an_invalid_url() -> None:
+def test_an_invalid_dsn_and_an_invalid_url(pg_dsn: str) -> None:
     one_line(accord("status", ACCORD_PG_DSN="host=localhost dbname=x"), "InvalidDsn", "DSN")
     one_line(accord("status", ACCORD_RELAY_IN_FLIGHT="-3"), "SettingsInvalid", "RELAY_IN_FLIGHT")
+    # A port that is not a number, in either URL; a duration that is not finite (before: a
+    # traceback, and a relay that said ready with an infinite lease, then crashed).
+    bad_port = "postgresql://postgres@127.0.0.1:abc/x"
+    one_line(accord("status", ACCORD_PG_DSN=bad_port), "InvalidDsn", "abc")
+    env = {"ACCORD_PG_DSN": pg_dsn, "ACCORD_AMQP_URL": "amqp://guest:guest@127.0.0.1:abc/"}
+    one_line(accord("relay", **env), "InvalidDsn", "ACCORD_AMQP_URL")
+    one_line(accord("status", ACCORD_RELAY_LEASE_S="inf"), "SettingsInvalid", "RELAY_LEASE_S")
 
 
 def test_an_unknown_vhost_stops_the_relay_and_the_consumer(pg_dsn: str, amqp_url: str) -> None:

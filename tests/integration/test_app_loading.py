@@ -2,7 +2,8 @@
 
 The real `accord` command, for each long-running process kind: an ``--app`` that does not
 import or names no application, a handler for a type missing from the catalog, two classes
-binding one queue, an effect key no provider owns; and an application migration changed
+binding one queue, an effect key no provider owns, two providers owning one key; and an
+application migration changed
 after it was applied. Control: the same commands with a good application get past loading.
 """
 
@@ -29,6 +30,7 @@ CASES = [
     (f"{BAD}:missing_type", "AppInvalid", "a handler takes an event type the catalog does not"),
     (f"{BAD}:one_queue", "AppInvalid", "two consumer classes bind one queue"),
     (f"{BAD}:unowned_key", "AppInvalid", "an effect key no provider owns"),
+    (f"{BAD}:shared_key", "AppInvalid", "two providers own overlapping effect keys"),
 ]
 
 
