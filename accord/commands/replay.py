@@ -13,7 +13,7 @@ from datetime import datetime
 
 from accord import runtime
 from accord.app import App
-from accord.commands.common import require_app
+from accord.commands.common import check_retention, require_app
 from accord.ops import parse_since, prune_ledger, replay, resolve_since
 from accord.schemas import migrate
 from accord.schemas.db import connect
@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
+    """Raises SettingsInvalid (exit 2, nothing read or removed) for retentions the other
+    processes refuse: replay prunes its ledger by the audit retention."""
+    check_retention(settings)
     app = require_app(args, settings)
     since = parse_since(args.since)
     return int(

@@ -11,6 +11,7 @@ import pytest
 from accord.commands.common import check_retention
 from accord.consumers import RuntimeConfig
 from accord.consumers.inbox import PRUNE_MARGIN_S, replay_horizon_s
+from accord.demo.app import PROJECTION
 from accord.errors import SettingsInvalid
 from accord.relay import RelayConfig
 from accord.schemas.db import MAX_PRUNE_BATCH
@@ -20,6 +21,8 @@ from tests.integration.test_actionable_errors import accord, one_line
 
 WORKER = ("worker", "--workflow", "report")
 CONSUME = ("consume", "--workflow", "report", "--tenant", "*")
+# replay prunes its ledger by the audit retention: the same checks (before, none).
+REPLAY = ("replay", "--workflow", PROJECTION, "--since", "1h")
 WINDOW = "3600"
 
 
@@ -38,7 +41,7 @@ def test_the_defaults_and_the_shortest_allowed_retention_pass() -> None:
         check_retention(shortest.model_copy(update={"jobs_retention_s": horizon - 1}))
 
 
-@pytest.mark.parametrize("command", [WORKER, CONSUME], ids=["worker", "consume"])
+@pytest.mark.parametrize("command", [WORKER, CONSUME, REPLAY], ids=["worker", "consume", "replay"])
 def test_a_retention_shorter_than_the_replay_horizon_is_refused(command: tuple[str, ...]) -> None:
     for name in ("JOBS_RETENTION_S", "POISON_RETENTION_S"):
         done = accord(
