@@ -136,7 +136,7 @@ async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestor
                 continue
             # Re-checked under the tenant row lock: a change in flight (ledger written, row
             # not yet committed) holds that lock, so it is waited for, not mistaken.
-            row = await conn.fetchrow(repair_sql.AUTHORITY_HOLD, tenant, entry.epoch)
+            row = await conn.fetchrow(repair_sql.AUTHORITY_HOLD, tenant, entry.epoch, entry.frozen)
             if row is not None:
                 restores.append(TenantRestore.from_record(row))
     for restore in restores:

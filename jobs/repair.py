@@ -179,7 +179,8 @@ async def advance_epoch(
     the ledger ahead, which the next check treats as a restore again. Raises RepairRefused
     (no_restore: no restore is open, so the repair role has nothing to advance: run
     ``accord repair restore-check`` if the database is behind the ledger; missing;
-    not_past_ledger; no_principal; no_evidence)."""
+    not_past_ledger; keeps_restriction: the database function refuses to clear a restriction
+    the detection recorded from the ledger; no_principal; no_evidence)."""
     require_transaction(tx)
     _require_principal(who, evidence)
     row = await tx.fetchrow(repair_sql.AUTHORITY_LOCK, tenant)

@@ -16,7 +16,7 @@ TENANTS = "SELECT tenant, epoch, frozen FROM jobs.tenants ORDER BY tenant"
 # If tenant $1's epoch is behind ledger epoch $2: freeze it, hold its work, record it.
 AUTHORITY_HOLD = (
     "SELECT restore_id, tenant, db_epoch, ledger_epoch, held_jobs, newly_detected"
-    " FROM jobs.authority_hold($1, $2)"
+    " FROM jobs.authority_hold($1, $2, $3)"
 )
 
 # Open restore detections (unresolved), oldest first.

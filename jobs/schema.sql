@@ -48,10 +48,10 @@ BEGIN
 END $$;
 
 --
--- Name: authority_hold(text, bigint); Type: FUNCTION; Schema: jobs; Owner: -
+-- Name: authority_hold(text, bigint, boolean); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
-CREATE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) RETURNS TABLE(restore_id bigint, tenant text, db_epoch bigint, ledger_epoch bigint, held_jobs integer, newly_detected boolean)
+CREATE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean DEFAULT false) RETURNS TABLE(restore_id bigint, tenant text, db_epoch bigint, ledger_epoch bigint, held_jobs integer, newly_detected boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -75,12 +75,15 @@ BEGIN
         WHERE j.tenant = p_tenant AND (j.state = 'queued' OR j.state = 'running')
         RETURNING 1
     ) SELECT count(*) INTO v_held FROM h;
+    -- The ledger's restriction at its highest epoch: what the repair's advance must keep.
     RETURN QUERY
-        INSERT INTO jobs.authority_restores AS r (tenant, db_epoch, ledger_epoch, held_jobs,
-                                                  detected_by)
-        VALUES (p_tenant, t.epoch, p_ledger_epoch, v_held, session_user)
+        INSERT INTO jobs.authority_restores AS r (tenant, db_epoch, ledger_epoch, ledger_frozen,
+                                                  held_jobs, detected_by)
+        VALUES (p_tenant, t.epoch, p_ledger_epoch, p_ledger_frozen, v_held, session_user)
         ON CONFLICT (tenant) WHERE resolved_at IS NULL DO UPDATE
         SET held_jobs = r.held_jobs + excluded.held_jobs,
+            ledger_frozen = CASE WHEN excluded.ledger_epoch >= r.ledger_epoch
+                                 THEN excluded.ledger_frozen ELSE r.ledger_frozen END,
             ledger_epoch = greatest(r.ledger_epoch, excluded.ledger_epoch),
             last_seen_at = now()
         RETURNING r.restore_id, r.tenant, r.db_epoch, r.ledger_epoch, r.held_jobs,
@@ -760,17 +763,19 @@ DECLARE
     t jobs.tenants%ROWTYPE;
     v_refusal text := jobs.repair_refusal(p_who, p_evidence);
     v_detected bigint;
+    v_restricted boolean;
     v_audit bigint;
 BEGIN
     IF v_refusal IS NULL THEN
         SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
         -- The ledger epoch the open restore recorded: the caller's may not be below it.
-        SELECT max(r.ledger_epoch) INTO v_detected FROM jobs.authority_restores r
-        WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
+        SELECT max(r.ledger_epoch), bool_or(r.ledger_frozen) INTO v_detected, v_restricted
+        FROM jobs.authority_restores r WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
         v_refusal := CASE
             WHEN t.tenant IS NULL THEN 'missing'
             WHEN v_detected IS NULL THEN 'no_restore'
             WHEN p_ledger_epoch < v_detected THEN 'behind_detection'
+            WHEN v_restricted AND NOT p_frozen THEN 'keeps_restriction'
             WHEN p_new_epoch <= greatest(t.epoch, p_ledger_epoch) THEN 'not_past_ledger'
         END;
     END IF;
@@ -1315,6 +1320,7 @@ CREATE TABLE jobs.authority_restores (
     resolved_at timestamp with time zone,
     resolved_epoch bigint,
     resolved_audit bigint,
+    ledger_frozen boolean DEFAULT false NOT NULL,
     CONSTRAINT authority_restores_held_jobs_check CHECK ((held_jobs >= 0)),
     CONSTRAINT authority_restores_resolved_check CHECK (((resolved_at IS NULL) = (resolved_epoch IS NULL)))
 );
@@ -2056,12 +2062,12 @@ REVOKE ALL ON FUNCTION jobs.append_only() FROM PUBLIC;
 REVOKE ALL ON FUNCTION jobs.audit_guard() FROM PUBLIC;
 
 --
--- Name: FUNCTION authority_hold(p_tenant text, p_ledger_epoch bigint); Type: ACL; Schema: jobs; Owner: -
+-- Name: FUNCTION authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean); Type: ACL; Schema: jobs; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) TO accord_worker;
-GRANT ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint) TO accord_repair;
+REVOKE ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean) TO accord_worker;
+GRANT ALL ON FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean) TO accord_repair;
 
 --
 -- Name: FUNCTION authority_lock(p_tenant text); Type: ACL; Schema: jobs; Owner: -

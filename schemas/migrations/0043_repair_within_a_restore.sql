@@ -4,11 +4,60 @@
 -- (DESIGN §7 gives it no such power), a restriction the ledger recorded did not survive a
 -- restore, and a direct call could resolve a restore below the ledger. It now acts only on
 -- an open restore, advances past the highest ledger epoch that restore recorded, and keeps
--- the restriction the ledger holds (p_frozen; lifting it is the owner's `lift`). While a
+-- the restriction the ledger holds: the detection now records it (authority_hold's
+-- p_ledger_frozen, authority_restores.ledger_frozen), and an advance that would clear it is
+-- refused (keeps_restriction; lifting it is the owner's `lift`). While a
 -- restore is open, jobs.repair_resolve_effect records the resolution but leaves the job
 -- `unknown` (a person resumes it once the restore is resolved, as `repair_resume` already
 -- required), and jobs.repair_requeue_poison refuses: old work of a restored tenant runs
 -- again only through a person's release.
+
+ALTER TABLE jobs.authority_restores ADD COLUMN ledger_frozen boolean DEFAULT false NOT NULL;
+
+DROP FUNCTION jobs.authority_hold(text, bigint);
+
+CREATE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledger_frozen boolean DEFAULT false) RETURNS TABLE(restore_id bigint, tenant text, db_epoch bigint, ledger_epoch bigint, held_jobs integer, newly_detected boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    t jobs.tenants%ROWTYPE;
+    v_held integer;
+BEGIN
+    INSERT INTO jobs.tenants AS x (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
+    -- Waits for a rotation holding the row (its ledger intent may be ahead until it commits).
+    SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+    IF t.epoch >= p_ledger_epoch THEN
+        RETURN;
+    END IF;
+    UPDATE jobs.tenants x SET frozen = true, updated_at = now() WHERE x.tenant = p_tenant;
+    WITH h AS (
+        UPDATE jobs.jobs j
+        SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
+            last_error = 'restore_detected', updated_at = now()
+        WHERE j.tenant = p_tenant AND (j.state = 'queued' OR j.state = 'running')
+        RETURNING 1
+    ) SELECT count(*) INTO v_held FROM h;
+    -- The ledger's restriction at its highest epoch: what the repair's advance must keep.
+    RETURN QUERY
+        INSERT INTO jobs.authority_restores AS r (tenant, db_epoch, ledger_epoch, ledger_frozen,
+                                                  held_jobs, detected_by)
+        VALUES (p_tenant, t.epoch, p_ledger_epoch, p_ledger_frozen, v_held, session_user)
+        ON CONFLICT (tenant) WHERE resolved_at IS NULL DO UPDATE
+        SET held_jobs = r.held_jobs + excluded.held_jobs,
+            ledger_frozen = CASE WHEN excluded.ledger_epoch >= r.ledger_epoch
+                                 THEN excluded.ledger_frozen ELSE r.ledger_frozen END,
+            ledger_epoch = greatest(r.ledger_epoch, excluded.ledger_epoch),
+            last_seen_at = now()
+        RETURNING r.restore_id, r.tenant, r.db_epoch, r.ledger_epoch, r.held_jobs,
+                  (r.detected_at = r.last_seen_at);
+END $$;
+
+REVOKE ALL ON FUNCTION jobs.authority_hold(text, bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION jobs.authority_hold(text, bigint, boolean) TO accord_worker;
+GRANT EXECUTE ON FUNCTION jobs.authority_hold(text, bigint, boolean) TO accord_repair;
 
 DROP FUNCTION jobs.repair_advance_epoch(text, bigint, bigint, text, text);
 
@@ -21,17 +70,19 @@ DECLARE
     t jobs.tenants%ROWTYPE;
     v_refusal text := jobs.repair_refusal(p_who, p_evidence);
     v_detected bigint;
+    v_restricted boolean;
     v_audit bigint;
 BEGIN
     IF v_refusal IS NULL THEN
         SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
         -- The ledger epoch the open restore recorded: the caller's may not be below it.
-        SELECT max(r.ledger_epoch) INTO v_detected FROM jobs.authority_restores r
-        WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
+        SELECT max(r.ledger_epoch), bool_or(r.ledger_frozen) INTO v_detected, v_restricted
+        FROM jobs.authority_restores r WHERE r.tenant = p_tenant AND r.resolved_at IS NULL;
         v_refusal := CASE
             WHEN t.tenant IS NULL THEN 'missing'
             WHEN v_detected IS NULL THEN 'no_restore'
             WHEN p_ledger_epoch < v_detected THEN 'behind_detection'
+            WHEN v_restricted AND NOT p_frozen THEN 'keeps_restriction'
             WHEN p_new_epoch <= greatest(t.epoch, p_ledger_epoch) THEN 'not_past_ledger'
         END;
     END IF;

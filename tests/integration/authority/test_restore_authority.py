@@ -107,13 +107,18 @@ async def test_a_restriction_the_ledger_records_survives_the_restore(
     principals: Principals, ledger: FileLedger
 ) -> None:
     """Restricted after the snapshot: the restored database is unrestricted, one behind. The
-    repair principal's advance keeps the ledger's restriction; new work waits for the owner's
-    lift (control: it runs after)."""
+    repair principal's advance keeps the ledger's restriction (the detection recorded it, and
+    the database function refuses an advance that would clear it); new work waits for the
+    owner's lift (control: it runs after)."""
     p = principals
     await restored(p, ledger, frozen=True)
     assert len(await check_restore(p.worker, ledger)) == 1
-    async with p.repair.acquire() as conn, conn.transaction():
-        done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
+    async with p.repair.acquire() as conn:
+        # The detection recorded the ledger's restriction: a direct call cannot clear it.
+        call = "SELECT status FROM jobs.repair_advance_epoch($1, 9, 2, $2, 'mallory', 'x')"
+        assert await conn.fetchval(call, TENANT, False) == "keeps_restriction"
+        async with conn.transaction():
+            done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
     assert await epoch_of(p) == (done.epoch, True)
     assert (await ledger.read())[TENANT].frozen is True
     assert await check_restore(p.worker, ledger) == []
