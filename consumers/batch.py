@@ -220,6 +220,7 @@ class BatchProcessor:
             raise  # from _classify: the process's grants, or the connection; not a message's
         except Exception as exc:  # noqa: BLE001 - the commit failed: classified below
             _raise_if_lost(conn, exc)
+            _raise_if_privilege(exc)  # a deferred trigger's write, say
             if database_refusal(exc) is not None:
                 return await self._apply_each(conn, ready)
             for item in ready:  # every message not judged permanent is retried
@@ -381,11 +382,7 @@ def _classify(conn: Any, item: Item, exc: Exception) -> None:
     (``database_refusal``); anything else from the (foreign) handler code is transient and
     retried, bounded by the queue's delivery limit; it is never dropped."""
     _raise_if_lost(conn, exc)
-    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
-        # The process's grants, not this message's content: stop before anything is acked.
-        raise PrivilegeMissing(
-            table=getattr(exc, "table_name", None), detail=str(exc).splitlines()[0][:200]
-        ) from exc
+    _raise_if_privilege(exc)
     refused = database_refusal(exc)
     if refused is not None:
         item.permanent = refused
@@ -421,6 +418,15 @@ def database_refusal(exc: BaseException) -> DatabaseRefused | None:
     refused = kind(**fields)
     refused.__cause__ = exc
     return refused
+
+
+def _raise_if_privilege(exc: BaseException) -> None:
+    """42501 is the process's grants, not a message's content: stop before anything is
+    acked, whichever pass (a statement or the COMMIT) met it."""
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        raise PrivilegeMissing(
+            table=getattr(exc, "table_name", None), detail=str(exc).splitlines()[0][:200]
+        ) from exc
 
 
 def _raise_if_lost(conn: Any, exc: BaseException) -> None:

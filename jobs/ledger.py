@@ -171,6 +171,8 @@ class FileLedger:
         self._known: _Known | None = None
         self._reading = threading.Lock()  # reads run on worker threads
         self._written: _Trusted | None = None  # the prefix its last append left verified
+        # Raised by each read that finds damage: an append begun before it keeps no prefix.
+        self._distrusted = 0
 
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
@@ -211,6 +213,7 @@ class FileLedger:
                 # What this handle verified before is no longer trusted: its next append
                 # verifies the whole file.
                 self._known, self._written = None, None
+                self._distrusted += 1
                 raise
             return dict(known.entries)
 
@@ -276,6 +279,7 @@ class FileLedger:
                 raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
             self._dir_made = True
         trusted, at = self._trusted()
+        distrusted = self._distrusted
         deadline = time.monotonic() + self._lock_timeout_s
         while True:
             try:
@@ -296,7 +300,8 @@ class FileLedger:
                 if journal.scan.tail is not Tail.CLEAN:
                     journal.repair()
                 offsets = journal.append_payloads(payloads)
-                self._written = (journal.verified(offsets[-1]), at)
+                if self._distrusted == distrusted:  # no read found damage meanwhile
+                    self._written = (journal.verified(offsets[-1]), at)
         except (OSError, JournalError) as exc:
             raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -384,3 +385,28 @@ async def test_a_pg_ledger_that_does_not_add_up_cannot_be_verified(empty_pg_dsn:
         await ledger.read()
     with pytest.raises(LedgerUnavailable, match="do not add up"):
         await PgLedger(empty_pg_dsn).read()
+
+
+async def test_an_append_in_flight_when_a_read_finds_damage_leaves_nothing_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read (another thread's) finds damage while an append of the same handle is writing:
+    the append keeps no prefix to trust, so the handle's next append verifies the whole file
+    and refuses it (before, the append in flight set its prefix after the read cleared it)."""
+    ledger = FileLedger(tmp_path / "ledger")
+    await ledger.append(record("acme", 2))
+    await ledger.read()
+    original = Journal.append_payloads
+
+    def meanwhile(self: Journal, payloads: Any) -> list[int]:
+        offsets = original(self, payloads)
+        flip(ledger.path, offsets[0] + 8 + 2)  # the first frame it wrote; a valid one follows
+        with pytest.raises(LedgerUnavailable, match="corrupt"):
+            ledger.read_sync()
+        return offsets
+
+    monkeypatch.setattr(Journal, "append_payloads", meanwhile)
+    await ledger.append(record("acme", 3), record("beta", 1))
+    monkeypatch.setattr(Journal, "append_payloads", original)
+    with pytest.raises(LedgerUnavailable):
+        await ledger.append(record("acme", 4))

@@ -260,3 +260,44 @@ async def test_a_missing_grant_stops_the_consumer_in_a_batch_too(
         await consumer.close()
     assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
     assert await pg.fetchval("SELECT count(*) FROM consumers.inbox") == 0
+
+
+WATCHED = """
+CREATE TABLE public.watched (operation_id text PRIMARY KEY);
+CREATE TABLE public.watch_log (operation_id text);
+GRANT INSERT ON public.watched TO accord_consumer;
+CREATE FUNCTION public.log_watched() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.watch_log VALUES (NEW.operation_id); RETURN NULL; END $$;
+"""
+DEFERRED_LOG = """
+CREATE CONSTRAINT TRIGGER watched_logged AFTER INSERT ON public.watched
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.log_watched()
+"""
+
+
+async def test_a_missing_grant_met_at_commit_stops_the_consumer_too(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """A deferred trigger writes, at COMMIT, to a table the consumer's role may not write:
+    the batch stops with PrivilegeMissing there too, nothing settled. Control: without the
+    trigger the same batch commits."""
+    await pg.execute(WATCHED)
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        await tx.execute("INSERT INTO public.watched VALUES ($1)", event.operation_id)
+
+    consumer = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        control = [delivered(report(), tag) for tag in (1, 2)]
+        await processor(handlers).process(consumer, control)  # type: ignore[arg-type]
+        assert [m.settled for m in control] == [[], ["ack-multiple"]]
+        await pg.execute(DEFERRED_LOG)
+        messages = [delivered(report(), tag) for tag in (3, 4)]
+        with pytest.raises(PrivilegeMissing):
+            await processor(handlers).process(consumer, messages)  # type: ignore[arg-type]
+        assert [m.settled for m in messages] == [[], []]
+    finally:
+        await consumer.close()
+    assert await pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
