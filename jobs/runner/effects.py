@@ -88,7 +88,8 @@ def intent_digest(lease: Lease, effect_key: str, intent: Mapping[str, Any]) -> s
 
 
 def idempotency_key(lease: Lease, effect_key: str) -> str:
-    """A provider idempotency key stable across attempts: (tenant, operation id, effect key).
+    """A provider idempotency key stable across attempts: (tenant, workflow class, operation
+    id, effect key).
 
     Hashed so that no separator inside an identifier can make two triples collide.
     """
