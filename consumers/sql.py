@@ -44,22 +44,26 @@ WITH incoming AS (
         $7::timestamptz[], $8::text[], $9::bool[], $10::int[]
     ) WITH ORDINALITY AS t(tenant, operation_id, event_id, digest, event_type, version,
                           occurred_at, publish_id, redelivered, delivery_count, n)
-), reserved AS (
-    INSERT INTO consumers.inbox
-        (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
-    SELECT tenant, $11, operation_id, event_id, digest, event_type, version, occurred_at
-    FROM incoming
+), admitted AS (
+    SELECT * FROM incoming
     WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
         $12::float8,
         (SELECT d.window_s FROM consumers.replay_horizons d WHERE d.consumer = $11)))
       AND occurred_at <= statement_timestamp() + make_interval(secs => $13::float8)
+), reserved AS (
+    INSERT INTO consumers.inbox
+        (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
+    SELECT tenant, $11, operation_id, event_id, digest, event_type, version, occurred_at
+    FROM admitted
     ORDER BY tenant, operation_id, n
     ON CONFLICT DO NOTHING
-    RETURNING tenant, operation_id, event_id
+    RETURNING tenant, operation_id, event_id, digest
 ), first_arrival AS (
+    -- The copy whose row went in: admitted by the window, with the digest stored (a copy
+    -- refused by the window, or with other content, is judged by reserve afterwards).
     SELECT min(i.n) AS n
     FROM reserved AS r
-    JOIN incoming AS i USING (tenant, operation_id, event_id)
+    JOIN admitted AS i USING (tenant, operation_id, event_id, digest)
     GROUP BY r.tenant, r.operation_id
 ), delivered AS (
     INSERT INTO consumers.deliveries

@@ -36,7 +36,11 @@ CONTENT_TYPE = "application/json"
 SPECVERSION = "1.0"
 DEFAULT_SOURCE = "/accord"
 PREFIXES = ("ce-", "cloudevents_", "cloudevents:")
-REQUIRED = ("id", "type", "source", "specversion", "tenantid", "operationid", "authepoch")
+# time: the replay window is judged by it; filled from the consumer's clock, an event would
+# look new at every redelivery once its inbox row was pruned.
+REQUIRED = (
+    "id", "type", "source", "specversion", "time", "tenantid", "operationid", "authepoch",
+)  # fmt: skip
 # Headers read without a CloudEvents prefix (besides the attributes).
 PLAIN = ("publish-id", "traceparent", "tracestate")
 
@@ -232,7 +236,6 @@ def from_amqp(
     event_id = _canonical_uuid("id", attrs["id"], "bad_attribute")
     payload = parse_body(body)
     try:
-        when = {"occurred_at": parse_time(attrs["time"])} if "time" in attrs else {}
         event = Event(
             tenant=attrs["tenantid"],
             operation_id=attrs["operationid"],
@@ -241,7 +244,7 @@ def from_amqp(
             authority_epoch=int(attrs["authepoch"]),
             payload=payload,
             event_id=event_id,
-            **when,
+            occurred_at=parse_time(attrs["time"]),
         )
     except (ValueError, ValidationError) as exc:
         raise MalformedMessage(problem="bad_attribute", detail=type(exc).__name__) from None

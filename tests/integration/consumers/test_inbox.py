@@ -231,3 +231,22 @@ async def test_reserve_many_decides_each_message_like_reserve(pg: asyncpg.Connec
     with pytest.raises(ReplayTooOld):
         async with pg.transaction():
             await reserve_many(pg, CONSUMER, [(stale, Delivery(), CATALOG.digest(stale))])
+
+
+async def test_reserve_many_credits_the_copy_whose_row_went_in(pg: asyncpg.Connection) -> None:
+    """Two copies of one event in a batch, the first outside the replay window with other
+    content, the second inside it: the second's row goes in, so the second is the new one
+    and the first is refused (a conflict with the row now stored; alone, too old). Before,
+    the first copy was credited with the second's row: its stale content applied as new
+    under the other's digest, the recorded copy skipped as a duplicate."""
+    fresh = report()
+    old = datetime.now(UTC) - timedelta(hours=2)
+    stale = report(fresh.operation_id, subject="stale", event_id=fresh.event_id, occurred_at=old)
+    batch = [(e, Delivery(), CATALOG.digest(e)) for e in (stale, fresh)]
+    with pytest.raises(InboxConflict) as refused:
+        async with pg.transaction():
+            await reserve_many(pg, CONSUMER, batch)
+    assert refused.value.fields["stored_digest"] == CATALOG.digest(fresh)
+    async with pg.transaction():  # control: the fresh copy alone is new
+        assert await reserve_many(pg, CONSUMER, batch[1:]) == [True]
+    assert await pg.fetchval("SELECT digest FROM consumers.inbox") == CATALOG.digest(fresh)
