@@ -186,6 +186,13 @@ class Catalog:
         except ValidationError as exc:
             fields = sorted({".".join(map(str, e["loc"])) for e in exc.errors()})
             raise InvalidEvent(event_type=event.ce_type, fields=fields) from None
+        except Exception as exc:
+            # pydantic wraps only ValueError and AssertionError: a validator's TypeError (say)
+            # would escape as itself, and a consumer would crash on the message at every
+            # redelivery instead of poisoning it. It is this payload's refusal, mapped here.
+            raise InvalidEvent(
+                event_type=event.ce_type, detail=f"its model raised {type(exc).__name__}"
+            ) from exc
 
     def prepare(self, event: Event, max_payload_bytes: int) -> tuple[bytes, str]:
         """What producing ``event`` needs, its payload walked once: validated as ``validate``

@@ -325,3 +325,34 @@ def test_version_suffix_is_ascii_digits(tail: str) -> None:
     assert split_versioned_type("x.y.v1") == ("x.y", 1)  # control
     with pytest.raises(UnknownEventType):
         split_versioned_type(f"x.y.v{tail}")
+
+
+def test_a_model_that_raises_outside_pydantic_refuses_the_payload_typed() -> None:
+    """pydantic wraps a validator's ValueError, not its TypeError: that one escaped as
+    itself, and a consumer crashed on the message at every redelivery instead of poisoning
+    it. It is InvalidEvent now, at the producer and the consumer alike. Control: the same
+    model accepts a payload its validator takes."""
+    from pydantic import field_validator
+
+    class Picky(BaseModel):
+        n: int
+
+        @field_validator("n")
+        @classmethod
+        def small(cls, value: int) -> int:
+            if value > 10:
+                raise TypeError("a bug in the application's validator")
+            return value
+
+    catalog = Catalog([EventType("picky.made", 1, Picky)])
+
+    def made(n: int) -> Event:
+        return Event(
+            tenant="acme", operation_id="o-1", type="picky.made", version=1, payload={"n": n}
+        )
+
+    catalog.validate(made(3), producing=False)
+    for producing in (False, True):
+        with pytest.raises(InvalidEvent) as refused:
+            catalog.validate(made(11), producing=producing)
+        assert "TypeError" in refused.value.fields["detail"]
