@@ -382,8 +382,8 @@ async def settle(tx: Tx, token: uuid.UUID, outcomes: Sequence[Settlement]) -> in
 async def prune(tx: Tx, retention_s: float, limit: int) -> int:
     """Runs in the caller's transaction. Deletes one bounded batch of old published rows."""
     require_transaction(tx)
-    status: str = await tx.execute(sql.PRUNE, retention_s, limit)
-    return rows_affected(status)
+    removed: int = await tx.fetchval(sql.PRUNE, retention_s, limit)
+    return removed
 
 
 async def prune_release_audit(tx: Tx, retention_s: float, limit: int) -> int:

@@ -193,6 +193,16 @@ CREATE SEQUENCE relay.outbox_id_seq
 ALTER SEQUENCE relay.outbox_id_seq OWNED BY relay.outbox.id;
 
 --
+-- Name: pruned; Type: TABLE; Schema: relay; Owner: -
+--
+
+CREATE TABLE relay.pruned (
+    one boolean DEFAULT true NOT NULL,
+    through timestamp with time zone NOT NULL,
+    CONSTRAINT pruned_one_check CHECK (one)
+);
+
+--
 -- Name: release_audit; Type: TABLE; Schema: relay; Owner: -
 --
 
@@ -257,6 +267,13 @@ ALTER TABLE ONLY relay.outbox
 
 ALTER TABLE ONLY relay.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+
+--
+-- Name: pruned pruned_pkey; Type: CONSTRAINT; Schema: relay; Owner: -
+--
+
+ALTER TABLE ONLY relay.pruned
+    ADD CONSTRAINT pruned_pkey PRIMARY KEY (one);
 
 --
 -- Name: release_audit release_audit_pkey; Type: CONSTRAINT; Schema: relay; Owner: -
@@ -407,6 +424,12 @@ GRANT UPDATE(publish_id) ON TABLE relay.outbox TO accord_relay;
 --
 
 GRANT USAGE ON SEQUENCE relay.outbox_id_seq TO accord_worker;
+
+--
+-- Name: TABLE pruned; Type: ACL; Schema: relay; Owner: -
+--
+
+GRANT SELECT,INSERT,UPDATE ON TABLE relay.pruned TO accord_relay;
 
 --
 -- Name: TABLE release_audit; Type: ACL; Schema: relay; Owner: -

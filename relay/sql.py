@@ -100,16 +100,26 @@ WHERE o.id = u.id AND o.lease_token = $1 AND o.state IS NOT DISTINCT FROM 'pendi
 # read every pending row to settle a batch (a custom plan: a connection's first five, or
 # every one behind a pooler); this way only the primary key can find the batch's rows.
 
-# Delete up to $2 rows published more than $1 seconds ago (one bounded batch).
+# Delete up to $2 rows published more than $1 seconds ago (one bounded batch), and keep the
+# latest enqueue time it took in relay.pruned (migration 0044: a rebuild of a projection
+# then knows events are gone). Returns how many rows it deleted.
 PRUNE = """
-DELETE FROM relay.outbox
-WHERE id IN (
-    SELECT id FROM relay.outbox
-    WHERE state = 'published' AND published_at < now() - make_interval(secs => $1)
-    ORDER BY published_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
+WITH gone AS (
+    DELETE FROM relay.outbox
+    WHERE id IN (
+        SELECT id FROM relay.outbox
+        WHERE state = 'published' AND published_at < now() - make_interval(secs => $1)
+        ORDER BY published_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING enqueued_at
+), marked AS (
+    INSERT INTO relay.pruned AS p (through)
+    SELECT max(enqueued_at) FROM gone HAVING count(*) > 0
+    ON CONFLICT (one) DO UPDATE SET through = greatest(p.through, excluded.through)
 )
+SELECT count(*) FROM gone
 """
 
 # Counts by state and the age in seconds of the oldest pending row (the relay lag).

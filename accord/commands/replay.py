@@ -29,7 +29,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--since", required=True, help="ISO 8601 timestamp, or a duration such as 2h or 7d"
     )
     parser.add_argument(
-        "--rebuild", action="store_true", help="empty the projection first (in the same batch)"
+        "--rebuild",
+        action="store_true",
+        help="empty the projection first (in the same batch); stop its consumer meanwhile;"
+        " refused once the relay pruned events, or with --since after the oldest retained one",
     )
     parser.add_argument("--batch", type=int, default=200, help="events per transaction")
     parser.set_defaults(handler=handle)

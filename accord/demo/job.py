@@ -77,9 +77,10 @@ def publish_report(
                 "provider_receipt": receipt,
             },
         )
-        # The report row, the submission marked published and the event enqueued in one
-        # statement; the event is enqueued whatever the count says (a job submitted without
-        # the demo's acceptance has no submission row to mark), but then on its own.
+        # The submission marked published, its report row and the event enqueued in one
+        # statement. A job submitted without the demo's acceptance (another producer's
+        # report.accepted) has no submission: no report row either (its key names one), and
+        # the event is enqueued on its own.
         joined = await enqueue_joined(
             tx,
             sql.PUBLISH_REPORT,

@@ -23,7 +23,8 @@ SUBMISSION = (
 PUBLISH_REPORT = """
 WITH report AS (
     INSERT INTO demo.reports (tenant, report_id, job_id, object_key, provider_receipt, generation)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    SELECT $1, $2, $3, $4, $5, $6
+    WHERE EXISTS (SELECT 1 FROM demo.submissions WHERE tenant = $1 AND report_id = $2)
 )
 UPDATE demo.submissions SET state = 'published' WHERE tenant = $1 AND report_id = $2
 RETURNING report_id

@@ -8,6 +8,7 @@ from accord.ops.errors import (
     InvalidSince,
     OpsError,
     ProjectionPrincipalLost,
+    RebuildIncomplete,
     ReplayWindowExceeded,
     UnknownProjection,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "OpsError",
     "Projection",
     "ProjectionPrincipalLost",
+    "RebuildIncomplete",
     "Refusal",
     "ReplaySummary",
     "ReplayWindowExceeded",

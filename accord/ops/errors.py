@@ -5,6 +5,7 @@ AccordError
     ├── UnknownProjection         no projection is registered for the workflow class
     ├── InvalidSince              --since is neither an ISO timestamp nor a duration
     ├── ReplayWindowExceeded      --since is older than the outbox retains events
+    ├── RebuildIncomplete         a rebuild would delete rows whose events it cannot apply
     └── ProjectionPrincipalLost   a handler left the projection principal (batch undone)
 """
 
@@ -35,6 +36,15 @@ class ReplayWindowExceeded(OpsError):
     """The outbox no longer retains every event since then: a replay would be incomplete."""
 
     reason = "replay_window_exceeded"
+
+
+class RebuildIncomplete(OpsError):
+    """A rebuild empties the projection and applies the retained events again: rows made by
+    events it would not apply (pruned by the relay, or older than --since) would be gone for
+    good. Nothing was changed. Replay without --rebuild (events applied on top of the
+    projection), or start --since at the oldest retained event."""
+
+    reason = "rebuild_incomplete"
 
 
 class ProjectionPrincipalLost(OpsError):

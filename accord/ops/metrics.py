@@ -32,10 +32,16 @@ from accord.ops.messaging import MessagingMetrics
 from accord.ops.models import REPORTED_STATES, StatusReport
 from accord.ops.status import collect_status
 from accord.schemas.db import DB_CONNECTION_LOST, connect
-from accord.schemas.errors import ConfigError
+from accord.schemas.errors import ConfigError, ServiceRefused
 
-#: What a scrape maps to ``accord_status_up 0``: the database is unreachable or refused.
-UNAVAILABLE: tuple[type[BaseException], ...] = (*DB_CONNECTION_LOST, asyncpg.PostgresError)
+#: What a scrape maps to ``accord_status_up 0``: the database is unreachable or refused (a
+#: refused login or a missing database too: a scrape that failed whole would leave the alert
+#: on ``accord_status_up == 0`` silent, and the process's own families with it).
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    *DB_CONNECTION_LOST,
+    asyncpg.PostgresError,
+    ServiceRefused,
+)
 
 Source = Callable[[], StatusReport]
 

@@ -26,7 +26,12 @@ from typing import Any
 import asyncpg
 
 from accord.ops import sql
-from accord.ops.errors import InvalidSince, ProjectionPrincipalLost, ReplayWindowExceeded
+from accord.ops.errors import (
+    InvalidSince,
+    ProjectionPrincipalLost,
+    RebuildIncomplete,
+    ReplayWindowExceeded,
+)
 from accord.ops.projections import Projection
 from accord.schemas import wire
 from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
@@ -133,8 +138,11 @@ async def replay(
 ) -> ReplaySummary:
     """Owns its transactions (a runner): reads on ``reader`` in one snapshot, applies batches on
     ``writer`` under the projection principal. ``rebuild`` empties the projection in the first
-    batch's transaction. Raises ReplayWindowExceeded if ``since`` predates the retention
-    window; ProjectionPrincipalLost (batch rolled back) if a handler left the principal."""
+    batch's transaction; it needs every event that made a row (RebuildIncomplete otherwise:
+    the relay pruned events, or ``since`` is later than the oldest retained one) and the
+    projection's consumer stopped. Raises ReplayWindowExceeded if ``since`` predates the
+    retention window; ProjectionPrincipalLost (batch rolled back) if a handler left the
+    principal."""
     pending: list[Mapping[str, Any]] = []
     reset = rebuild
     async with reader.transaction(isolation="repeatable_read", readonly=True):
@@ -145,6 +153,8 @@ async def replay(
             raise ReplayWindowExceeded(
                 since=since.isoformat(), retained_from=retained_from.isoformat()
             )
+        if rebuild:
+            await _require_every_event(reader, projection, since)
         run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
         summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
         async for record in reader.cursor(
@@ -160,6 +170,26 @@ async def replay(
         sql.FINISH_RUN, run_id, summary.events, summary.applied, summary.refused, summary.skipped
     )
     return summary
+
+
+async def _require_every_event(reader: Any, projection: Projection, since: datetime) -> None:
+    """A rebuild's reset empties the whole projection: refuse it (RebuildIncomplete) unless
+    the events it applies again are every event that made a row, read in the same snapshot.
+    The projection's live consumer must be stopped meanwhile: an event it applies between
+    this snapshot and the reset would be deleted and not applied again."""
+    pruned = await reader.fetchval(sql.PRUNED_THROUGH)
+    if pruned is not None:
+        raise RebuildIncomplete(
+            "the relay has pruned published events: the rows they made would not come back",
+            pruned_through=pruned.isoformat(),
+        )
+    oldest = await reader.fetchval(sql.OLDEST_RETAINED, projection.event_types)
+    if oldest is not None and oldest < since:
+        raise RebuildIncomplete(
+            "--since is later than the oldest retained event of the projection's types",
+            since=since.isoformat(),
+            oldest=oldest.isoformat(),
+        )
 
 
 async def _apply(

@@ -164,6 +164,15 @@ AGO = "SELECT now() - make_interval(secs => $1::float8)"
 # that snapshot misses (published_at < its own now() - $1) removed only rows older than it.
 RETAINED_FROM = "SELECT clock_timestamp() - make_interval(secs => $1::float8)"
 
+# The latest enqueue time of an event the relay pruned (migration 0044), or NULL: none.
+PRUNED_THROUGH = "SELECT through FROM relay.pruned"
+
+# The oldest retained published event of the versioned types in $1 (its enqueue time).
+OLDEST_RETAINED = """
+SELECT min(enqueued_at) FROM relay.outbox
+WHERE state = 'published' AND (type || '.v' || version::text) = ANY ($1::text[])
+"""
+
 # Retained published events of the versioned types in $2, enqueued at or after $1, in outbox
 # order (read in one snapshot through a cursor).
 RETAINED_EVENTS = """

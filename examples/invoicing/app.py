@@ -205,7 +205,11 @@ def mark_sent(
     lease = ctx.lease
 
     async def write(tx: Tx) -> None:
-        await tx.fetchval(
+        # The invoice marked sent and invoice.sent enqueued in one statement: the event
+        # exists only if the invoice was still issued (the affected-row count, checked by
+        # the joined statement itself), so it never announces what was not recorded.
+        await app.enqueue_joined(
+            tx,
             MARK_SENT,
             lease.tenant,
             issued.invoice_id,
@@ -213,10 +217,7 @@ def mark_sent(
             archive_receipt,
             lease.job_id,
             lease.generation,
-        )
-        await app.enqueue(
-            tx,
-            Event(
+            event=Event(
                 tenant=lease.tenant,
                 operation_id=lease.operation_id,
                 type=SENT,

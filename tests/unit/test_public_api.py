@@ -232,6 +232,7 @@ EXPECTED: dict[str, set[str]] = {
         "OpsError",
         "Projection",
         "ProjectionPrincipalLost",
+        "RebuildIncomplete",
         "Refusal",
         "ReplaySummary",
         "ReplayWindowExceeded",

@@ -26,6 +26,7 @@ from accord.jobs import Store, submit
 from accord.ops import (
     Projection,
     ProjectionPrincipalLost,
+    RebuildIncomplete,
     ReplayWindowExceeded,
     UnknownProjection,
     collect_status,
@@ -35,6 +36,7 @@ from accord.ops import (
     serve_metrics,
 )
 from accord.relay import Relay, RelayConfig
+from accord.relay import outbox as relay_outbox
 from accord.schemas.events import Event
 from accord.schemas.topology import declare
 from tests.conftest import BrokerNames
@@ -376,3 +378,38 @@ async def test_accord_replay_prunes_the_ledger_it_writes(
     assert "replay ledger: removed 1 runs and 0 refused events" in done.stdout
     runs = [r["run_id"] for r in await pg.fetch("SELECT run_id FROM ops.replay_runs")]
     assert len(runs) == 1 and old.run_id not in runs
+
+
+async def test_a_rebuild_that_could_not_apply_every_event_is_refused(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """A rebuild empties the projection and applies the retained events again: refused,
+    nothing changed, when a row's event would not be applied (older than --since, or pruned
+    by the relay), instead of deleting that row for good. Control: from the oldest retained
+    event, before any prune, the rebuild runs and equals the projection."""
+    projection = demo_app.projection_of(REPORT_PROJECTION)
+    await mark_published(pg, [published(n, minute=n) for n in range(3)])
+    await pg.execute(
+        "UPDATE relay.outbox SET enqueued_at = now() - interval '2 hours' WHERE id = 1"
+    )
+    await do_replay(pg_dsn, projection, since=datetime.now(UTC) - timedelta(hours=3), rebuild=True)
+    rows = [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)]
+    assert len(rows) == 3
+    with pytest.raises(RebuildIncomplete) as refused:  # --since 1h leaves the first one out
+        await do_replay(pg_dsn, projection, rebuild=True)
+    assert "oldest" in refused.value.fields
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
+    # The relay prunes the oldest event: no rebuild from then on, whatever --since.
+    await pg.execute(
+        "UPDATE relay.outbox SET published_at = now() - interval '2 days' WHERE id = 1"
+    )
+    async with pg.transaction():
+        assert await relay_outbox.prune(pg, 86400.0, 100) == 1
+    since = datetime.now(UTC) - timedelta(hours=3)
+    with pytest.raises(RebuildIncomplete) as refused:
+        await do_replay(pg_dsn, projection, since=since, rebuild=True)
+    assert "pruned_through" in refused.value.fields
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
+    summary = await do_replay(pg_dsn, projection, since=since)  # without --rebuild: on top
+    assert (summary.events, summary.refused) == (2, 0)
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows

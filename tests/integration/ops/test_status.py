@@ -394,8 +394,20 @@ async def test_never_payloads(pool: asyncpg.Pool, seeded: Expected) -> None:
     assert SECRET not in repr(report)
 
 
-async def test_scrape_reports_a_database_that_does_not_answer() -> None:
-    server = serve_metrics(0, dsn="postgresql://postgres@127.0.0.1:1/none")
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://postgres@127.0.0.1:1/none",  # nothing answers
+        "postgresql://postgres@127.0.0.1:5432/accord_no_such_database",  # refused: missing
+        "postgresql://accord_no_such_user@127.0.0.1:5432/postgres",  # refused: the login
+    ],
+    ids=["unreachable", "missing", "login"],
+)
+async def test_scrape_reports_a_database_that_does_not_answer(dsn: str) -> None:
+    """Unreachable or refused, the scrape says ``accord_status_up 0`` (before, a refused
+    login or a missing database failed the whole scrape with HTTP 500, and the alert on
+    ``accord_status_up == 0`` stayed silent)."""
+    server = serve_metrics(0, dsn=dsn)
     try:
         samples = scrape(server.port)
     finally:

@@ -17,7 +17,9 @@ from accord.demo import (
     report_handler,
 )
 from accord.demo import app as demo_app
+from accord.jobs import submit
 from accord.relay import Relay, RelayConfig
+from accord.schemas.events import Event
 from tests.conftest import BrokerNames
 from tests.integration.runner.conftest import CATALOG, TENANT, Rig, running, wait_for
 
@@ -115,3 +117,38 @@ async def _rows(conn: asyncpg.Connection) -> tuple[int, int]:
     submissions = await conn.fetchval("SELECT count(*) FROM demo.submissions")
     outbox = await conn.fetchval("SELECT count(*) FROM relay.outbox")
     return submissions, outbox
+
+
+async def test_a_report_job_without_the_demo_s_submission_publishes_its_event_alone(
+    rig: Rig,
+) -> None:
+    """A report.accepted from another producer (no demo.submissions row) starts a job whose
+    publish writes no report row (it names a submission) and enqueues report.published on
+    its own. Before, the report row's foreign key refused the publish after the provider
+    call had succeeded, at every attempt. Control: a job of the demo's own submission
+    writes its report row and the event in one statement."""
+    worker = rig.worker({WORKFLOW: (report_handler(rig.client), 30.0)})
+    own = await rig.submit_report("r-own")
+    event = Event(
+        tenant=TENANT, operation_id="report:r-foreign", type="report.accepted", version=1,
+        payload={"report_id": "r-foreign", "subject": "from another producer"},
+    )  # fmt: skip
+    async with rig.pool.acquire() as conn, conn.transaction():
+        foreign = (
+            await submit(
+                conn, tenant=TENANT, workflow=WORKFLOW, operation_id=event.operation_id,
+                digest=CATALOG.digest(event), payload=dict(event.payload),
+            )
+        ).job_id  # fmt: skip
+    async with running(worker):
+
+        async def both_done() -> bool:
+            return {await rig.state(own), await rig.state(foreign)} == {"succeeded"}
+
+        await wait_for(both_done, within=30)
+    assert await report(rig.pool, TENANT, "r-own") is not None
+    assert await report(rig.pool, TENANT, "r-foreign") is None
+    published = await rig.pool.fetch(
+        "SELECT operation_id FROM relay.outbox WHERE type = 'report.published' ORDER BY id"
+    )
+    assert sorted(r["operation_id"] for r in published) == ["report:r-foreign", "report:r-own"]
