@@ -276,7 +276,12 @@ BEGIN
                          AND j.resumed_generation IS DISTINCT FROM j.generation)))
         ORDER BY j.run_after, j.job_id
         LIMIT p_limit
+        -- The tenant row shared: a rotation's update of it waits for this claim to commit,
+        -- and its drain then sees the job running (it drains only what it sees); a claim
+        -- during a rotation skips the tenant. Without it a lease claimed in flight kept its
+        -- old epoch past the rotation, and its holder could write until the rotation committed.
         FOR NO KEY UPDATE OF j SKIP LOCKED
+        FOR SHARE OF t SKIP LOCKED
     )
     UPDATE jobs.jobs j
     SET state = 'running', owner = p_owner, attempt_id = gen_random_uuid(),
