@@ -319,15 +319,18 @@ class App:
                 known=sorted(self.jobs),
             ) from None
 
-    def projection_of(self, workflow: str) -> Projection:
-        """The projection ``accord replay`` rebuilds (a class that starts work has none)."""
+    def projection_of(self, workflow: str, tenants: Sequence[str] = ()) -> Projection:
+        """The projection ``accord replay`` rebuilds (a class that starts work has none), for
+        ``tenants`` (the ones its live consumer serves), else the declared ones; none, or
+        ``*``: every tenant."""
         declared = self.consumers.get(workflow)
         if declared is None or declared.reset is None:
             raise UnknownProjection(
                 workflow=workflow,
                 known=sorted(n for n, c in self.consumers.items() if c.reset is not None),
             )
-        return Projection(workflow, declared.handlers, declared.reset)
+        served = tuple(tenants) or declared.tenants
+        return Projection(workflow, declared.handlers, declared.reset, served)
 
     def registered(self, workflow: str) -> Registered:
         declared = self.job_class(workflow)

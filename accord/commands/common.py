@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 
 from accord.app import App, load_app
+from accord.consumers.batch import ANY_TENANT
 from accord.consumers.inbox import PRUNE_MARGIN_S, replay_horizon_s
 from accord.errors import AppNotFound, SettingsInvalid
+from accord.schemas.errors import ConfigError
+from accord.schemas.events import valid_tenant
 from accord.schemas.settings import Settings
 
 
@@ -55,3 +58,20 @@ def check_retention(settings: Settings) -> None:
             f" ACCORD_JOBS_RETENTION_S={settings.jobs_retention_s:.0f}: the audit must outlive"
             " the jobs it audits"
         )
+
+
+def served_tenants(given: list[str], settings: Settings, declared: tuple[str, ...]) -> list[str]:
+    """The tenants a consumer class serves: ``--tenant`` (``given``), else
+    ACCORD_CONSUMER_TENANTS (comma-separated), else its declaration; each one an event can
+    carry, or ``*``. Raises ConfigError naming the others (no event carries them: every
+    delivery would be refused as another tenant's)."""
+    tenants = given or [t.strip() for t in settings.consumer_tenants.split(",")]
+    tenants = [t for t in tenants if t] or list(declared)
+    bad = [t for t in tenants if t != ANY_TENANT and not valid_tenant(t)]
+    if bad:
+        raise ConfigError(
+            "not a tenant an event can carry: one tenant per --tenant, and"
+            " ACCORD_CONSUMER_TENANTS separated by commas",
+            tenants=bad,
+        )
+    return tenants

@@ -13,14 +13,12 @@ import anyio
 
 from accord import runtime
 from accord.app import App
-from accord.commands.common import check_retention, prefix, require_app
+from accord.commands.common import check_retention, prefix, require_app, served_tenants
 from accord.consumers import ConsumerRuntime, RuntimeConfig
-from accord.consumers.batch import ANY_TENANT
 from accord.ops import checks
 from accord.ops.health import Check
 from accord.schemas import migrate
 from accord.schemas.errors import ConfigError
-from accord.schemas.events import valid_tenant
 from accord.schemas.settings import Settings
 
 log = logging.getLogger("accord.consumer")
@@ -47,18 +45,10 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
     horizon."""
     check_retention(settings)
     declared = app.consumer_class(args.workflow)
-    tenants = args.tenant or [t.strip() for t in settings.consumer_tenants.split(",")]
-    tenants = [t for t in tenants if t] or list(declared.tenants)
+    tenants = served_tenants(args.tenant, settings, declared.tenants)
     if not tenants:
         raise ConfigError(
             "a consumer serves explicit tenants: pass --tenant (or '*' for every tenant)"
-        )
-    bad = [t for t in tenants if t != ANY_TENANT and not valid_tenant(t)]
-    if bad:  # no event carries such a tenant: every delivery would be poisoned as another's
-        raise ConfigError(
-            "not a tenant an event can carry: one tenant per --tenant, and"
-            " ACCORD_CONSUMER_TENANTS separated by commas",
-            tenants=bad,
         )
     if settings.consumer_max_body_bytes < app.max_payload_bytes:
         raise ConfigError(

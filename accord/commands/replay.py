@@ -13,8 +13,8 @@ from datetime import datetime
 
 from accord import runtime
 from accord.app import App
-from accord.commands.common import check_retention, require_app
-from accord.ops import parse_since, prune_ledger, replay, resolve_since
+from accord.commands.common import check_retention, require_app, served_tenants
+from accord.ops import Projection, parse_since, prune_ledger, replay, resolve_since
 from accord.schemas import migrate
 from accord.schemas.db import connect
 from accord.schemas.settings import Settings
@@ -35,6 +35,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " refused once the relay pruned events, or with --since after the oldest retained one",
     )
     parser.add_argument("--batch", type=int, default=200, help="events per transaction")
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        help="a tenant whose events it applies, as the projection's consumer serves them"
+        " (repeatable; default: ACCORD_CONSUMER_TENANTS, else the declared tenants; none"
+        " or '*': every tenant)",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -44,21 +52,22 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     check_retention(settings)
     app = require_app(args, settings)
     since = parse_since(args.since)
-    return int(
-        runtime.run(_main, settings, app, args.workflow, since, bool(args.rebuild), args.batch)
+    declared = app.projection_of(args.workflow)  # UnknownProjection first
+    projection = app.projection_of(
+        args.workflow, served_tenants(args.tenant, settings, declared.tenants)
     )
+    return int(runtime.run(_main, settings, app, projection, since, bool(args.rebuild), args.batch))
 
 
 async def _main(
     settings: Settings,
     app: App,
-    workflow: str,
+    projection: Projection,
     since: datetime | float,
     rebuild: bool,
     batch: int,
 ) -> int:
     catalog = app.catalog
-    projection = app.projection_of(workflow)
     reader = await connect(settings.pg_dsn)
     try:
         await migrate.require_current(reader, app.migration_chains())

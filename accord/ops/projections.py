@@ -23,11 +23,19 @@ class Projection:
     workflow: str
     handlers: Handlers
     reset_statements: tuple[str, ...]
+    #: The tenants its live consumer serves; none, or ``*``: every tenant.
+    tenants: tuple[str, ...] = ()
 
     @property
     def event_types(self) -> list[str]:
         """The versioned event types the projection is built from."""
         return list(self.handlers)
+
+    @property
+    def tenant_filter(self) -> list[str]:
+        """The tenants whose events a replay applies (as the live consumer admits them);
+        empty: every tenant."""
+        return [] if not self.tenants or "*" in self.tenants else sorted(self.tenants)
 
     async def reset(self, tx: Tx) -> None:
         """Runs in the caller's transaction (under the projection principal); never commits."""

@@ -158,7 +158,11 @@ async def replay(
         run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
         summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
         async for record in reader.cursor(
-            sql.RETAINED_EVENTS, since, projection.event_types, prefetch=batch
+            sql.RETAINED_EVENTS,
+            since,
+            projection.event_types,
+            projection.tenant_filter,
+            prefetch=batch,
         ):
             pending.append(record)
             if len(pending) >= batch:
@@ -183,7 +187,9 @@ async def _require_every_event(reader: Any, projection: Projection, since: datet
             "the relay has pruned published events: the rows they made would not come back",
             pruned_through=pruned.isoformat(),
         )
-    oldest = await reader.fetchval(sql.OLDEST_RETAINED, projection.event_types)
+    oldest = await reader.fetchval(
+        sql.OLDEST_RETAINED, projection.event_types, projection.tenant_filter
+    )
     if oldest is not None and oldest < since:
         raise RebuildIncomplete(
             "--since is later than the oldest retained event of the projection's types",

@@ -413,3 +413,30 @@ async def test_a_rebuild_that_could_not_apply_every_event_is_refused(
     summary = await do_replay(pg_dsn, projection, since=since)  # without --rebuild: on top
     assert (summary.events, summary.refused) == (2, 0)
     assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
+
+
+async def test_a_replay_applies_only_the_tenants_the_projection_serves(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """A projection whose consumer serves acme only (the live consumer refuses globex's
+    events): its replay applies acme's events, not globex's, so the rebuilt read model is
+    the live one. Before, replay applied every tenant's. Control: served for every tenant
+    (none declared, or '*'), it applies both; `--tenant` on the command line decides too."""
+    demo = demo_app.projection_of(REPORT_PROJECTION)
+    await mark_published(pg, [published(n, tenant="acme" if n % 2 else "globex") for n in range(4)])
+    acme = demo_app.projection_of(REPORT_PROJECTION, ("acme",))
+    assert acme.tenant_filter == ["acme"] and demo.tenant_filter == []
+    summary = await do_replay(pg_dsn, acme, rebuild=True)
+    assert (summary.events, summary.applied) == (2, 2)
+    assert {r["tenant"] for r in await pg.fetch(PROJECTION_ROWS)} == {"acme"}
+    everyone = demo_app.projection_of(REPORT_PROJECTION, ("*",))
+    summary = await do_replay(pg_dsn, everyone, rebuild=True)
+    assert (summary.events, summary.applied) == (4, 4)
+    assert {r["tenant"] for r in await pg.fetch(PROJECTION_ROWS)} == {"acme", "globex"}
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h",
+                   "--rebuild", "--tenant", "globex")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {r["tenant"] for r in await pg.fetch(PROJECTION_ROWS)} == {"globex"}
+    refused = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h",
+                      "--tenant", "acme,globex")  # fmt: skip
+    assert refused.returncode == 2 and "ConfigError" in refused.stderr
