@@ -32,6 +32,8 @@ from accord import runtime
 from accord.app import App
 from accord.commands.common import check_retention, optional_app, prefix, require_app
 from accord.commands.repair import repair_connection
+from accord.ops import checks
+from accord.ops.health import Check
 from accord.relay import Relay, RelayConfig, outbox
 from accord.schemas import broker, migrate, topology
 from accord.schemas.db import connect
@@ -88,8 +90,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
     check_retention(settings)  # the relay prunes the release audit (audit_retention_s)
-    with runtime.metrics(settings):
+    with runtime.metrics(settings, checks=readiness_checks(settings, app)):
         return int(runtime.run(_main, settings, app, service=True))
+
+
+def readiness_checks(settings: Settings, app: App) -> list[Check]:
+    """`/readyz` of a relay: its database (the application's schema current too) and the
+    exchange it publishes to (a relay without it publishes nothing)."""
+    return [
+        checks.postgresql(settings.pg_dsn, app.migration_chains()),
+        checks.rabbitmq(settings.amqp_url, exchange=app.topology(prefix(app, settings)).exchange),
+    ]
 
 
 def handle_held(args: argparse.Namespace, settings: Settings) -> int:

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import aio_pika
 import asyncpg
 import pytest
 
+from accord.commands import relay
+from accord.demo.app import app as demo_app
 from accord.jobs import Store
 from accord.ops import checks
 from accord.ops.health import Readiness
+from accord.schemas.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 T = TypeVar("T")
@@ -184,3 +189,33 @@ def test_a_missing_queue_fails_the_check_and_drops_its_connection(
         failing = readiness.check_once()
         assert set(failing) == {"rabbitmq"}, failing
     assert len(opened["rabbitmq"]) == 2 and all(c.is_closed for c in opened["rabbitmq"])
+
+
+def test_a_relay_is_ready_only_with_the_exchange_it_publishes_to(
+    pg_dsn: str, amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's `/readyz` looks at its exchange: under a topology prefix with no exchange
+    declared it is not ready (before, it checked only that RabbitMQ answered, so a relay that
+    could publish nothing said ready). Control: once the exchange exists, ready."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("ACCORD_PG_DSN", pg_dsn)
+    monkeypatch.setenv("ACCORD_AMQP_URL", amqp_url)
+    monkeypatch.setenv("ACCORD_TOPOLOGY_PREFIX", prefix)
+    readiness = Readiness(relay.readiness_checks(Settings(), demo_app), started=lambda: True)
+    assert set(readiness.check_once()) == {"rabbitmq"}
+    exchange = demo_app.topology(prefix).exchange
+
+    async def declare(declared: bool) -> None:
+        connection = await aio_pika.connect(amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            if declared:
+                await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
+            else:
+                await channel.exchange_delete(exchange)
+
+    asyncio.run(declare(True))
+    try:
+        assert readiness.check_once() == {}
+    finally:
+        asyncio.run(declare(False))
