@@ -9,6 +9,7 @@ recorded in ops.replay_refusals); 2 on an error (unknown projection, window exce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from datetime import datetime
 
 from accord import runtime
@@ -52,10 +53,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     check_retention(settings)
     app = require_app(args, settings)
     since = parse_since(args.since)
-    declared = app.projection_of(args.workflow)  # UnknownProjection first
-    projection = app.projection_of(
-        args.workflow, served_tenants(args.tenant, settings, declared.tenants)
-    )
+    declared = app.projection_of(args.workflow)
+    served = served_tenants(args.tenant, settings, declared.tenants)
+    projection = dataclasses.replace(declared, tenants=tuple(served))
     return int(runtime.run(_main, settings, app, projection, since, bool(args.rebuild), args.batch))
 
 
