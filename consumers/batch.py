@@ -115,6 +115,9 @@ class BatchProcessor:
     after_commit: AfterCommit | None = None
     stats: Stats = field(default_factory=Stats)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: A projection's workflow: each transaction first takes its rebuild guard, shared
+    #: (``sql.PROJECTION_GUARD``), so a rebuild never empties it across one. None: not one.
+    guard: str | None = None
 
     async def process(
         self, conn: Any, messages: Sequence[aio_pika.abc.AbstractIncomingMessage]
@@ -203,6 +206,7 @@ class BatchProcessor:
         count follow only a real commit)."""
         try:
             async with conn.transaction():
+                await self._begin(conn)
                 await self._apply_all(conn, ready)
             return 1
         except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
@@ -214,6 +218,7 @@ class BatchProcessor:
                 return 0
         try:
             async with conn.transaction():
+                await self._begin(conn)
                 for item in ready:
                     await self._apply_one(conn, item)
         except (PrivilegeMissing, ConnectionLost):
@@ -237,19 +242,26 @@ class BatchProcessor:
         for item in ready:
             if item.permanent is None:
                 item.outcome, item.transient = None, None
-                await self._apply_one(conn, item)  # outside any transaction: its own
+                await self._apply_one(conn, item, own=True)  # outside any transaction
                 commits += item.outcome in _ACKED
         return commits
 
-    async def _apply_one(self, conn: Any, item: Item) -> None:
-        """One message in a transaction of its own, a savepoint inside the caller's: only
-        its own failure is rolled back."""
+    async def _apply_one(self, conn: Any, item: Item, *, own: bool = False) -> None:
+        """One message in a transaction of its own (``own``: it begins one), a savepoint
+        inside the caller's: only its own failure is rolled back."""
         try:
             async with conn.transaction():
+                if own:
+                    await self._begin(conn)
                 item.outcome = await self._reserve_and_handle(conn, item)
         except Exception as exc:  # noqa: BLE001 - classified: permanent, transient or lost
             item.outcome = None  # whatever it decided was rolled back
             _classify(conn, item, exc)
+
+    async def _begin(self, conn: Any) -> None:
+        """First in a transaction that may write a projection: its rebuild guard."""
+        if self.guard is not None:
+            await conn.execute(sql.PROJECTION_GUARD, self.guard)
 
     async def _apply_all(self, conn: Any, ready: list[Item]) -> None:
         """Every message's inbox decision (one round trip when all are new), then handlers."""

@@ -82,6 +82,9 @@ class RuntimeConfig:
     # Poison records older than this are pruned with the inbox (None: kept); never shorter
     # than the replay horizon (the window plus the inbox's prune margin).
     poison_retention_s: float | None = None
+    # The class is a projection (App.projection): each of its transactions takes the rebuild
+    # guard, so `accord replay --rebuild` can run beside this consumer without losing an event.
+    projection: bool = False
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -154,6 +157,7 @@ class ConsumerRuntime:
             after_commit=self.after_commit,
             stats=self.stats,
             max_body_bytes=self.config.max_body_bytes,
+            guard=self.config.workflow if self.config.projection else None,
         )
         self._stopping = anyio.Event()
         self._run_scope: CancelScope | None = None

@@ -68,6 +68,7 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
         max_body_bytes=settings.consumer_max_body_bytes,
         declare=settings.topology_declare,
         poison_retention_s=settings.poison_retention_s,
+        projection=declared.reset is not None,
     )
 
 

@@ -1,6 +1,6 @@
 """`accord replay --workflow NAME --since ISO|DURATION [--rebuild]`: rebuild a projection.
 
-Re-delivers the retained (published) outbox events of the projection's types, in order,
+Re-delivers the retained outbox events (published or pending) of the projection's types, in order,
 under the ``accord_projection`` principal, which cannot submit jobs or begin effects.
 Exit 0 when every event applied; 1 when the database refused any (each one is listed and
 recorded in ops.replay_refusals); 2 on an error (unknown projection, window exceeded, ...).
@@ -32,8 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--rebuild",
         action="store_true",
-        help="empty the projection first (in the same batch); stop its consumer meanwhile;"
-        " refused once the relay pruned events, or with --since after the oldest retained one",
+        help="empty the projection first (in the same batch, under the rebuild guard its live"
+        " consumer waits for); refused once the relay pruned events, or with --since after the"
+        " oldest retained one",
     )
     parser.add_argument("--batch", type=int, default=200, help="events per transaction")
     parser.add_argument(

@@ -8,14 +8,21 @@ Invariants:
   in the same transaction: never silently dropped. Before committing a batch, replay checks
   the transaction still runs as the principal (a handler cannot quietly ``RESET ROLE``).
   This guards against mistakes, not against hostile code running in the same process.
-- Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``), read
-  in one REPEATABLE READ snapshot through a cursor, in outbox order. A ``since`` older than
-  the retention window is refused: the replay could not be complete.
+- Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``; pending
+  ones are read too, held ones not), read in one REPEATABLE READ snapshot through a cursor, in
+  outbox order. A ``since`` older than the retention window is refused: the replay could not
+  be complete.
+- A rebuild runs beside the projection's live consumer: it takes the projection's rebuild
+  guard (``sql.REBUILD_GUARD``) before its snapshot and holds it until its reset commits with
+  the first batch. Each of the consumer's transactions takes the guard shared, so it commits
+  either before the snapshot (its event is read, as its outbox row committed before it was
+  published) or after the reset (its rows stay): none is emptied and not applied again.
 - Replay never writes the inbox and never acks anything: it only rebuilds read models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -138,38 +145,45 @@ async def replay(
 ) -> ReplaySummary:
     """Owns its transactions (a runner): reads on ``reader`` in one snapshot, applies batches on
     ``writer`` under the projection principal. ``rebuild`` empties the projection in the first
-    batch's transaction; it needs every event that made a row (RebuildIncomplete otherwise:
-    the relay pruned events, or ``since`` is later than the oldest retained one) and the
-    projection's consumer stopped. Raises ReplayWindowExceeded if ``since`` predates the
-    retention window; ProjectionPrincipalLost (batch rolled back) if a handler left the
-    principal."""
+    batch's transaction, under the projection's rebuild guard (the live consumer waits for
+    that transaction); it needs every event that made a row (RebuildIncomplete otherwise:
+    the relay pruned events, or ``since`` is later than the oldest retained one). Raises
+    ReplayWindowExceeded if ``since`` predates the retention window; ProjectionPrincipalLost
+    (batch rolled back) if a handler left the principal."""
     pending: list[Mapping[str, Any]] = []
     reset = rebuild
-    async with reader.transaction(isolation="repeatable_read", readonly=True):
-        # The window is judged in the snapshot the events are read from: a prune committed
-        # between the check and the read cannot take an event the check promised.
-        retained_from: datetime = await reader.fetchval(sql.RETAINED_FROM, retention_s)
-        if since < retained_from:
-            raise ReplayWindowExceeded(
-                since=since.isoformat(), retained_from=retained_from.isoformat()
-            )
+    # A rebuild's first batch (the reset with it) commits in the transaction that took the
+    # guard before the snapshot (closing the stack commits it; an error rolls it back).
+    async with contextlib.AsyncExitStack() as guard:
         if rebuild:
-            await _require_every_event(reader, projection, since)
-        run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
-        summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
-        async for record in reader.cursor(
-            sql.RETAINED_EVENTS,
-            since,
-            projection.event_types,
-            projection.tenant_filter,
-            prefetch=batch,
-        ):
-            pending.append(record)
-            if len(pending) >= batch:
-                await _apply(writer, projection, catalog, pending, summary, reset=reset)
-                pending, reset = [], False
-    if pending or reset:
-        await _apply(writer, projection, catalog, pending, summary, reset=reset)
+            await guard.enter_async_context(writer.transaction())
+            await writer.execute(sql.REBUILD_GUARD, projection.workflow)
+        async with reader.transaction(isolation="repeatable_read", readonly=True):
+            # The window is judged in the snapshot the events are read from: a prune committed
+            # between the check and the read cannot take an event the check promised.
+            retained_from: datetime = await reader.fetchval(sql.RETAINED_FROM, retention_s)
+            if since < retained_from:
+                raise ReplayWindowExceeded(
+                    since=since.isoformat(), retained_from=retained_from.isoformat()
+                )
+            if rebuild:
+                await _require_every_event(reader, projection, since)
+            run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
+            summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
+            async for record in reader.cursor(
+                sql.RETAINED_EVENTS,
+                since,
+                projection.event_types,
+                projection.tenant_filter,
+                prefetch=batch,
+            ):
+                pending.append(record)
+                if len(pending) >= batch:
+                    await _apply(writer, projection, catalog, pending, summary, reset=reset)
+                    pending, reset = [], False
+                    await guard.aclose()
+        if pending or reset:
+            await _apply(writer, projection, catalog, pending, summary, reset=reset)
     await writer.execute(
         sql.FINISH_RUN, run_id, summary.events, summary.applied, summary.refused, summary.skipped
     )
@@ -178,9 +192,8 @@ async def replay(
 
 async def _require_every_event(reader: Any, projection: Projection, since: datetime) -> None:
     """A rebuild's reset empties the whole projection: refuse it (RebuildIncomplete) unless
-    the events it applies again are every event that made a row, read in the same snapshot.
-    The projection's live consumer must be stopped meanwhile: an event it applies between
-    this snapshot and the reset would be deleted and not applied again."""
+    the events it applies again are every event that made a row, read in the same snapshot
+    (taken under the rebuild guard)."""
     pruned = await reader.fetchval(sql.PRUNED_THROUGH)
     if pruned is not None:
         raise RebuildIncomplete(

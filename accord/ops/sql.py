@@ -167,20 +167,27 @@ RETAINED_FROM = "SELECT clock_timestamp() - make_interval(secs => $1::float8)"
 # The latest enqueue time of an event the relay pruned (migration 0044), or NULL: none.
 PRUNED_THROUGH = "SELECT through FROM relay.pruned"
 
-# The oldest retained published event of the versioned types in $1 and the tenants in $2
-# (empty: every tenant): its enqueue time.
+# A rebuild's hold on projection $1 (the consumers' PROJECTION_GUARD key, exclusively), taken
+# before its snapshot and released when its reset commits: waits for the projection consumer's
+# transactions in flight, and makes its next ones wait.
+REBUILD_GUARD = "SELECT pg_advisory_xact_lock(1633903460, hashtext($1))"
+
+# The oldest retained event (committed and not held: delivered or still to be) of the
+# versioned types in $1 and the tenants in $2 (empty: every tenant): its enqueue time.
 OLDEST_RETAINED = """
 SELECT min(enqueued_at) FROM relay.outbox
-WHERE state = 'published' AND (type || '.v' || version::text) = ANY ($1::text[])
+WHERE state <> 'held' AND (type || '.v' || version::text) = ANY ($1::text[])
   AND (cardinality($2::text[]) = 0 OR tenant = ANY ($2::text[]))
 """
 
-# Retained published events of the versioned types in $2, of the tenants in $3 (empty: every
-# tenant), enqueued at or after $1, in outbox order (read in one snapshot through a cursor).
+# Retained events of the versioned types in $2, of the tenants in $3 (empty: every tenant),
+# enqueued at or after $1, in outbox order (read in one snapshot through a cursor): published,
+# and pending too (a consumer may apply an event before the relay settles its row; the live
+# consumer absorbs a later delivery: handlers are idempotent); not held (the relay gave up).
 RETAINED_EVENTS = """
 SELECT id, event_id, tenant, operation_id, type, version, authority_epoch, body, occurred_at
 FROM relay.outbox
-WHERE state = 'published' AND enqueued_at >= $1
+WHERE state <> 'held' AND enqueued_at >= $1
   AND (type || '.v' || version::text) = ANY ($2::text[])
   AND (cardinality($3::text[]) = 0 OR tenant = ANY ($3::text[]))
 ORDER BY id

@@ -11,6 +11,7 @@ import pytest
 from accord.commands import consume, relay
 from accord.consumers import ConsumerRuntime
 from accord.demo import app as demo_app
+from accord.demo.app import PROJECTION
 from accord.relay import RelayConfig
 from accord.schemas.settings import Settings
 
@@ -37,3 +38,14 @@ def test_accord_consume_connects_as_the_consumer_role(role: str, expected: str |
 def test_the_library_classes_connect_as_the_dsn_user_unless_told() -> None:
     assert RelayConfig(pg_dsn="postgresql://x/y", amqp_url="amqp://", exchange="e").pg_role is None
     assert ConsumerRuntime.__dataclass_fields__["pg_role"].default is None
+
+
+def test_accord_consume_of_a_projection_takes_its_rebuild_guard() -> None:
+    """A projection's consumer takes the rebuild guard in each transaction, so `accord
+    replay --rebuild` can run beside it (control: a class that starts work does not)."""
+    settings = Settings()
+    for workflow, guard in ((PROJECTION, PROJECTION), ("report", None)):
+        args = argparse.Namespace(workflow=workflow, tenant=["*"])
+        config = consume.config_from(args, settings, demo_app)
+        assert config.projection is (guard is not None)
+        assert consume.runtime_from(settings, config, demo_app)._processor.guard == guard

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from accord.consumers import sql as consumer_sql
 from accord.demo import demo_topology
 from accord.demo.app import PROJECTION as REPORT_PROJECTION
 from accord.demo.app import app as demo_app
@@ -35,6 +36,7 @@ from accord.ops import (
     replay,
     serve_metrics,
 )
+from accord.ops import sql as replay_sql
 from accord.relay import Relay, RelayConfig
 from accord.relay import outbox as relay_outbox
 from accord.schemas.events import Event
@@ -440,3 +442,128 @@ async def test_a_replay_applies_only_the_tenants_the_projection_serves(
     refused = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h",
                       "--tenant", "acme,globex")  # fmt: skip
     assert refused.returncode == 2 and "ConfigError" in refused.stderr
+
+
+# -- a rebuild beside the live consumer ---------------------------------------------------
+
+# Advisory locks waited for under the rebuild guard's key (consumers.sql.PROJECTION_GUARD).
+GUARD_WAITS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    " AND classid = 1633903460::oid"
+)
+
+
+async def test_a_rebuild_beside_the_live_consumer_loses_no_event(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """The projection's consumer and a rebuild never interleave so that an event is emptied
+    and not applied again (before, one the consumer applied between the rebuild's snapshot and
+    its reset was lost, and so was one applied before the relay marked its row published).
+    1. A consumer transaction in flight (its event's outbox row still pending): the rebuild
+       waits for it, then reads that event and applies it again.
+    2. A consumer transaction that begins while the rebuild's reset is not committed waits for
+       it, then commits on top: its row stays."""
+    projection = demo_app.projection_of(REPORT_PROJECTION)
+    project = projection.handlers.get(published(0))
+    await mark_published(pg, [published(n, minute=n) for n in range(3)])
+    in_flight, newer = published(10, minute=10), published(11, minute=11)
+    async with pg.transaction():
+        await enqueue(pg, in_flight)  # pending: the relay has not settled it yet
+    entered, gate = anyio.Event(), anyio.Event()
+    handlers = Handlers(REPORT_PROJECTION)
+
+    @handlers.on("report.published", 1)
+    async def pausing(tx: Any, event: Event) -> None:
+        await project(tx, event)
+        if event.operation_id == "pub-0" and not gate.is_set():
+            entered.set()  # in the first batch: the reset is done, not committed
+            await gate.wait()
+
+    paused = Projection(REPORT_PROJECTION, handlers, projection.reset_statements)
+    consumer = await asyncpg.connect(pg_dsn)
+    summaries: list[Any] = []
+
+    async def rebuild(target: Projection) -> None:
+        summaries.append(await do_replay(pg_dsn, target, rebuild=True))
+
+    try:
+        # 1. The consumer's transaction holds the guard, shared, and applied its event.
+        live = consumer.transaction()
+        await live.start()
+        await consumer.execute(consumer_sql.PROJECTION_GUARD, REPORT_PROJECTION)
+        await project(consumer, in_flight)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rebuild, projection)
+            await wait_for(lambda: _equals(pg, GUARD_WAITS, 1), within=10)
+            assert not summaries  # the rebuild waits for the consumer's commit
+            await live.commit()
+        assert (summaries[0].events, summaries[0].applied) == (4, 4)
+        ops = {r["operation_id"] for r in await pg.fetch(PROJECTION_ROWS)}
+        assert ops == {"pub-0", "pub-1", "pub-2", "pub-10"}
+
+        # 2. The rebuild holds the guard until its reset commits: the consumer waits.
+        async def consume_newer() -> None:
+            async with consumer.transaction():
+                await consumer.execute(consumer_sql.PROJECTION_GUARD, REPORT_PROJECTION)
+                await project(consumer, newer)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rebuild, paused)
+            await entered.wait()
+            async with pg.transaction():
+                await enqueue(pg, newer)  # after the rebuild's snapshot
+            tg.start_soon(consume_newer)
+            await wait_for(lambda: _equals(pg, GUARD_WAITS, 1), within=10)
+            gate.set()
+        assert (summaries[1].events, summaries[1].applied) == (4, 4)  # newer: not in it
+        ops = {r["operation_id"] for r in await pg.fetch(PROJECTION_ROWS)}
+        assert ops == {"pub-0", "pub-1", "pub-2", "pub-10", "pub-11"}
+    finally:
+        await consumer.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_projection_s_consumer_runtime_waits_for_a_rebuild_s_reset(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, broker_names: BrokerNames
+) -> None:
+    """The consumer runtime of a projection (``RuntimeConfig(projection=True)``, what `accord
+    consume` sets for one) takes the rebuild guard first in its transaction: while a rebuild
+    holds it, a delivery is neither reserved nor applied; once it is released, it is."""
+    topo = demo_topology(broker_names.prefix)
+    exchanges, queues = topo.names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        await declare(await connection.channel(), topo)
+    finally:
+        await connection.close()
+    config = RuntimeConfig(workflow=REPORT_PROJECTION, tenants=frozenset({"*"}), projection=True)
+    consumer = ConsumerRuntime(
+        config=config, amqp_url=amqp_url, pg_dsn=pg_dsn, topology=topo, catalog=CATALOG,
+        handlers=demo_app.projection_of(REPORT_PROJECTION).handlers,
+    )  # fmt: skip
+    relay = Relay(
+        RelayConfig(pg_dsn=pg_dsn, amqp_url=amqp_url, exchange=topo.exchange, poll_s=0.05)
+    )
+    inbox_rows = "SELECT count(*) FROM consumers.inbox WHERE consumer = 'report_projection'"
+    rebuilder = await asyncpg.connect(pg_dsn)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run)
+            tg.start_soon(relay.run)
+            await enqueue_all(pg, [published(1)])
+            await wait_for(lambda: _equals(pg, inbox_rows, 1), within=30)  # control: applied
+            async with rebuilder.transaction():
+                await rebuilder.execute(replay_sql.REBUILD_GUARD, REPORT_PROJECTION)
+                await enqueue_all(pg, [published(2)])
+                await wait_for(lambda: _equals(pg, GUARD_WAITS, 1), within=30)
+                await anyio.sleep(0.5)
+                assert await pg.fetchval(inbox_rows) == 1  # reserved nothing meanwhile
+            await wait_for(lambda: _equals(pg, inbox_rows, 2), within=30)
+            consumer.stop()
+            relay.stop()
+    finally:
+        await rebuilder.close()
+    ops = {r["operation_id"] for r in await pg.fetch(PROJECTION_ROWS)}
+    assert ops == {"pub-1", "pub-2"}
