@@ -219,8 +219,9 @@ class BatchProcessor:
         try:
             async with conn.transaction():
                 await self._begin(conn)
+                traced = False
                 for item in ready:
-                    await self._apply_one(conn, item)
+                    traced = await self._apply_one(conn, item, traced=traced)
         except (PrivilegeMissing, ConnectionLost):
             raise  # from _classify: the process's grants, or the connection; not a message's
         except Exception as exc:  # noqa: BLE001 - the commit failed: classified below
@@ -246,17 +247,21 @@ class BatchProcessor:
                 commits += item.outcome in _ACKED
         return commits
 
-    async def _apply_one(self, conn: Any, item: Item, *, own: bool = False) -> None:
+    async def _apply_one(
+        self, conn: Any, item: Item, *, own: bool = False, traced: bool = False
+    ) -> bool:
         """One message in a transaction of its own (``own``: it begins one), a savepoint
-        inside the caller's: only its own failure is rolled back."""
+        inside the caller's: only its own failure is rolled back. ``traced``: an earlier
+        message of this transaction set ``accord.trace``; returns whether it is set now."""
         try:
             async with conn.transaction():
                 if own:
                     await self._begin(conn)
-                item.outcome = await self._reserve_and_handle(conn, item)
+                item.outcome, traced = await self._reserve_and_handle(conn, item, traced)
         except Exception as exc:  # noqa: BLE001 - classified: permanent, transient or lost
-            item.outcome = None  # whatever it decided was rolled back
+            item.outcome = None  # whatever it decided was rolled back (its trace setting too)
             _classify(conn, item, exc)
+        return traced
 
     async def _begin(self, conn: Any) -> None:
         """First in a transaction that may write a projection: its rebuild guard."""
@@ -270,31 +275,36 @@ class BatchProcessor:
             assert item.event is not None and item.digest is not None
             batch.append((item.event, item.delivery, item.digest))
         decided = await inbox.reserve_many(conn, self.consumer, batch)
+        traced = False
         for item, fresh in zip(ready, decided, strict=True):
             if fresh:
-                await self._handle(conn, item)
+                traced = await self._handle(conn, item, traced)
             item.outcome = InboxOutcome.NEW if fresh else InboxOutcome.DUPLICATE
 
-    async def _reserve_and_handle(self, conn: Any, item: Item) -> InboxOutcome:
+    async def _reserve_and_handle(
+        self, conn: Any, item: Item, traced: bool
+    ) -> tuple[InboxOutcome, bool]:
         assert item.event is not None and item.handler is not None
         fresh = await inbox.reserve(
             conn, self.consumer, item.event, item.delivery, digest=item.digest
         )
         if not fresh:
-            return InboxOutcome.DUPLICATE
-        await self._handle(conn, item)
-        return InboxOutcome.NEW
+            return InboxOutcome.DUPLICATE, traced
+        return InboxOutcome.NEW, await self._handle(conn, item, traced)
 
-    async def _handle(self, conn: Any, item: Item) -> None:
+    async def _handle(self, conn: Any, item: Item, traced: bool) -> bool:
         """The handler, in the transaction, under the delivery's ``process`` span: spans it
         starts are children, and a job it submits keeps the span's context (jobs.submit reads
-        ``accord.trace``, set transaction-locally, only while tracing)."""
+        ``accord.trace``, set transaction-locally, only while the span records). ``traced``:
+        an earlier message of this transaction set it; an unrecorded span clears it then (its
+        job must not take another message's context). Returns whether it is set now."""
         assert item.handler is not None and item.event is not None
         carrier = telemetry.span_headers(item.span)
-        if carrier:
-            await conn.execute(sql.SET_TRACE, json.dumps(carrier))
+        if carrier or traced:
+            await conn.execute(sql.SET_TRACE, json.dumps(carrier) if carrier else "")
         with trace.use_span(item.span, end_on_exit=False):
             await item.handler(conn, item.event)
+        return bool(carrier)
 
     async def _settle(self, conn: Any, items: list[Item]) -> None:
         """After the commit: requeue or poison the failed messages one by one, then ack the
@@ -320,7 +330,8 @@ class BatchProcessor:
                     await item.message.reject(requeue=True)
                     self.stats.retried += 1
                     observe.delivered(self.consumer.name, "retried")
-                    log.info("retry %s", _ids(item, item.transient))
+                    with trace.use_span(item.span, end_on_exit=False):  # its trace ids
+                        log.info("retry %s", _ids(item, item.transient))
             else:
                 applied.append(item)
         if doomed:
@@ -351,10 +362,12 @@ class BatchProcessor:
         for item, record in zip(doomed, records, strict=True):
             await item.message.reject(requeue=False)
             self.stats.poisoned += 1
-            observe.delivered(self.consumer.name, "poisoned")
+            conflict = item.outcome is InboxOutcome.CONFLICT
+            observe.delivered(self.consumer.name, "conflict" if conflict else "poisoned")
             item.span.set_attribute(telemetry.ATTR_POISON_REASON, str(record.reason))
             item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
-            log.warning("poison reason=%s %s", record.reason, _ids(item, None))
+            with trace.use_span(item.span, end_on_exit=False):  # its trace ids
+                log.warning("poison reason=%s %s", record.reason, _ids(item, None))
 
     def _record(self, item: Item) -> poison.PoisonRecord:
         if item.permanent is not None:
