@@ -233,7 +233,11 @@ class Relay:
                     await self._sleep(self._lost("broker channel closed", reconnect))
 
     def _lost(self, cause: BaseException | str, reconnect: Reconnect) -> float:
+        """Count and log a lost service; returns the backoff. The publish loop then waits
+        for the service, which is not being stuck: /healthz stays 200 (a restart would not
+        bring the service back) until its next beat starts the clock again."""
         self.stats.reconnects += 1
+        observe.idle("relay.publish")
         return reconnect.lost(cause)
 
     async def _worker(self, publisher: Publisher, index: int) -> None:
@@ -525,6 +529,7 @@ class Relay:
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
             except DB_CONNECTION_LOST as exc:
+                observe.idle("relay.listen")  # waiting for the database is not being stuck
                 await anyio.sleep(reconnect.lost(exc))
                 continue
             reconnect.up()

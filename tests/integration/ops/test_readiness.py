@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
 from accord.jobs.ledger import PgLedger
+from tests.conftest import BrokerNames
 from tests.integration.ops.proxy import Proxy
 from tests.support import free_port
 
@@ -235,3 +237,32 @@ def test_healthz_turns_red_when_a_loop_is_stuck(pg_dsn: str, proxy: Proxy, tmp_p
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=90)
+
+
+def test_a_relay_whose_database_is_down_stays_live(
+    pg_dsn: str, amqp_url: str, proxy: Proxy, broker_names: BrokerNames, tmp_path: Path
+) -> None:
+    """A real `accord relay` whose PostgreSQL is cut (the test's own proxy) is not ready but
+    still alive: a restart would not bring the database back. Before, its publish loop
+    stopped beating while it reconnected, and /healthz turned 503 ("stuck") after poll +
+    publish timeout + grace. Control: 200 and ready first; ready again once restored."""
+    exchanges, queues = demo_topology(broker_names.prefix).names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    metrics_port = free_port()
+    env = _worker_env(pg_dsn, proxy, tmp_path, ACCORD_METRICS_PORT=str(metrics_port),
+                      ACCORD_AMQP_URL=amqp_url, ACCORD_TOPOLOGY_PREFIX=broker_names.prefix,
+                      ACCORD_HEALTH_GRACE_S="1", ACCORD_RELAY_POLL_S="0.2",
+                      ACCORD_RELAY_PUBLISH_TIMEOUT_S="1")  # fmt: skip
+    relay = [sys.executable, "-m", "accord", "relay"]
+    with served(relay, env, tmp_path / "relay.log"):
+        until(metrics_port, "/readyz", 200, within=30)  # control: ready and alive
+        assert get(metrics_port, "/healthz")[0] == 200
+        proxy.cut()
+        until(metrics_port, "/readyz", 503, within=10)
+        for _ in range(12):  # 6 s: three times poll + publish timeout + grace
+            assert get(metrics_port, "/healthz")[0] == 200
+            time.sleep(0.5)
+        proxy.restore()
+        until(metrics_port, "/readyz", 200, within=15)
+        assert get(metrics_port, "/healthz")[0] == 200
