@@ -390,16 +390,20 @@ class Worker:
                 record_timeout_s=self.config.record_timeout_s,
                 effects=registered.effects,
             )
-            finished = await self._execute(registered, ctx, store, claimed_at, span)
-            # Noted before the connection goes back: a shutdown cancelling that await
+            # Ended before the connection goes back: a shutdown cancelling that await
             # cannot lose how the attempt ended.
-            self._note(finished)
-            attempts.end_span(span, finished)
-            observe.job_finished(
-                lease.workflow, str(finished.ending), seen["created_at"] if seen else None
-            )
-            if finished.ending is Ending.FENCE_LOST:
-                observe.fence_refused(finished.reason or "unknown")
+            finished = await self._execute(registered, ctx, store, claimed_at, span, seen)
+            self._ended(lease, finished, span, seen)
+
+    def _ended(self, lease: Lease, finished: Finished, span: trace.Span, seen: Any) -> None:
+        """How an attempt ended: noted in the journal, on its span, counted."""
+        self._note(finished)
+        attempts.end_span(span, finished)
+        observe.job_finished(
+            lease.workflow, str(finished.ending), seen["created_at"] if seen else None
+        )
+        if finished.ending is Ending.FENCE_LOST:
+            observe.fence_refused(finished.reason or "unknown")
 
     async def _execute(
         self,
@@ -408,6 +412,7 @@ class Worker:
         store: Store,
         claimed_at: float,
         span: trace.Span,
+        seen: Any,
     ) -> Finished:
         hard_deadline = claimed_at + registered.timeout_s
         scope = anyio.CancelScope(deadline=min(hard_deadline, claimed_at + self.config.lease_s))
@@ -432,7 +437,8 @@ class Worker:
             broken = self._journal.broken
             reason = error_reason(broken) if broken is not None else "worker_stopped"
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                self._note(await self._give_up(ctx, store, Ending.STOPPED, reason))
+                finished = await self._give_up(ctx, store, Ending.STOPPED, reason)
+                self._ended(ctx.lease, finished, span, seen)
             raise
         return await self._settle(ctx, store, scope, error)
 

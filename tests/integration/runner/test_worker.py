@@ -12,6 +12,7 @@ import anyio
 import asyncpg
 import pytest
 
+from accord import observe
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.demo.provider import Fault
 from accord.jobs import FenceLost, JobState, Store, submit
@@ -24,9 +25,11 @@ from accord.jobs.runner import (
     Success,
     Worker,
     WorkerConfig,
+    attempts,
     open_journal,
     scan_journal,
 )
+from accord.jobs.runner.endings import Finished
 from accord.schemas import telemetry
 from tests.integration.runner.conftest import TENANT, Rig, running, wait_for
 
@@ -233,7 +236,19 @@ async def test_stop_lets_in_flight_work_finish_and_claims_nothing_new(rig: Rig) 
     assert await rig.state(later) == JobState.QUEUED
 
 
-async def test_stop_past_grace_records_the_interrupted_effect_unknown(rig: Rig) -> None:
+def _finished_total(workflow: str, ending: str) -> float:
+    labels = {"workflow": workflow, "ending": ending}
+    return observe.REGISTRY.get_sample_value("accord_jobs_finished_total", labels) or 0.0
+
+
+async def test_stop_past_grace_records_the_interrupted_effect_unknown(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """...and the attempt's ending reaches its span and accord_jobs_finished_total{ending=
+    "stopped"}, as any other ending does (before, a stop recorded the give-up only)."""
+    ended: list[Finished] = []
+    monkeypatch.setattr(attempts, "end_span", lambda span, finished: ended.append(finished))
+    stopped_before = _finished_total(WORKFLOW, "stopped")
     rig.provider.set_fault(Fault.SLOW, delay_s=30)
     job_id = await rig.submit_report("r-stop")
     worker = rig.worker({WORKFLOW: (report_handler(rig.client), 60.0)}, grace_s=0.3)
@@ -252,6 +267,8 @@ async def test_stop_past_grace_records_the_interrupted_effect_unknown(rig: Rig) 
     assert [(f.ending, f.state) for f in worker.stats.recent] == [
         (Ending.STOPPED, JobState.UNKNOWN)
     ]
+    assert [(f.ending, f.state) for f in ended] == [(Ending.STOPPED, JobState.UNKNOWN)]
+    assert _finished_total(WORKFLOW, "stopped") == stopped_before + 1
 
 
 class _TraceWaits(Store):
