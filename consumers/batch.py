@@ -328,6 +328,9 @@ class BatchProcessor:
                     # returns it uncounted (https://www.rabbitmq.com/docs/4.3/nack). Before
                     # 4.3 both count.
                     await item.message.reject(requeue=True)
+                    item.span.set_attribute(
+                        telemetry.ATTR_ERROR_TYPE, type(item.transient).__name__
+                    )
                     self.stats.retried += 1
                     observe.delivered(self.consumer.name, "retried")
                     with trace.use_span(item.span, end_on_exit=False):  # its trace ids
@@ -365,6 +368,7 @@ class BatchProcessor:
             conflict = item.outcome is InboxOutcome.CONFLICT
             observe.delivered(self.consumer.name, "conflict" if conflict else "poisoned")
             item.span.set_attribute(telemetry.ATTR_POISON_REASON, str(record.reason))
+            item.span.set_attribute(telemetry.ATTR_ERROR_TYPE, str(record.reason))
             item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
             with trace.use_span(item.span, end_on_exit=False):  # its trace ids
                 log.warning("poison reason=%s %s", record.reason, _ids(item, None))

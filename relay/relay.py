@@ -483,6 +483,7 @@ class Relay:
                     self.stop()
                 settlement = self._failed(row, exc)
                 span.set_attribute(telemetry.ATTR_RELAY_REASON, exc.reason)
+                span.set_attribute(telemetry.ATTR_ERROR_TYPE, exc.reason)
                 if settlement.state is OutboxState.HELD:
                     span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "held")
                     span.set_status(Status(StatusCode.ERROR, exc.reason))

@@ -51,6 +51,9 @@ ATTR_RELAY_OUTCOME = "accord.relay.outcome"  # published | retry | held
 # The consumer: one delivery.
 ATTR_INBOX_OUTCOME = "accord.inbox.outcome"  # new | duplicate | conflict
 ATTR_POISON_REASON = "accord.poison.reason"
+# Semconv: the typed failure of an operation that failed (a publish to be retried, a delivery
+# requeued or poisoned), whatever the span's status; the messaging metrics label it.
+ATTR_ERROR_TYPE = "error.type"
 # The jobs module: one claim of one job (an attempt) and what it did.
 ATTR_JOB_ID = "accord.job.id"
 ATTR_WORKFLOW = "accord.job.workflow"
@@ -119,8 +122,9 @@ def current_context_headers() -> dict[str, str]:
 
 
 def span_headers(span: trace.Span) -> dict[str, str]:
-    """``span``'s W3C context as a carrier (empty for a non-recording span)."""
-    if not span.is_recording():
+    """``span``'s W3C context as a carrier (empty for a span not sampled: not exported, even
+    when recorded for the messaging metrics)."""
+    if not span.is_recording() or not span.get_span_context().trace_flags.sampled:
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))

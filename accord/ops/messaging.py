@@ -17,20 +17,22 @@ https://opentelemetry.io/docs/specs/semconv/messaging/messaging-metrics/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.semconv._incubating.metrics import messaging_metrics as semconv
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
+from opentelemetry.util.types import Attributes
 from prometheus_client import CollectorRegistry
 
 from accord.schemas import telemetry
 
-ATTR_ERROR_TYPE = "error.type"
 # Span attributes copied onto the metrics (all bounded sets of values).
 _KEPT = (
     telemetry.ATTR_SYSTEM,
@@ -81,9 +83,14 @@ class MessagingMetrics:
 
 
 def _labels(attrs: Mapping[str, Any], span: ReadableSpan) -> dict[str, Any]:
+    """The kept attributes, and ``error.type`` for a failed operation: the span's own (a
+    retried publish or delivery has no error status), else an error status's description."""
     labels = {k: attrs[k] for k in _KEPT if isinstance(attrs.get(k), str)}
-    if span.status.status_code is StatusCode.ERROR:
-        labels[ATTR_ERROR_TYPE] = span.status.description or "_OTHER"
+    error = attrs.get(telemetry.ATTR_ERROR_TYPE)
+    if isinstance(error, str):
+        labels[telemetry.ATTR_ERROR_TYPE] = error
+    elif span.status.status_code is StatusCode.ERROR:
+        labels[telemetry.ATTR_ERROR_TYPE] = span.status.description or "_OTHER"
     return labels
 
 
@@ -100,6 +107,7 @@ def install_span_metrics(metrics: MessagingMetrics) -> TracerProvider:
     installing an SDK provider if none is set). Call once, from the composition root."""
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
+        _record_unsampled(current)
         current.add_span_processor(metrics.span_processor())
         return current
     provider = _MetricsOnlyProvider(metrics.span_processor())
@@ -114,9 +122,47 @@ class _MetricsOnlyProvider(TracerProvider):
 
     def __init__(self, metrics: SpanProcessor) -> None:
         super().__init__()
+        _record_unsampled(self)
         super().add_span_processor(metrics)
         setattr(self, telemetry.METRICS_ONLY, True)
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         setattr(self, telemetry.METRICS_ONLY, False)
         super().add_span_processor(span_processor)
+
+
+class _RecordUnsampled(Sampler):
+    """Another sampler's decisions (OTEL_TRACES_SAMPLER's), except that a span it drops is
+    still recorded: span processors, these metrics among them, see every message, while
+    exporters pass only sampled spans on (and ``telemetry.span_headers`` carries only their
+    contexts). Without it, the metrics counted a sampling ratio's share of the messages."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        result = self.sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+        if result.decision is Decision.DROP:  # a dropped span's result carries no attributes
+            return SamplingResult(Decision.RECORD_ONLY, attributes, result.trace_state)
+        return result
+
+    def get_description(self) -> str:
+        return f"RecordUnsampled{{{self.sampler.get_description()}}}"
+
+
+def _record_unsampled(provider: TracerProvider) -> None:
+    """Make ``provider``'s tracers record every span (once; tracers it gave out earlier keep
+    the sampler they got: install the metrics at the composition root, before any)."""
+    if not isinstance(provider.sampler, _RecordUnsampled):
+        provider.sampler = _RecordUnsampled(provider.sampler)
