@@ -34,6 +34,7 @@ DECLARE
     w consumers.replay_windows;
     v_declared double precision;
     v_until timestamptz;
+    v_admit_from timestamptz;
 BEGIN
     -- The first declaration inserts; every one then works on the locked row (two at once
     -- take turns, the second seeing the first's).
@@ -45,6 +46,12 @@ BEGIN
         RETURN;
     END IF;
     v_declared := w.replay_window_s + w.margin_s;
+    v_admit_from := w.admit_from;
+    IF p_replay_window_s > w.replay_window_s THEN
+        -- A raise: admission stays where it stood and grows with time from there (what lies
+        -- past the old window may have been pruned already).
+        v_admit_from := GREATEST(v_admit_from, now() - make_interval(secs => w.replay_window_s));
+    END IF;
     IF p_replay_window_s + p_margin_s < v_declared THEN
         -- A lowering: promise the declared horizon it replaces until now plus itself, and
         -- drop the promises that have lapsed or that this one covers.
@@ -58,7 +65,10 @@ BEGIN
     END IF;
     UPDATE consumers.replay_windows r
     SET replay_window_s = p_replay_window_s, margin_s = p_margin_s,
-        declared_at = now(), declared_by = session_user
+        declared_at = now(), declared_by = session_user,
+        -- a floor the window has grown past bounds nothing any more
+        admit_from = CASE WHEN v_admit_from > now() - make_interval(secs => p_replay_window_s)
+                          THEN v_admit_from END
     WHERE r.consumer = p_consumer;
 END $$;
 
@@ -66,7 +76,7 @@ END $$;
 -- Name: FUNCTION declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision); Type: COMMENT; Schema: consumers; Owner: -
 --
 
-COMMENT ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) IS 'Record a consumer''s replay window and prune margin, replacing its earlier declaration (0027)';
+COMMENT ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision) IS 'Record a consumer''s replay window and prune margin, replacing its earlier declaration; a raise admits nothing older than where admission stood (0027, 0046)';
 
 --
 -- Name: prune_poison(text, double precision, integer); Type: FUNCTION; Schema: consumers; Owner: -
@@ -255,6 +265,7 @@ CREATE TABLE consumers.replay_windows (
     margin_s double precision NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
     declared_by text DEFAULT SESSION_USER NOT NULL,
+    admit_from timestamp with time zone,
     CONSTRAINT replay_windows_margin_s_check CHECK (((margin_s >= (0)::double precision) AND (margin_s < 'Infinity'::double precision))),
     CONSTRAINT replay_windows_replay_window_s_check CHECK (((replay_window_s > (0)::double precision) AND (replay_window_s < 'Infinity'::double precision)))
 );
@@ -266,6 +277,12 @@ CREATE TABLE consumers.replay_windows (
 COMMENT ON TABLE consumers.replay_windows IS 'Each consumer''s replay window and prune margin as it last declared them at start (0027)';
 
 --
+-- Name: COLUMN replay_windows.admit_from; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON COLUMN consumers.replay_windows.admit_from IS 'Since a raise of the window: nothing older is admitted, its inbox rows may be gone (0046)';
+
+--
 -- Name: replay_horizons; Type: VIEW; Schema: consumers; Owner: -
 --
 
@@ -274,7 +291,8 @@ CREATE VIEW consumers.replay_horizons AS
     w.replay_window_s AS window_s,
     GREATEST((w.replay_window_s + w.margin_s), ( SELECT max(p.horizon_s) AS max
            FROM consumers.replay_promises p
-          WHERE ((p.consumer = w.consumer) AND (p.until > now())))) AS horizon_s
+          WHERE ((p.consumer = w.consumer) AND (p.until > now())))) AS horizon_s,
+    w.admit_from
    FROM consumers.replay_windows w;
 
 --

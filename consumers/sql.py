@@ -4,17 +4,21 @@
 # uses the statement's clock, so a row pruned by retention can never come back as new, and the
 # lesser of this process's window ($9) and its consumer's declared one (migration 0028): what
 # any process of the consumer admits, every process keeps (PRUNE_INBOX keeps the greater of
-# the two horizons). LEAST skips a NULL: with no declaration, the process's own. An event
-# dated more than $13 s ahead of the statement's clock (the prune margin) is refused too:
-# its inbox row and its job's key would not outlive its redeliveries.
+# the two horizons). LEAST skips a NULL: with no declaration, the process's own. Nothing
+# older than the declaration's admit_from is admitted either (0046: since a raise of the
+# window, what lay past the old one may be pruned). An event dated more than $13 s ahead of
+# the statement's clock (the prune margin) is refused too: its inbox row and its job's key
+# would not outlive its redeliveries.
 RESERVE = """
 WITH verdict AS (
-    SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => w.s) AS too_old,
+    SELECT $8::timestamptz < statement_timestamp() - make_interval(secs => w.s)
+               OR coalesce($8::timestamptz < w.admit_from, false) AS too_old,
            $8::timestamptz > statement_timestamp() + make_interval(secs => $13::float8)
                AS too_new,
            w.s AS window_s
-    FROM (SELECT LEAST($9::float8, (SELECT d.window_s FROM consumers.replay_horizons d
-                                    WHERE d.consumer = $2)) AS s) AS w
+    FROM (SELECT LEAST($9::float8, d.window_s) AS s, d.admit_from
+          FROM (SELECT) AS one
+          LEFT JOIN consumers.replay_horizons d ON d.consumer = $2) AS w
 ), reserved AS (
     INSERT INTO consumers.inbox
         (tenant, consumer, operation_id, event_id, digest, event_type, version, occurred_at)
@@ -35,8 +39,8 @@ FROM verdict
 
 # Reserve a batch of operations in one round trip; returns the ordinals newly reserved (the
 # first arrival of each). Rows are inserted in key order so concurrent batches lock alike. The
-# window admitted is RESERVE's: the lesser of the process's ($12) and the declared one, and
-# no event dated more than $13 s ahead.
+# window admitted is RESERVE's: the lesser of the process's ($12) and the declared one, from
+# the declaration's admit_from at the earliest, and no event dated more than $13 s ahead.
 RESERVE_MANY = """
 WITH incoming AS (
     SELECT * FROM unnest(
@@ -49,6 +53,9 @@ WITH incoming AS (
     WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
         $12::float8,
         (SELECT d.window_s FROM consumers.replay_horizons d WHERE d.consumer = $11)))
+      AND occurred_at >= coalesce(
+        (SELECT d.admit_from FROM consumers.replay_horizons d WHERE d.consumer = $11),
+        '-infinity')
       AND occurred_at <= statement_timestamp() + make_interval(secs => $13::float8)
 ), reserved AS (
     INSERT INTO consumers.inbox

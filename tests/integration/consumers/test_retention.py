@@ -259,3 +259,47 @@ async def test_two_first_declarations_at_once_keep_the_longer_one_promised(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_raised_window_admits_nothing_its_inbox_may_have_forgotten(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A consumer's window raised from a day to a week: an event three days old, whose inbox
+    row the day's pruner may already have removed, is refused as too old (before, it was
+    reserved as new and its work ran twice), by reserve and by a batch's reserve_many alike;
+    one half a day old is admitted (control). As time passes admission grows into the week:
+    three days after the raise the same event is admitted. Control: a consumer that declared
+    the week from the start admits it at once."""
+    day, week = Consumer(WORKFLOW, CATALOG, DAY), Consumer(WORKFLOW, CATALOG, 7 * DAY)
+    ago = lambda days: datetime.now(UTC) - timedelta(days=days)  # noqa: E731
+    old, recent = report(occurred_at=ago(3)), report(occurred_at=ago(0.5))
+    conn = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_consumer"})
+    try:
+        await inbox.declare_window(conn, day)
+        await inbox.declare_window(conn, week)  # raised
+        with pytest.raises(ReplayTooOld):
+            async with conn.transaction():
+                await inbox.reserve(conn, week, old, Delivery())
+        batch = [(e, Delivery(), CATALOG.digest(e)) for e in (old, recent)]
+        with pytest.raises(ReplayTooOld):  # the batch's old one, judged by reserve
+            async with conn.transaction():
+                await inbox.reserve_many(conn, week, batch)
+        async with conn.transaction():
+            assert await inbox.reserve(conn, week, recent, Delivery())
+        await pg.execute(  # three days pass
+            "UPDATE consumers.replay_windows SET admit_from = admit_from - interval '3 days'"
+        )
+        async with conn.transaction():
+            assert await inbox.reserve(conn, week, old, Delivery())
+        await inbox.declare_window(conn, week)  # unchanged: the floor stays where it is
+        await inbox.declare_window(conn, day)  # lowered, raised again: no older floor
+        await inbox.declare_window(conn, week)
+        floor = await pg.fetchval("SELECT admit_from FROM consumers.replay_windows")
+        assert ago(1.01) < floor < ago(0.99)
+        await pg.execute("DELETE FROM consumers.replay_windows")
+        await pg.execute("DELETE FROM consumers.inbox")
+        await inbox.declare_window(conn, week)  # control: the week from the start
+        async with conn.transaction():
+            assert await inbox.reserve(conn, week, old, Delivery())
+    finally:
+        await conn.close()
