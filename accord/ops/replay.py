@@ -10,8 +10,9 @@ Invariants:
   This guards against mistakes, not against hostile code running in the same process.
 - Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``; pending
   ones are read too, held ones not), read in one REPEATABLE READ snapshot through a cursor, in
-  outbox order. A ``since`` older than the retention window is refused: the replay could not
-  be complete.
+  outbox order. A ``since`` older than the retention window, or at or before the latest event
+  the relay pruned (``relay.pruned``: the relay's retention may be shorter than this
+  process's), is refused: the replay could not be complete.
 - A rebuild runs beside the projection's live consumer: it takes the projection's rebuild
   guard (``sql.REBUILD_GUARD``) before its snapshot and holds it until its reset commits with
   the first batch. Each of the consumer's transactions takes the guard shared, so it commits
@@ -166,8 +167,14 @@ async def replay(
                 raise ReplayWindowExceeded(
                     since=since.isoformat(), retained_from=retained_from.isoformat()
                 )
+            # What the relay did prune, whatever retention this process was given.
+            pruned: datetime | None = await reader.fetchval(sql.PRUNED_THROUGH)
+            if pruned is not None and since <= pruned:
+                raise ReplayWindowExceeded(
+                    since=since.isoformat(), pruned_through=pruned.isoformat()
+                )
             if rebuild:
-                await _require_every_event(reader, projection, since)
+                await _require_every_event(reader, projection, since, pruned)
             run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
             summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
             async for record in reader.cursor(
@@ -190,11 +197,12 @@ async def replay(
     return summary
 
 
-async def _require_every_event(reader: Any, projection: Projection, since: datetime) -> None:
+async def _require_every_event(
+    reader: Any, projection: Projection, since: datetime, pruned: datetime | None
+) -> None:
     """A rebuild's reset empties the whole projection: refuse it (RebuildIncomplete) unless
     the events it applies again are every event that made a row, read in the same snapshot
     (taken under the rebuild guard)."""
-    pruned = await reader.fetchval(sql.PRUNED_THROUGH)
     if pruned is not None:
         raise RebuildIncomplete(
             "the relay has pruned published events: the rows they made would not come back",

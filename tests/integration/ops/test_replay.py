@@ -388,7 +388,9 @@ async def test_a_rebuild_that_could_not_apply_every_event_is_refused(
     """A rebuild empties the projection and applies the retained events again: refused,
     nothing changed, when a row's event would not be applied (older than --since, or pruned
     by the relay), instead of deleting that row for good. Control: from the oldest retained
-    event, before any prune, the rebuild runs and equals the projection."""
+    event, before any prune, the rebuild runs and equals the projection. A replay without
+    --rebuild from before the latest pruned event is refused too (before, with a longer
+    retention than the relay's, it applied the events left and exited 0)."""
     projection = demo_app.projection_of(REPORT_PROJECTION)
     await mark_published(pg, [published(n, minute=n) for n in range(3)])
     await pg.execute(
@@ -408,11 +410,19 @@ async def test_a_rebuild_that_could_not_apply_every_event_is_refused(
     async with pg.transaction():
         assert await relay_outbox.prune(pg, 86400.0, 100) == 1
     since = datetime.now(UTC) - timedelta(hours=3)
-    with pytest.raises(RebuildIncomplete) as refused:
-        await do_replay(pg_dsn, projection, since=since, rebuild=True)
-    assert "pruned_through" in refused.value.fields
+    after = await pg.fetchval("SELECT through + interval '1 microsecond' FROM relay.pruned")
+    for start in (since, after):
+        with pytest.raises((RebuildIncomplete, ReplayWindowExceeded)) as refused:
+            await do_replay(pg_dsn, projection, since=start, rebuild=True)
+        assert "pruned_through" in refused.value.fields
+    assert isinstance(refused.value, RebuildIncomplete)  # from after the pruned event too
     assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
-    summary = await do_replay(pg_dsn, projection, since=since)  # without --rebuild: on top
+    # Without --rebuild it applies on top, from after what the relay pruned; from before,
+    # it would be incomplete: refused whatever retention this process was given.
+    with pytest.raises(ReplayWindowExceeded) as window:
+        await do_replay(pg_dsn, projection, since=since)
+    assert "pruned_through" in window.value.fields
+    summary = await do_replay(pg_dsn, projection, since=after)
     assert (summary.events, summary.refused) == (2, 0)
     assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
 
