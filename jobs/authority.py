@@ -188,23 +188,24 @@ class AuthorityGate:
     ``connection_opened``), since the database may come back restored: nothing is claimed
     until a check that began after it has passed. The claim loops report their losses
     (``lost``) and claim only while it is open, on a connection opened before they looked;
-    the authority watch reports its passes."""
+    the authority watch reports its passes. It may be made outside an event loop (its
+    readiness check, ``accord.ops.checks.authority``, reads it from a thread of its own)."""
 
     def __init__(self) -> None:
-        self._open = anyio.Event()
-        self._lost = anyio.Event()  # pulsed by each loss (replaced, then set)
+        self._open = False
+        self._lost: anyio.Event | None = None  # made by a waiter, set by the next loss
         self._losses = 0
 
     def is_open(self) -> bool:
-        return self._open.is_set()
+        return self._open
 
     def lost(self) -> None:
         """A connection to the database was lost: shut until the next check passes."""
         self._losses += 1
-        if self._open.is_set():
-            self._open = anyio.Event()
-        pulse, self._lost = self._lost, anyio.Event()
-        pulse.set()
+        self._open = False
+        if self._lost is not None:
+            pulse, self._lost = self._lost, None
+            pulse.set()
 
     async def connection_opened(self, conn: Any) -> None:
         """The pool's ``init`` hook: a new connection may reach a server restarted, or
@@ -218,12 +219,14 @@ class AuthorityGate:
 
     def passed(self, mark: int) -> None:
         if mark == self._losses:
-            self._open.set()
+            self._open = True
 
     async def until_lost(self, since: int, timeout_s: float) -> None:
         """Return after ``timeout_s``, or once a loss came after ``since`` (a mark)."""
         with anyio.move_on_after(timeout_s):
             while self._losses == since:
+                if self._lost is None:
+                    self._lost = anyio.Event()
                 await self._lost.wait()
 
 

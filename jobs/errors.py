@@ -204,6 +204,13 @@ class AuthorityRefused(AuthorityError):
     reason = "authority_refused"
 
 
+class AuthorityUnchecked(AuthorityError):
+    """No authority check has passed since the worker's last new or lost database connection:
+    it claims nothing until one does (DESIGN §8)."""
+
+    reason = "authority_unchecked"
+
+
 class RestoreDetected(AuthorityError):
     """The database is behind the authority ledger (a restore): affected tenants are frozen."""
 

@@ -141,16 +141,15 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     if args.timeout_s is not None:
         registered = dataclasses.replace(registered, timeout_s=args.timeout_s)
     db = checks.Database(settings.pg_dsn)  # one kept connection for both checks
+    gate = AuthorityGate()
     ready = [
         checks.postgresql(db, app.migration_chains()),
         checks.registered(db, options.workflow, options.config.owner),
+        checks.authority(gate),
     ]
     with runtime.metrics(settings, checks=ready):
-        return int(
-            runtime.run(
-                serve, settings, options, [registered], app.migration_chains(), service=True
-            )
-        )
+        chains = app.migration_chains()
+        return int(runtime.run(serve, settings, options, [registered], chains, gate, service=True))
 
 
 def pool_size(concurrency: int) -> int:
@@ -166,8 +165,11 @@ async def serve(
     options: WorkerOptions,
     handlers: Sequence[Registered],
     app_chains: Sequence[migrate.Chain] = (),
+    gate: AuthorityGate | None = None,
 ) -> int:
-    """Run one worker process (the composition root's body; tests' drivers call it too)."""
+    """Run one worker process (the composition root's body; tests' drivers call it too).
+    ``gate``: the authority gate its claims wait on (made here when not given; `accord
+    worker` makes it first, for its readiness check)."""
     chosen = [h for h in handlers if h.workflow == options.workflow]
     if not chosen:
         raise ConfigError(
@@ -182,7 +184,7 @@ async def serve(
     role = {"server_settings": {"role": settings.worker_role}} if settings.worker_role else {}
     # Claims wait after a lost or new database connection (a restart, a restore) until the
     # authority watch's next check passes: the pool reports each new connection to the gate.
-    gate = AuthorityGate()
+    gate = gate if gate is not None else AuthorityGate()
     pool = await create_pool(
         settings.pg_dsn,
         min_size=1,

@@ -22,6 +22,8 @@ import anyio
 import asyncpg
 
 from accord.jobs import registry
+from accord.jobs.authority import AuthorityGate
+from accord.jobs.errors import AuthorityUnchecked
 from accord.ops.health import Check
 from accord.schemas import broker, migrate
 from accord.schemas.db import connect
@@ -123,6 +125,17 @@ def registered(db: str | Database, workflow: str, owner: str) -> Check:
         await registry.require(conn, workflow, owner)
 
     return "registration", KeptCheck(_database(db), look)
+
+
+def authority(gate: AuthorityGate) -> Check:
+    """A worker's authority gate is open: a check passed since its last new or lost database
+    connection (AuthorityUnchecked otherwise: it claims nothing meanwhile)."""
+
+    async def look() -> None:
+        if not gate.is_open():
+            raise AuthorityUnchecked()
+
+    return "authority", look
 
 
 def rabbitmq(url: str, *, queue: str | None = None, exchange: str | None = None) -> Check:

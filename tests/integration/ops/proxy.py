@@ -126,8 +126,10 @@ class Proxy:
         chosen request (a role in its startup packet, a name it declares)."""
         self._stall_on = marker
 
-    def restore(self) -> None:
-        self._stall_on = None
+    def restore(self, *, stall_on: bytes | None = None) -> None:
+        """Let everything through again (held connections included); ``stall_on``: but hold
+        each connection that sends it from now on (as ``stall_on``, with no gap between)."""
+        self._stall_on = stall_on
         self._stalled.clear()
         with self._lock:
             self._restores += 1

@@ -76,11 +76,15 @@ def served(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproce
 
 
 def held_then_ready(port: int, held: Proxy, log: Path, ready_line: bytes) -> None:
-    """While ``held`` holds what the start waits for, /readyz is 503 naming only
-    ``startup`` (whatever the checks say) and ``log`` has no ready line; once it lets the
-    bytes through (the control), /readyz is 200 and the ready line is there."""
-    _, body = until(port, "/readyz", 503, within=30, failing={"startup"})
-    assert body == {"status": "not_ready", "failing": {"startup": "starting"}}
+    """While ``held`` holds what the start waits for (a worker's authority ledger), /readyz is
+    503 naming ``startup`` and the authority no check has passed yet (its database answers)
+    and ``log`` has no ready line; once it lets the bytes through (the control), /readyz is
+    200 and the ready line is there."""
+    _, body = until(port, "/readyz", 503, within=30, failing={"startup", "authority"})
+    assert body == {
+        "status": "not_ready",
+        "failing": {"startup": "starting", "authority": "authority_unchecked:AuthorityUnchecked"},
+    }
     time.sleep(1.0)  # still held: still starting
     assert get(port, "/readyz") == (503, body)
     assert ready_line not in log.read_bytes()
@@ -118,10 +122,19 @@ def _register(env: dict[str, str]) -> None:
 WORKER = [sys.executable, "-m", "accord", "worker", "--workflow", "report", "--poll-s", "0.2"]
 
 
+# What /readyz of a worker names while its database is cut: the database, the class's
+# registration, and the authority gate its claims wait on.
+CUT = {"postgresql", "registration", "authority"}
+# The authority watch's read of the tenants' epochs (jobs.repair_sql.TENANTS).
+AUTHORITY_READ = b"SELECT tenant, epoch, frozen FROM jobs.tenants"
+
+
 def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) -> None:
     """The worker's database cut and restored while it serves: /readyz follows it, and the
     worker lives through it (its authority watch checks every 0.3 s here, so passes fail
-    during the cut: before, the first one ended the worker with a traceback)."""
+    during the cut: before, the first one ended the worker with a traceback). While no
+    authority check has passed since, it is not ready either (before, /readyz said ready
+    while the worker claimed nothing)."""
     metrics_port = free_port()
     env = _worker_env(pg_dsn, proxy, tmp_path, ACCORD_METRICS_PORT=str(metrics_port),
                       ACCORD_LOG_FORMAT="json", ACCORD_AUTHORITY_CHECK_S="0.3")  # fmt: skip
@@ -134,11 +147,14 @@ def test_readyz_follows_the_database(pg_dsn: str, proxy: Proxy, tmp_path: Path) 
             assert body == {"status": "ready"}
             assert get(metrics_port, "/healthz")[0] == 200
             proxy.cut()
-            took, body = until(metrics_port, "/readyz", 503, within=10)
+            took, body = until(metrics_port, "/readyz", 503, within=10, failing=CUT)
             assert took < 6, took
-            failing = body["failing"]
-            assert isinstance(failing, dict) and set(failing) == {"postgresql", "registration"}
             assert get(metrics_port, "/healthz")[0] == 200  # alive, only not ready
+            # The database back, but no authority check passes (its reads are held): the
+            # worker claims nothing, and /readyz says so, naming only the authority.
+            proxy.restore(stall_on=AUTHORITY_READ)
+            _, body = until(metrics_port, "/readyz", 503, within=15, failing={"authority"})
+            assert str(body["failing"]["authority"]).startswith("authority_unchecked")  # type: ignore[index]
             proxy.restore()
             took, _ = until(metrics_port, "/readyz", 200, within=15)
             assert took < 8, took
