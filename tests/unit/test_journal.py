@@ -183,6 +183,44 @@ def test_torn_tail_refuses_append_until_repaired(tmp_path: Path) -> None:
     assert list(scan_journal(path).records) == [*records, {"seq": 3}]
 
 
+def test_a_repair_makes_the_quarantine_durable_before_it_cuts_and_the_cut_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order a power cut must not undo (DESIGN §9): the tail's copy fsynced and its
+    directory entry committed, then the journal cut, then the cut fsynced. A process crash
+    cannot tell a missing fsync, so the calls are recorded (as ``_dir_fsyncs`` does)."""
+    path = tmp_path / "j"
+    write_journal(path, make_records(3))
+    with path.open("ab") as f:
+        f.write(journal.encode_frame({"seq": "in flight"})[:-3])
+    calls: list[tuple[str, str]] = []
+    fsync, ftruncate = os.fsync, os.ftruncate
+
+    def named(fd: int) -> str:
+        return Path(os.readlink(f"/proc/self/fd/{fd}")).name
+
+    def recording_fsync(fd: int) -> None:
+        calls.append(("fsync", named(fd)))
+        fsync(fd)
+
+    def recording_ftruncate(fd: int, length: int) -> None:
+        calls.append(("ftruncate", named(fd)))
+        ftruncate(fd, length)
+
+    with Journal.open(path, RUNNER) as j:
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        monkeypatch.setattr(os, "ftruncate", recording_ftruncate)
+        repair = j.repair()
+    assert repair is not None
+    temp = f".{repair.quarantine.name}.tmp"
+    assert calls == [
+        ("fsync", temp),  # the copy's bytes
+        ("fsync", tmp_path.name),  # its name, linked in the directory
+        ("ftruncate", "j"),
+        ("fsync", "j"),  # the cut
+    ]
+
+
 def test_corrupt_journal_is_refused_and_left_untouched(tmp_path: Path) -> None:
     path = tmp_path / "j"
     write_journal(path, make_records(5))

@@ -23,6 +23,7 @@ from accord.jobs import (
     Store,
     sql,
 )
+from accord.jobs import sql as jobs_sql
 from accord.jobs.publish import BatchPublished
 from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import ConnectionLost
@@ -111,9 +112,25 @@ async def test_publish_then_every_later_write_back_is_refused(jobs: Jobs) -> Non
 
 
 async def test_publish_without_callback_is_one_fenced_statement(jobs: Jobs) -> None:
+    """One round trip: ``jobs.succeed`` fences and marks in one statement, no BEGIN, no
+    separate fence (control: with a callback, the transaction fences around it)."""
     await jobs.submit("a")
-    lease = await jobs.claim_one()
-    await jobs.store.publish(lease)
+    await jobs.submit("b")
+    lease, other = await jobs.claim_one(), await jobs.claim_one()
+    async with jobs.pool.acquire() as conn:
+        queries: list[str] = []
+        conn.add_query_logger(lambda record: queries.append(record.query))
+        await Store(conn).publish(lease)
+        await anyio.sleep(0.01)  # query loggers are called soon after, not during
+        assert queries == [jobs_sql.SUCCEED]
+        queries.clear()
+
+        async def callback(tx: Any) -> None:
+            await tx.execute("SELECT 1")
+
+        await Store(conn).publish(other, callback)
+        await anyio.sleep(0.01)
+        assert len(queries) > 2 and "SELECT 1" in queries and jobs_sql.SUCCEED not in queries[:1]
     with pytest.raises(FenceLost):
         await jobs.store.publish(lease)
 

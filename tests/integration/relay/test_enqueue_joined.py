@@ -64,6 +64,9 @@ async def test_a_rollback_leaves_nothing_of_either(pg: asyncpg.Connection) -> No
                     await enqueue(pg, plain)
                 else:
                     await enqueue_joined(pg, PLACE, 2, event=joined, catalog=DEMO_CATALOG)
+                # control: inside the transaction, both writes are there
+                assert len(await outbox(pg)) == 1
+                assert await pg.fetchval("SELECT count(*) FROM orders") == 1
                 raise RuntimeError("the domain change is abandoned")
     assert await outbox(pg) == [] and await pg.fetchval("SELECT count(*) FROM orders") == 0
 

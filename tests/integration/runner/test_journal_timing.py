@@ -90,3 +90,38 @@ async def test_an_outcome_the_database_refused_is_written_before_the_effect_retu
     ]
     view = await timed.store.job(ctx.lease.job_id)
     assert [(e.effect_key, e.state) for e in view.effects] == [("mail.send", EffectState.PENDING)]
+
+
+class BrokenBegins(Journal):
+    """A journal whose write of an effect's begin fails (a disk error, say)."""
+
+    async def write(self, record: Any) -> None:
+        if str(record.type) == "effect_begin":
+            raise OSError(5, "Input/output error")
+        await super().write(record)
+
+
+async def test_an_effect_whose_begin_the_journal_could_not_write_is_never_dispatched(
+    timed: Rig,
+) -> None:
+    """The begin is the journal's evidence that a call may have gone out: when it cannot be
+    written the call is not made, the effect is recorded failed_before_dispatch (a later
+    attempt may begin it again), and the error reaches the handler. Control: with a journal
+    that writes, the same call is dispatched."""
+    calls: list[str] = []
+
+    async def call() -> Success:
+        calls.append("dispatched")
+        return Success("receipt-3")
+
+    broken = await _context(timed, "unjournaled", BrokenBegins())
+    with pytest.raises(OSError):
+        await broken.effect("mail.send", {"to": "c"}, call)
+    assert calls == []
+    view = await timed.store.job(broken.lease.job_id)
+    assert [(e.effect_key, e.state) for e in view.effects] == [
+        ("mail.send", EffectState.FAILED_BEFORE_DISPATCH)
+    ]
+    working = await _context(timed, "journaled", Journal())
+    assert (await working.effect("mail.send", {"to": "c"}, call)).receipt == "receipt-3"
+    assert calls == ["dispatched"]

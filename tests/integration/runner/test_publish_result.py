@@ -141,9 +141,14 @@ async def test_without_object_key_the_callback_s_record_result_writes_through_it
     job_id, ctx = await _claimed(rig, "callback-records")
     await ctx.publish(_mark(job_id, (ctx, key)))
     assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
-    # and a stale lease's record_result is refused by that fence
+    # and a stale lease's record_result is refused by that fence, called on its own (its
+    # publish would be refused earlier, by the publish's fence)
     stale_id, stale = await _claimed(rig, "callback-stale")
     await rig.store.cancel(stale_id, reason="test")
+    async with rig.pool.acquire() as conn:
+        with pytest.raises(FenceLost):
+            async with conn.transaction():
+                await stale.record_result(conn, key)
     with pytest.raises(FenceLost):
         await stale.publish(_mark(stale_id, (stale, key)))
     assert await _manifest(rig.pool, stale_id) == []
