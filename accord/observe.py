@@ -250,6 +250,6 @@ def fence_refused(reason: str) -> None:
 def authority_checked(trigger: str, outcome: str) -> None:
     """One pass of the authority watch: ``trigger`` is ``start``, ``interval``, ``connection``
     (a lost or new database connection brought it forward) or ``retry`` (the pass before it
-    lost its connection); ``outcome`` is ``passed``, ``connection_lost`` or
-    ``ledger_unavailable``."""
+    failed); ``outcome`` is ``passed``, ``connection_lost``, ``database_busy`` (a deadlock,
+    a statement or lock timeout, a server short of resources) or ``ledger_unavailable``."""
     AUTHORITY_CHECKS.labels(trigger, outcome).inc()

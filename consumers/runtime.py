@@ -36,7 +36,7 @@ from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, create_pool
+from accord.schemas.db import DB_RETRY_LATER, MAX_PRUNE_BATCH, create_pool
 from accord.schemas.errors import BrokerAccessRefused, ConfigError, RetentionTooShort
 from accord.schemas.events import Catalog
 
@@ -45,7 +45,7 @@ log = logging.getLogger("consumers")
 Message = aio_pika.abc.AbstractIncomingMessage
 # Failures that end a session and are retried by reconnecting, never by skipping messages.
 RECONNECTABLE: tuple[type[BaseException], ...] = (
-    *DB_CONNECTION_LOST,
+    *DB_RETRY_LATER,
     ConnectionLost,
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.AMQPChannelError,

@@ -37,7 +37,7 @@ from accord.jobs import repair_sql
 from accord.jobs.errors import AuthorityRefused, LedgerUnavailable, RestoreDetected
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
 from accord.schemas.backoff import Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
+from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, Tx, require_transaction
 
 log = logging.getLogger("jobs.authority")
 
@@ -264,8 +264,8 @@ async def authority_watch(
             restores = await _check(pool, ledger, trigger)
         except LedgerUnavailable:
             raise
-        except DB_CONNECTION_LOST as exc:
-            gate.lost()
+        except DB_RETRY_LATER as exc:
+            gate.lost()  # whichever: no pass this time, so no claim until one passes
             since, restores, wait, failed = gate.mark(), [], reconnect.lost(exc), True
         else:
             reconnect.up()
@@ -282,6 +282,9 @@ async def _check(pool: asyncpg.Pool, ledger: Ledger, trigger: str) -> list[Tenan
         raise
     except DB_CONNECTION_LOST:
         observe.authority_checked(trigger, "connection_lost")
+        raise
+    except DB_RETRY_LATER:
+        observe.authority_checked(trigger, "database_busy")
         raise
     observe.authority_checked(trigger, "passed")
     return restores

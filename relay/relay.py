@@ -31,7 +31,7 @@ from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST, MAX_PRUNE_BATCH, connect
+from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, MAX_PRUNE_BATCH, connect
 from accord.schemas.errors import ConfigError
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
@@ -226,7 +226,7 @@ class Relay:
                     async with anyio.create_task_group() as tg:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 await self._sleep(self._lost(exc, reconnect))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
@@ -246,14 +246,14 @@ class Relay:
         while not self._stopping and not publisher.broken():
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 await self._sleep(self._lost(exc, reconnect))
                 continue
             try:
                 reconnect.up()
                 self.publishing.set()
                 await self._drain(conn, publisher, prunes=index == 0)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 await self._sleep(self._lost(exc, reconnect))
             finally:
                 await _close(conn)
@@ -529,7 +529,7 @@ class Relay:
             observe.beat("relay.listen", within_s=self.config.poll_s)
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 observe.idle("relay.listen")  # waiting for the database is not being stuck
                 await anyio.sleep(reconnect.lost(exc))
                 continue

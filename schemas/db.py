@@ -91,6 +91,22 @@ DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
     ServiceUnavailable,
 )
 
+# DB_CONNECTION_LOST, and the server's errors after which the same statement may well pass
+# if tried again later, on a connection still sound: a serialization failure or a deadlock
+# (class 40), a statement cancelled (57014: statement_timeout, a cancel), a lock not granted
+# in time (55P03: lock_timeout), the server short of resources (class 53: too many
+# connections, disk full, out of memory). Each such statement was rolled back. A process's
+# loops (claim, renew, record, rescue, prune, watch, relay, consume) log them, back off and
+# try again, as after a lost connection: before, one ended the process, and a worker's
+# effects in flight were recorded unknown.
+DB_RETRY_LATER: tuple[type[BaseException], ...] = (
+    *DB_CONNECTION_LOST,
+    asyncpg.TransactionRollbackError,
+    asyncpg.QueryCanceledError,
+    asyncpg.LockNotAvailableError,
+    asyncpg.InsufficientResourcesError,
+)
+
 # The narrower set that only the server's end of a session raises: the session is over even
 # when asyncpg has not yet read the end of the stream (``is_closed()`` still False after a
 # 57P01). Not OSError, TimeoutError or InterfaceError in general: foreign code (a consumer's

@@ -17,7 +17,7 @@ from accord.jobs.models import Lease
 from accord.jobs.runner.endings import Ending, Finished
 from accord.jobs.store import Store
 from accord.schemas import telemetry
-from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.db import DB_RETRY_LATER
 
 log = logging.getLogger("accord.worker")
 _TRACER = telemetry.tracer()
@@ -46,7 +46,7 @@ async def keep_trace(store: Store, lease: Lease, span: trace.Span) -> None:
         return
     try:
         await store.note_trace(lease, carrier)
-    except DB_CONNECTION_LOST as exc:
+    except DB_RETRY_LATER as exc:
         log.warning("attempt trace not kept (%s)", type(exc).__name__)
 
 

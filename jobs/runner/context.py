@@ -40,7 +40,7 @@ from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, Effec
 from accord.jobs.runner.objects import ObjectStore, check_key
 from accord.jobs.store import Callback, Store
 from accord.schemas import telemetry
-from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
+from accord.schemas.db import DB_RETRY_LATER, Tx, require_transaction
 
 log = logging.getLogger("accord.worker")
 _TRACER = telemetry.tracer()
@@ -197,7 +197,7 @@ class JobContext:
         seq = start.seq
         carrier = telemetry.span_headers(span) if telemetry.exporting() else {}
         if carrier:  # exported: a later reconcile's resolution links to this effect's span
-            with contextlib.suppress(*DB_CONNECTION_LOST):
+            with contextlib.suppress(*DB_RETRY_LATER):
                 await self._store.note_trace(lease, carrier, key, seq)
         self.trail.begun.append(ref)
         self.trail.unresolved[ref] = EffectState.PENDING
@@ -323,7 +323,7 @@ class JobContext:
                 outcome.state,
                 exc.fields.get("failed_check"),
             )
-        except DB_CONNECTION_LOST as exc:
+        except DB_RETRY_LATER as exc:
             log.warning(
                 "effect outcome not recorded (database unreachable), pending row remains:"
                 " job=%s key=%s seq=%s outcome=%s error=%s",

@@ -21,7 +21,7 @@ from accord.jobs.runner.endings import WorkerStats
 from accord.jobs.runner.journal import RunnerJournal
 from accord.jobs.store import Store
 from accord.schemas.backoff import Backoff, BackoffPolicy
-from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.db import DB_RETRY_LATER
 from accord.schemas.errors import RetentionTooShort
 
 log = logging.getLogger("accord.worker")
@@ -58,7 +58,7 @@ class Upkeep:
             observe.beat("worker.rescue", within_s=every_s)
             try:
                 report = await self._store.rescue(self._config.rescue_limit)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 log.warning("rescue failed (%s)", type(exc).__name__)
             else:
                 for rescued in report.rescued:
@@ -97,7 +97,7 @@ class Upkeep:
             except (PruneBlocked, RetentionTooShort) as exc:
                 wait = blocked.next()
                 log.error("retention blocked, retrying in %.0f s: %s", wait, exc)
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 log.warning("prune failed (%s)", type(exc).__name__)
             else:
                 blocked.reset()
@@ -122,7 +122,7 @@ class Upkeep:
             if self._journal.rotation_due:
                 try:
                     await recovery.rotate_journal(self._pool, self._journal)
-                except DB_CONNECTION_LOST as exc:  # OSError too: a write before the switch
+                except DB_RETRY_LATER as exc:  # OSError too: a write before the switch
                     # The live segment is whole and still written; only its sealing waits.
                     wait = max(wait, 5.0)
                     log.warning("journal rotation failed (%s), retrying", type(exc).__name__)

@@ -52,7 +52,7 @@ from accord.jobs.runner.objects import ObjectStore
 from accord.jobs.runner.upkeep import Upkeep
 from accord.jobs.store import Store
 from accord.schemas.backoff import Reconnect
-from accord.schemas.db import DB_CONNECTION_LOST
+from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER
 from accord.schemas.errors import ConfigError
 
 #: The handler's own defects, which a retry cannot mend: the job fails at once. A key its
@@ -278,9 +278,9 @@ class Worker:
                     limit=wanted,
                     explain_empty=explain,
                 )
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 wait = max(self.config.poll_s, reconnect.lost(exc))
-                if self._authority is not None:
+                if self._authority is not None and isinstance(exc, DB_CONNECTION_LOST):
                     self._authority.lost()
             else:
                 self.stats.claims += 1
@@ -309,8 +309,9 @@ class Worker:
         (the watch's); the jobs in flight go on, each fence deciding for itself."""
         try:
             await claims.connected()
-        except DB_CONNECTION_LOST as exc:
-            gate.lost()
+        except DB_RETRY_LATER as exc:
+            if isinstance(exc, DB_CONNECTION_LOST):
+                gate.lost()
             return max(self.config.poll_s, reconnect.lost(exc))
         return 0.0 if gate.is_open() else self.config.poll_s
 
@@ -473,7 +474,7 @@ class Worker:
                 )
                 scope.cancel()
                 return
-            except DB_CONNECTION_LOST as exc:
+            except DB_RETRY_LATER as exc:
                 # Not renewed: the handler's deadline stays at the old local lease expiry.
                 log.warning("renew failed: job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
                 continue
@@ -510,7 +511,7 @@ class Worker:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
             return await self._give_up(ctx, store, Ending.FAILED, error_reason(exc))
-        except DB_CONNECTION_LOST as exc:
+        except DB_RETRY_LATER as exc:
             log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         if ctx.published:
             return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
@@ -528,7 +529,7 @@ class Worker:
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
-        except DB_CONNECTION_LOST as exc:
+        except DB_RETRY_LATER as exc:
             log.warning("could not give up job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         return self._finished(ctx, Ending.UNRECORDED, None, reason)
 

@@ -510,3 +510,47 @@ def _leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+async def test_a_busy_database_delays_the_claims_and_never_ends_the_worker(rig: Rig) -> None:
+    """A claim the database cancels (here its lock_timeout, while an operator's transaction
+    holds the class's registration row; a deadlock or a statement_timeout alike) is tried
+    again with the backoff: the worker lives, and claims the job once the lock is gone.
+    Before, the error ended the worker (and recorded its effects in flight unknown).
+    Control: it claims and runs a job before the lock."""
+    await _register(rig, "busy")
+    ran: list[str] = []
+
+    async def busy(ctx: JobContext) -> None:
+        ran.append(ctx.lease.operation_id)
+
+    pool = await asyncpg.create_pool(
+        rig.pg_dsn, min_size=1, max_size=12, server_settings={"lock_timeout": "100ms"}
+    )
+    assert pool is not None
+    worker = Worker(
+        WorkerConfig(owner=DEFAULT_OWNER, lease_s=30.0, poll_s=0.05, rescue_every_s=None),
+        store=Store(pool),
+        journal=open_journal(rig.journal_path("busy"), "busy"),
+        objects=rig.objects,
+        pool=pool,
+    )
+    worker.register("busy", busy, timeout_s=10.0)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(_run, worker)
+            first = await rig.submit_job("b1", "busy")
+            await wait_for(_succeeded(rig, first))  # control
+            async with rig.pool.acquire() as holder, holder.transaction():
+                await holder.execute(
+                    "SELECT 1 FROM jobs.workflows WHERE workflow = 'busy' FOR UPDATE"
+                )
+                second = await rig.submit_job("b2", "busy")
+                await anyio.sleep(1.0)  # claims cancelled by the lock timeout meanwhile
+                assert await rig.state(second) == JobState.QUEUED
+            await wait_for(_succeeded(rig, second))
+            worker.stop()
+    finally:
+        worker.journal.close()
+        await pool.close()
+    assert ran == ["b1", "b2"]
