@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aio_pika
+import anyio
 import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -67,6 +68,8 @@ AfterCommit = Callable[[], None]
 _ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
+# While a rebuild holds a projection's guard, its consumer tries again after this, doubling.
+GUARD_WAIT_S, GUARD_WAIT_MAX_S = 0.05, 1.0
 # SQLSTATE classes that say PostgreSQL will refuse this content every time.
 _REFUSALS: dict[str, type[DatabaseRefused]] = {
     "22": DataException,  # data exception: 22P05 (jsonb: \u0000), 22021, 22001, 22P02, ...
@@ -118,6 +121,9 @@ class BatchProcessor:
     #: A projection's workflow: each transaction first takes its rebuild guard, shared
     #: (``sql.PROJECTION_GUARD``), so a rebuild never empties it across one. None: not one.
     guard: str | None = None
+    #: How a batch waits ``seconds`` while a rebuild holds its guard (the consumer runtime
+    #: marks its lane idle meanwhile: waiting for a rebuild is not being stuck).
+    guard_wait: Callable[[float], Awaitable[None]] = anyio.sleep
 
     async def process(
         self, conn: Any, messages: Sequence[aio_pika.abc.AbstractIncomingMessage]
@@ -126,7 +132,7 @@ class BatchProcessor:
         items = [self.admit(m) for m in messages]
         try:
             ready = [i for i in items if i.permanent is None]
-            commits = await self._apply(conn, ready) if ready else 0
+            commits = await self._apply_guarded(conn, ready) if ready else 0
             if commits:
                 self.stats.commits += commits
                 if self.after_commit is not None:
@@ -198,6 +204,21 @@ class BatchProcessor:
                 computed_digest=item.digest,
             )
 
+    async def _apply_guarded(self, conn: Any, ready: list[Item]) -> int:
+        """``_apply``, again and again while a rebuild holds the projection's guard: nothing
+        was applied (the guard comes first in each transaction; a message a transaction of
+        its own committed before is a duplicate the next time), nothing is counted against a
+        message, and the messages stay unsettled meanwhile."""
+        wait = GUARD_WAIT_S
+        while True:
+            try:
+                return await self._apply(conn, [i for i in ready if i.permanent is None])
+            except _GuardHeld:
+                for item in ready:
+                    item.outcome, item.transient = None, None
+                await self.guard_wait(wait)
+                wait = min(2 * wait, GUARD_WAIT_MAX_S)
+
     async def _apply(self, conn: Any, ready: list[Item]) -> int:
         """Fast path: the batch in one transaction. On any failure, again per savepoint;
         if that commit is refused for the content, each message in its own transaction.
@@ -264,9 +285,10 @@ class BatchProcessor:
         return traced
 
     async def _begin(self, conn: Any) -> None:
-        """First in a transaction that may write a projection: its rebuild guard."""
-        if self.guard is not None:
-            await conn.execute(sql.PROJECTION_GUARD, self.guard)
+        """First in a transaction that may write a projection: its rebuild guard (_GuardHeld
+        while a rebuild holds it or waits for it: the transaction rolls back, nothing done)."""
+        if self.guard is not None and not await conn.fetchval(sql.PROJECTION_GUARD, self.guard):
+            raise _GuardHeld(self.guard)
 
     async def _apply_all(self, conn: Any, ready: list[Item]) -> None:
         """Every message's inbox decision (one round trip when all are new), then handlers."""
@@ -458,11 +480,18 @@ def _raise_if_privilege(exc: BaseException) -> None:
         ) from exc
 
 
+class _GuardHeld(Exception):
+    """A rebuild holds the projection's guard: the batch waits (``_apply_guarded``)."""
+
+
 def _raise_if_lost(conn: Any, exc: BaseException) -> None:
     """A failure that ended the connection is a lost connection, not a message's fault: the
     batch's messages go back untouched with the channel, none counted as a retry. Read as
     the message's own failure, every message of the batch would be requeued as a retry, and
-    a few such returns could poison a sound message as retries_exhausted."""
+    a few such returns could poison a sound message as retries_exhausted. A rebuild holding
+    the guard is no message's fault either (_GuardHeld, waited out by _apply_guarded)."""
+    if isinstance(exc, _GuardHeld):
+        raise exc
     if conn.is_closed() or isinstance(exc, DB_SESSION_ENDED):
         raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
 

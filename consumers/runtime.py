@@ -158,10 +158,22 @@ class ConsumerRuntime:
             stats=self.stats,
             max_body_bytes=self.config.max_body_bytes,
             guard=self.config.workflow if self.config.projection else None,
+            guard_wait=self._guard_wait,
         )
         self._stopping = anyio.Event()
         self._run_scope: CancelScope | None = None
         self.consuming = anyio.Event()
+
+    @property
+    def _lane_name(self) -> str:
+        """The liveness name of this consumer's lanes (one beat per lane task)."""
+        return f"consumer.lane.{self.config.workflow}"
+
+    async def _guard_wait(self, seconds: float) -> None:
+        """A lane's batch waiting while a rebuild holds the projection's guard: not stuck."""
+        observe.idle(self._lane_name)
+        await anyio.sleep(seconds)
+        observe.beat(self._lane_name, within_s=self.config.drain_timeout_s)
 
     def stop(self, *, now: bool = False) -> None:
         """Ask the runtime to drain and return: stop consuming, finish, ack, close. ``now``:
@@ -268,7 +280,7 @@ class ConsumerRuntime:
         return _Lane(channel=channel, queue=queue, send=send, receive=receive)
 
     async def _work(self, pool: Any, lane: _Lane) -> None:
-        name = f"consumer.lane.{self.config.workflow}"
+        name = self._lane_name
         async with lane.receive, pool.acquire() as conn:
             while True:
                 observe.idle(name)  # waiting for deliveries is not being stuck

@@ -193,11 +193,13 @@ GROUP BY consumer, reason
 ORDER BY consumer, reason
 """
 
-# First in every transaction of a projection's consumer: projection $1's rebuild guard, shared.
-# `accord replay --rebuild` takes the same key exclusively (accord.ops.sql.REBUILD_GUARD) for
-# its snapshot and its reset, so each of this consumer's transactions commits either before
-# the snapshot (its event is read and applied again) or after the reset (its rows stay).
-PROJECTION_GUARD = "SELECT pg_advisory_xact_lock_shared(1633903460, hashtext($1))"
+# First in every transaction of a projection's consumer: projection $1's rebuild guard, shared,
+# if free (false: a rebuild holds it, or waits for it). `accord replay --rebuild` takes the
+# same key exclusively (accord.ops.sql.REBUILD_GUARD) for its snapshot and its reset, so each
+# of this consumer's transactions commits either before the snapshot (its event is read and
+# applied again) or after the reset (its rows stay). Not waited for in the statement: a
+# rebuild's first batch may outlast any statement timeout, and the wait is no message's fault.
+PROJECTION_GUARD = "SELECT pg_try_advisory_xact_lock_shared(1633903460, hashtext($1))"
 
 # The delivery's process-span context for this transaction only (read by jobs.submit: 0018).
 SET_TRACE = "SELECT set_config('accord.trace', $1, true)"

@@ -526,11 +526,12 @@ class Relay:
         """Keep a LISTEN connection; any notification wakes the publish loop."""
         reconnect = self._reconnect("relay LISTEN")
         while True:
-            observe.beat("relay.listen", within_s=self.config.poll_s)
+            # Every state of this loop waits on the outside (the database answering a connect,
+            # a notification, a backoff): never stuck, whatever the wait's length.
+            observe.idle("relay.listen")
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
             except DB_RETRY_LATER as exc:
-                observe.idle("relay.listen")  # waiting for the database is not being stuck
                 await anyio.sleep(reconnect.lost(exc))
                 continue
             reconnect.up()
@@ -546,7 +547,6 @@ class Relay:
         lost = anyio.Event()
         conn.add_termination_listener(lambda _conn: lost.set())
         await conn.add_listener(sql.NOTIFY_CHANNEL, self.wake)
-        observe.idle("relay.listen")  # waiting for notifications is not being stuck
         await lost.wait()
 
 

@@ -107,7 +107,8 @@ def install_span_metrics(metrics: MessagingMetrics) -> TracerProvider:
     installing an SDK provider if none is set). Call once, from the composition root."""
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
-        _record_unsampled(current)
+        # Not ours to change: its sampler decides what these metrics see, as for its own
+        # processors (tracers it gave out keep their sampler whatever we did).
         current.add_span_processor(metrics.span_processor())
         return current
     provider = _MetricsOnlyProvider(metrics.span_processor())
@@ -122,7 +123,8 @@ class _MetricsOnlyProvider(TracerProvider):
 
     def __init__(self, metrics: SpanProcessor) -> None:
         super().__init__()
-        _record_unsampled(self)
+        # Before any tracer is made from it: every one records what its sampler drops.
+        self.sampler = _RecordUnsampled(self.sampler)
         super().add_span_processor(metrics)
         setattr(self, telemetry.METRICS_ONLY, True)
 
@@ -159,10 +161,3 @@ class _RecordUnsampled(Sampler):
 
     def get_description(self) -> str:
         return f"RecordUnsampled{{{self.sampler.get_description()}}}"
-
-
-def _record_unsampled(provider: TracerProvider) -> None:
-    """Make ``provider``'s tracers record every span (once; tracers it gave out earlier keep
-    the sampler they got: install the metrics at the composition root, before any)."""
-    if not isinstance(provider.sampler, _RecordUnsampled):
-        provider.sampler = _RecordUnsampled(provider.sampler)
