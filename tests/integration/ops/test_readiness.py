@@ -75,16 +75,16 @@ def served(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproce
     assert code == 0, log.read_text()[-2000:]
 
 
-def held_then_ready(port: int, held: Proxy, log: Path, ready_line: bytes) -> None:
-    """While ``held`` holds what the start waits for (a worker's authority ledger), /readyz is
-    503 naming ``startup`` and the authority no check has passed yet (its database answers)
-    and ``log`` has no ready line; once it lets the bytes through (the control), /readyz is
-    200 and the ready line is there."""
-    _, body = until(port, "/readyz", 503, within=30, failing={"startup", "authority"})
-    assert body == {
-        "status": "not_ready",
-        "failing": {"startup": "starting", "authority": "authority_unchecked:AuthorityUnchecked"},
-    }
+def held_then_ready(
+    port: int, held: Proxy, log: Path, ready_line: bytes, also: dict[str, str] | None = None
+) -> None:
+    """While ``held`` holds what the start waits for, /readyz is 503 naming ``startup`` (and
+    ``also``: a worker's authority, no check passed yet, while its database answers) and
+    ``log`` has no ready line; once it lets the bytes through (the control), /readyz is 200
+    and the ready line is there."""
+    failing = {"startup": "starting", **(also or {})}
+    _, body = until(port, "/readyz", 503, within=30, failing=set(failing))
+    assert body == {"status": "not_ready", "failing": failing}
     time.sleep(1.0)  # still held: still starting
     assert get(port, "/readyz") == (503, body)
     assert ready_line not in log.read_bytes()
@@ -190,7 +190,10 @@ def test_readyz_waits_for_the_start_to_finish(
     ledger.stall()
     try:
         with served(WORKER, env, tmp_path / "worker.log"):
-            held_then_ready(metrics_port, ledger, tmp_path / "worker.log", b"worker ready")
+            unchecked = {"authority": "authority_unchecked:AuthorityUnchecked"}
+            held_then_ready(
+                metrics_port, ledger, tmp_path / "worker.log", b"worker ready", also=unchecked
+            )
     finally:
         ledger.close()
 
