@@ -22,7 +22,7 @@ before a clean close, were ignored, and their committed messages came back.
 Judging: a body over ``max_body_bytes`` is poisoned unread (``too_large``); the parser and
 the catalog raise only typed errors, all permanent. A failure while applying is classified
 once (``_classify``): accord's permanent errors, and PostgreSQL's refusals of the content
-by SQLSTATE class (``database_refusal``: 22, 23, 42), poison only that message at once;
+by SQLSTATE class (``verdicts.database_refusal``: 22, 23, 42), poison only that message at once;
 everything else is transient (requeued, bounded by the delivery limit).
 """
 
@@ -36,29 +36,23 @@ from typing import Any
 
 import aio_pika
 import anyio
-import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from accord import observe
-from accord.consumers import inbox, poison, sql
+from accord.consumers import inbox, poison, sql, verdicts
 from accord.consumers.errors import (
     ConnectionLost,
-    DatabaseRefused,
-    DataException,
     DigestMismatch,
     InboxConflict,
-    IntegrityViolation,
     MessageTooLarge,
     PrivilegeMissing,
-    StatementRefused,
     TenantMismatch,
     TransientFailure,
 )
 from accord.consumers.handlers import Handler, Handlers
 from accord.consumers.inbox import Consumer, Delivery, InboxOutcome
 from accord.schemas import telemetry, wire
-from accord.schemas.db import DB_CONNECTION_LOST, DB_SESSION_ENDED
 from accord.schemas.events import Event
 
 log = logging.getLogger("consumers")
@@ -70,12 +64,6 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
 # While a rebuild holds a projection's guard, its consumer tries again after this, doubling.
 GUARD_WAIT_S, GUARD_WAIT_MAX_S = 0.05, 1.0
-# SQLSTATE classes that say PostgreSQL will refuse this content every time.
-_REFUSALS: dict[str, type[DatabaseRefused]] = {
-    "22": DataException,  # data exception: 22P05 (jsonb: \u0000), 22021, 22001, 22P02, ...
-    "23": IntegrityViolation,  # integrity constraint violation: 23514 CHECK, 23502, 23503, ...
-    "42": StatementRefused,  # syntax error or access rule violation
-}
 
 
 @dataclass(slots=True)
@@ -213,7 +201,7 @@ class BatchProcessor:
         while True:
             try:
                 return await self._apply(conn, [i for i in ready if i.permanent is None])
-            except _GuardHeld:
+            except verdicts.GuardHeld:
                 for item in ready:
                     item.outcome, item.transient = None, None
                 await self.guard_wait(wait)
@@ -231,7 +219,7 @@ class BatchProcessor:
                 await self._apply_all(conn, ready)
             return 1
         except Exception as exc:  # noqa: BLE001 - never swallowed: classified or redone below
-            _raise_if_lost(conn, exc)
+            verdicts.raise_if_lost(conn, exc)
             for item in ready:
                 item.outcome = None
             if len(ready) == 1:  # it was that message's own failure: no need to redo
@@ -246,9 +234,9 @@ class BatchProcessor:
         except (PrivilegeMissing, ConnectionLost):
             raise  # from _classify: the process's grants, or the connection; not a message's
         except Exception as exc:  # noqa: BLE001 - the commit failed: classified below
-            _raise_if_lost(conn, exc)
-            _raise_if_privilege(exc)  # a deferred trigger's write, say
-            if database_refusal(exc) is not None:
+            verdicts.raise_if_lost(conn, exc)
+            verdicts.raise_if_privilege(exc)  # a deferred trigger's write, say
+            if verdicts.database_refusal(exc) is not None:
                 return await self._apply_each(conn, ready)
             for item in ready:  # every message not judged permanent is retried
                 if item.permanent is None:
@@ -288,7 +276,7 @@ class BatchProcessor:
         """First in a transaction that may write a projection: its rebuild guard (_GuardHeld
         while a rebuild holds it or waits for it: the transaction rolls back, nothing done)."""
         if self.guard is not None and not await conn.fetchval(sql.PROJECTION_GUARD, self.guard):
-            raise _GuardHeld(self.guard)
+            raise verdicts.GuardHeld(self.guard)
 
     async def _apply_all(self, conn: Any, ready: list[Item]) -> None:
         """Every message's inbox decision (one round trip when all are new), then handlers."""
@@ -432,9 +420,9 @@ def _classify(conn: Any, item: Item, exc: Exception) -> None:
     """Permanent errors poison the message, PostgreSQL's refusals of its content included
     (``database_refusal``); anything else from the (foreign) handler code is transient and
     retried, bounded by the queue's delivery limit; it is never dropped."""
-    _raise_if_lost(conn, exc)
-    _raise_if_privilege(exc)
-    refused = database_refusal(exc)
+    verdicts.raise_if_lost(conn, exc)
+    verdicts.raise_if_privilege(exc)
+    refused = verdicts.database_refusal(exc)
     if refused is not None:
         item.permanent = refused
     elif isinstance(exc, poison.PERMANENT_ERRORS):
@@ -443,57 +431,6 @@ def _classify(conn: Any, item: Item, exc: Exception) -> None:
             item.outcome = InboxOutcome.CONFLICT
     else:
         item.transient = exc
-
-
-def database_refusal(exc: BaseException) -> DatabaseRefused | None:
-    """The one classification of a database error: a permanent DatabaseRefused (with the
-    SQLSTATE and the names of the constraint, table and column, never values) when
-    PostgreSQL refused the content (SQLSTATE class 22, 23 or 42); None for anything else,
-    which stays transient: a lost connection (class 08 and asyncpg's connection errors), a
-    serialization failure or deadlock (class 40), a timeout, a non-database error."""
-    if not isinstance(exc, asyncpg.PostgresError) or isinstance(exc, DB_CONNECTION_LOST):
-        return None
-    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
-        return None  # 42501 is the process's missing grant, not the content (_classify)
-    sqlstate = getattr(exc, "sqlstate", None)
-    if not isinstance(sqlstate, str):
-        return None
-    kind = _REFUSALS.get(sqlstate[:2])
-    if kind is None:
-        return None
-    fields: dict[str, Any] = {"sqlstate": sqlstate, "postgres_error": type(exc).__name__}
-    for name in ("schema", "table", "column", "constraint"):
-        value = getattr(exc, f"{name}_name", None)
-        if isinstance(value, str):
-            fields[name] = value
-    refused = kind(**fields)
-    refused.__cause__ = exc
-    return refused
-
-
-def _raise_if_privilege(exc: BaseException) -> None:
-    """42501 is the process's grants, not a message's content: stop before anything is
-    acked, whichever pass (a statement or the COMMIT) met it."""
-    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
-        raise PrivilegeMissing(
-            table=getattr(exc, "table_name", None), detail=str(exc).splitlines()[0][:200]
-        ) from exc
-
-
-class _GuardHeld(Exception):
-    """A rebuild holds the projection's guard: the batch waits (``_apply_guarded``)."""
-
-
-def _raise_if_lost(conn: Any, exc: BaseException) -> None:
-    """A failure that ended the connection is a lost connection, not a message's fault: the
-    batch's messages go back untouched with the channel, none counted as a retry. Read as
-    the message's own failure, every message of the batch would be requeued as a retry, and
-    a few such returns could poison a sound message as retries_exhausted. A rebuild holding
-    the guard is no message's fault either (_GuardHeld, waited out by _apply_guarded)."""
-    if isinstance(exc, _GuardHeld):
-        raise exc
-    if conn.is_closed() or isinstance(exc, DB_SESSION_ENDED):
-        raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc
 
 
 def _raw_id(value: Any) -> str | None:

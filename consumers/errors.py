@@ -24,7 +24,7 @@ maps every permanent error to one typed poison reason. Every error's docstring i
 default message.
 
 Database errors are classified once, at the seam where a message's transaction failed
-(``consumers.batch.database_refusal``): SQLSTATE classes 22, 23 and 42 say the content or
+(``consumers.verdicts.database_refusal``): SQLSTATE classes 22, 23 and 42 say the content or
 the statement can never succeed, so the message is poisoned at once with the SQLSTATE in
 the record; a lost connection (class 08), a serialization failure or deadlock (class 40)
 and anything else stay transient. One code of class 42 is neither: 42501 (insufficient

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from accord.consumers import InboxConflict, PoisonReason, RuntimeConfig, TransientFailure
-from accord.consumers.batch import _classify, database_refusal
+from accord.consumers.batch import _classify
 from accord.consumers.errors import (
     DataException,
     IntegrityViolation,
@@ -19,6 +19,7 @@ from accord.consumers.errors import (
     StatementRefused,
 )
 from accord.consumers.poison import error_detail, reason_for, storable, summarize_headers
+from accord.consumers.verdicts import database_refusal
 from accord.schemas.errors import ConfigError, InvalidEvent, MalformedMessage, TenantConflict
 
 pg = asyncpg.exceptions
