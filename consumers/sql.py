@@ -50,12 +50,12 @@ WITH incoming AS (
                           occurred_at, publish_id, redelivered, delivery_count, n)
 ), admitted AS (
     SELECT * FROM incoming
-    WHERE occurred_at >= statement_timestamp() - make_interval(secs => LEAST(
-        $12::float8,
-        (SELECT d.window_s FROM consumers.replay_horizons d WHERE d.consumer = $11)))
-      AND occurred_at >= coalesce(
-        (SELECT d.admit_from FROM consumers.replay_horizons d WHERE d.consumer = $11),
-        '-infinity')
+    -- One read of the declaration (GREATEST and LEAST skip a NULL: none, or no admit_from).
+    WHERE occurred_at >= (
+        SELECT GREATEST(statement_timestamp() - make_interval(secs => LEAST($12::float8,
+                                                                             d.window_s)),
+                        d.admit_from)
+        FROM (SELECT) AS one LEFT JOIN consumers.replay_horizons d ON d.consumer = $11)
       AND occurred_at <= statement_timestamp() + make_interval(secs => $13::float8)
 ), reserved AS (
     INSERT INTO consumers.inbox
