@@ -146,12 +146,13 @@ class JobContext:
             raise EffectUndeclared(
                 workflow=self._lease.workflow, effect_key=key, declared=list(self._declared)
             )
-        if idempotency_key is not None and idempotency_key != self.idempotency_key(key):
+        derived = self.idempotency_key(key)
+        if idempotency_key is not None and idempotency_key != derived:
             raise IdempotencyKeyMismatch(
                 workflow=self._lease.workflow,
                 effect_key=key,
                 given=idempotency_key,
-                expected=self.idempotency_key(key),
+                expected=derived,
             )
         span = _TRACER.start_span(
             f"effect {key}",
@@ -159,7 +160,7 @@ class JobContext:
             attributes={
                 telemetry.ATTR_JOB_ID: self._lease.job_id,
                 telemetry.ATTR_EFFECT_KEY: key,
-                telemetry.ATTR_IDEMPOTENCY_KEY: idempotency_key or self.idempotency_key(key),
+                telemetry.ATTR_IDEMPOTENCY_KEY: derived,
             },
         )
         # The span is current while the effect runs (a traced client call is its child);
@@ -168,7 +169,7 @@ class JobContext:
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
             try:
-                return await self._effect(key, intent, call, idempotency_key, span)
+                return await self._effect(key, intent, call, derived, span)
             except FenceLost as exc:
                 span.add_event(
                     telemetry.EVENT_FENCE_REFUSED,
@@ -181,9 +182,11 @@ class JobContext:
         key: str,
         intent: Mapping[str, Any],
         call: EffectCall,
-        idempotency_key: str | None,
+        idempotency_key: str,
         span: trace.Span,
     ) -> Success:
+        """``idempotency_key``: the provider's key for this effect, journaled with its begin
+        (the evidence a lookup needs, whoever asks, whatever the database holds by then)."""
         lease = self._lease
         digest = intent_digest(lease, key, intent)
         start = await self._store.start_effect(lease, key, digest)

@@ -125,3 +125,36 @@ async def test_an_effect_whose_begin_the_journal_could_not_write_is_never_dispat
     working = await _context(timed, "journaled", Journal())
     assert (await working.effect("mail.send", {"to": "c"}, call)).receipt == "receipt-3"
     assert calls == ["dispatched"]
+
+
+class Kept(Journal):
+    """Keeps the records written, as the journal's file would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[Any] = []
+
+    async def write(self, record: Any) -> None:
+        self.records.append(record)
+        await super().write(record)
+
+
+async def test_the_begin_names_the_provider_key_even_when_the_handler_did_not(
+    timed: Rig,
+) -> None:
+    """A begin's record carries the idempotency key the provider is asked with, whether the
+    handler passed it or not: after a restore (job ids rewound, the row gone) it is what a
+    lookup needs. Before, it held None unless the handler passed the key itself. Control:
+    passed explicitly, the same key."""
+    for explicit in (False, True):
+        journal = Kept()
+        ctx = await _context(timed, f"keyed-{explicit}", journal)
+        key = ctx.idempotency_key("mail.send")
+        given = {"idempotency_key": key} if explicit else {}
+
+        async def call() -> Success:
+            return Success("receipt")
+
+        await ctx.effect("mail.send", {"to": "d"}, call, **given)
+        [begin] = [r for r in journal.records if str(r.type) == "effect_begin"]
+        assert begin.idempotency_key == key
