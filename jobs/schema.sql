@@ -619,6 +619,12 @@ BEGIN
         GET DIAGNOSTICS v_results = ROW_COUNT;
         DELETE FROM jobs.jobs j WHERE j.job_id = ANY (v_ids);
         GET DIAGNOSTICS v_jobs = ROW_COUNT;
+        -- How far retention went (0047): a worker's start takes a journaled begin whose job
+        -- is gone at or below it as resolved (pruned), one above it as a restore's evidence.
+        INSERT INTO jobs.pruned AS p (through_job_id)
+        SELECT max(x.id) FROM unnest(v_ids) AS x(id)
+        ON CONFLICT (one) DO UPDATE
+        SET through_job_id = GREATEST(p.through_job_id, EXCLUDED.through_job_id);
         DELETE FROM jobs.operations o WHERE o.job_id = ANY (v_ids);
     END IF;
     -- The audit tables share the batch's budget of p_limit rows (0042). Resolved restore
@@ -690,7 +696,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest), and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone), oldest first; counts per table (0031, 0042)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest), and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone), oldest first, recording the highest job id removed in jobs.pruned; counts per table (0031, 0042, 0047)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
@@ -1460,6 +1466,22 @@ CREATE TABLE jobs.operations (
 );
 
 --
+-- Name: pruned; Type: TABLE; Schema: jobs; Owner: -
+--
+
+CREATE TABLE jobs.pruned (
+    one boolean DEFAULT true NOT NULL,
+    through_job_id bigint NOT NULL,
+    CONSTRAINT pruned_one_check CHECK (one)
+);
+
+--
+-- Name: TABLE pruned; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON TABLE jobs.pruned IS 'The highest job id jobs.prune removed: a journaled begin of a job gone at or below it was resolved (0047)';
+
+--
 -- Name: reconciliation; Type: VIEW; Schema: jobs; Owner: -
 --
 
@@ -1810,6 +1832,13 @@ ALTER TABLE ONLY jobs.operations
 
 ALTER TABLE ONLY jobs.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant, workflow, operation_id);
+
+--
+-- Name: pruned pruned_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
+--
+
+ALTER TABLE ONLY jobs.pruned
+    ADD CONSTRAINT pruned_pkey PRIMARY KEY (one);
 
 --
 -- Name: registration_audit registration_audit_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
@@ -2373,6 +2402,13 @@ GRANT SELECT ON TABLE jobs.jobs TO accord_repair;
 
 GRANT SELECT ON TABLE jobs.operations TO accord_worker;
 GRANT SELECT ON TABLE jobs.operations TO accord_repair;
+
+--
+-- Name: TABLE pruned; Type: ACL; Schema: jobs; Owner: -
+--
+
+GRANT SELECT ON TABLE jobs.pruned TO accord_worker;
+GRANT SELECT ON TABLE jobs.pruned TO accord_repair;
 
 --
 -- Name: TABLE reconciliation; Type: ACL; Schema: jobs; Owner: -

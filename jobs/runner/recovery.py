@@ -92,6 +92,20 @@ async def recorded_effects(conn: Any, begun: Mapping[EffectRef, Any]) -> set[Eff
     return {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
 
 
+async def settled_effects(conn: Any, begun: Mapping[EffectRef, Any]) -> set[EffectRef]:
+    """Of the effects ``begun``, those the journal may let go: recorded by the database
+    (``recorded_effects``), or of a job retention removed (0047: gone, at or below the
+    highest job id jobs.prune removed; a job with an effect leaves no other way, and only
+    once every effect of it is resolved). A job gone above that, as a restore from before it
+    leaves it, and a job whose row holds no record of that begin, stay evidence."""
+    settled = await recorded_effects(conn, begun)
+    rest = sorted({ref.job_id for ref in begun if ref not in settled})
+    if rest:
+        gone = {r["job_id"] for r in await conn.fetch(sql.PRUNED_JOBS, rest)}
+        settled |= {ref for ref in begun if ref.job_id in gone}
+    return settled
+
+
 def _attempts(begun: Mapping[EffectRef, Any]) -> list[tuple[EffectRef, uuid.UUID | None]]:
     """Each ref with its attempt id as a UUID (None when absent or not one)."""
     out: list[tuple[EffectRef, uuid.UUID | None]] = []
@@ -104,33 +118,24 @@ def _attempts(begun: Mapping[EffectRef, Any]) -> list[tuple[EffectRef, uuid.UUID
 
 
 async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
-    """Read-only: effects the journal says were begun whose outcome ``jobs.effects`` does not
-    hold (still pending, or no row at all), logged one by one and returned.
+    """Read-only: effects the journal says were begun whose outcome the database does not
+    hold (still pending, no row, a row of another attempt, the job gone though retention
+    never removed it), logged one by one and returned (``settled_effects`` says which the
+    database holds).
 
-    An effect whose job the same attempt published in the journal is left out without
-    asking: its fenced publish committed (the record is written only after), and a publish
-    commits only once every effect of the job is resolved, so the database held each outcome
-    then, even if retention has removed the job since (a worker that was down longer than the
-    retention would otherwise report those effects, and carry them, at every start). Another
-    attempt's publish of the same job id (a restore rewound the ids) says nothing of it."""
+    A publish in the journal is not taken as proof: the database a worker starts on may be
+    a restore from before it (before 0047 such a start let the begin go, the only evidence
+    that the call went out); and a job retention removed is known by jobs.pruned, published
+    or not (before, one that failed and was pruned while its worker was down was reported,
+    and carried, at every start)."""
     records = journal.scan.records
-    published = {
-        (r["job_id"], r.get("attempt_id"))
-        for r in records
-        if r.get("type") == "publish" and _int(r.get("job_id"))
-    }
     asked: dict[EffectRef, Any] = {}  # the first begin of each ref, with its attempt
-    recorded: set[EffectRef] = set()
     for record in records:
         # A malformed effect record has no ref: unrecorded_effects refuses it below.
         kind, ref, attempt = effect_of(record)
-        if kind != RecordType.EFFECT_BEGIN.value or ref is None or ref in asked or ref in recorded:
-            continue
-        if (ref.job_id, attempt) in published:
-            recorded.add(ref)
-        else:
+        if kind == RecordType.EFFECT_BEGIN.value and ref is not None and ref not in asked:
             asked[ref] = attempt
-    recorded |= await recorded_effects(conn, asked)
+    recorded = await settled_effects(conn, asked)
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
     # the answer, and one whose ref fields are missing or malformed is still refused.
@@ -172,7 +177,7 @@ async def rotate_journal(conn: Any, journal: RunnerJournal) -> Rotation | None:
     """Seal the live segment while running: asks the database which of its effects have a
     recorded outcome (writes go on meanwhile), then carries every other one forward (writes
     wait for that alone). Raises what the query raises, changing nothing."""
-    recorded = await recorded_effects(conn, journal.begun_by())
+    recorded = await settled_effects(conn, journal.begun_by())
     rotation = await journal.rotate(recorded)
     _log_rotation(journal, rotation, "size")
     return rotation
@@ -189,10 +194,6 @@ def _log_rotation(journal: RunnerJournal, rotation: Rotation | None, why: str) -
             rotation.sealed_bytes,
             journal.path,
         )
-
-
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unrecorded_candidate(record: dict[str, Any], recorded: set[EffectRef]) -> bool:

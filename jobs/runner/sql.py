@@ -15,3 +15,11 @@ FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])
 JOIN jobs.effects e USING (job_id, effect_key, seq)
 WHERE e.attempt_id = b.attempt_id AND e.state <> 'pending'
 """
+
+# Of the job ids in $1, those retention removed (0047): gone, at or below the highest id
+# jobs.prune ever removed. A job gone above it was never pruned here: a restore's doing.
+PRUNED_JOBS = """
+SELECT g.job_id FROM unnest($1::bigint[]) AS g(job_id)
+WHERE g.job_id <= (SELECT p.through_job_id FROM jobs.pruned p)
+  AND NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = g.job_id)
+"""
