@@ -50,6 +50,8 @@ class OutboxRow:
     body: bytes
     trace: dict[str, str]
     attempts: int
+    #: The broker's returns of this row's publish in a row, before this attempt (0048).
+    returns: int = 0
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> OutboxRow:
@@ -72,6 +74,7 @@ class OutboxRow:
             body=bytes(record["body"]),
             trace=trace,
             attempts=record["attempts"],
+            returns=record["returns"],
         )
 
 

@@ -502,8 +502,10 @@ class Relay:
         limit = getattr(exc, "limit", None)
         if isinstance(limit, int) and reason == "oversize":
             self._max_bytes = limit  # the broker told us its limit: hold such rows up front
+        # Returns in a row, this one included: a claim that timed out or was nacked before
+        # says nothing of a binding (0048; before, every claim counted).
         permanent = exc.permanent or (
-            isinstance(exc, Unroutable) and row.attempts >= self.config.unroutable_attempts
+            isinstance(exc, Unroutable) and row.returns + 1 >= self.config.unroutable_attempts
         )
         observe.publish_failed(reason, permanent=permanent)
         log.warning(

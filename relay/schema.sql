@@ -169,11 +169,19 @@ CREATE TABLE relay.outbox (
     lease_expires_at timestamp with time zone,
     published_at timestamp with time zone,
     publish_id uuid,
+    returns integer DEFAULT 0 NOT NULL,
     CONSTRAINT outbox_authority_epoch_check CHECK ((authority_epoch >= 0)),
     CONSTRAINT outbox_published_check CHECK (((state = 'published'::text) = (published_at IS NOT NULL))),
+    CONSTRAINT outbox_returns_check CHECK ((returns >= 0)),
     CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'published'::text, 'held'::text]))),
     CONSTRAINT outbox_version_check CHECK ((version >= 1))
 );
+
+--
+-- Name: COLUMN outbox.returns; Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON COLUMN relay.outbox.returns IS 'Publishes the broker returned in a row (unroutable); any other outcome resets it (0048)';
 
 --
 -- Name: outbox_id_seq; Type: SEQUENCE; Schema: relay; Owner: -
@@ -418,6 +426,12 @@ GRANT UPDATE(published_at) ON TABLE relay.outbox TO accord_relay;
 --
 
 GRANT UPDATE(publish_id) ON TABLE relay.outbox TO accord_relay;
+
+--
+-- Name: COLUMN outbox.returns; Type: ACL; Schema: relay; Owner: -
+--
+
+GRANT UPDATE(returns) ON TABLE relay.outbox TO accord_relay;
 
 --
 -- Name: SEQUENCE outbox_id_seq; Type: ACL; Schema: relay; Owner: -

@@ -77,14 +77,16 @@ SET lease_token = $2,
 FROM eligible
 WHERE o.id = eligible.id
 RETURNING o.id, o.event_id, o.tenant, o.operation_id, o.type, o.version,
-          o.authority_epoch, o.digest, o.body, o.trace, o.occurred_at, o.attempts
+          o.authority_epoch, o.digest, o.body, o.trace, o.occurred_at, o.attempts, o.returns
 """
 
 # Settle a claimed batch under lease $1: per row its new state, reason, publish id and
-# retry delay. The token guard makes a relay whose lease was taken over a no-op.
+# retry delay; the broker's returns counted in a row (0048). The token guard makes a relay
+# whose lease was taken over a no-op.
 SETTLE = """
 UPDATE relay.outbox AS o
 SET state = u.state,
+    returns = CASE WHEN u.reason = 'unroutable' THEN o.returns + 1 ELSE 0 END,
     published_at = CASE WHEN u.state = 'published' THEN now() END,
     publish_id = COALESCE(u.publish_id, o.publish_id),
     last_reason = COALESCE(u.reason, o.last_reason),
