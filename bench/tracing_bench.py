@@ -45,6 +45,9 @@ class _NullPublisher:
     def broken(self) -> bool:
         return False
 
+    async def writable(self) -> None:
+        return None
+
 
 class _Incoming:
     """The fields of an aio-pika incoming message that ``admit`` reads."""

@@ -32,6 +32,13 @@ class RelayError(AccordError):
     reason = "relay"
 
 
+class BrokerBlocked(RelayError):
+    """RabbitMQ blocked the relay's connection (a memory or disk alarm): nothing can be
+    published until it clears; the relay claims nothing meanwhile."""
+
+    reason = "broker_blocked"
+
+
 class DuplicateEvent(RelayError):
     """This event id is already in the outbox for this tenant."""
 

@@ -50,18 +50,34 @@ class Publisher(Protocol):
         """True once the channel or connection is unusable (the relay reconnects)."""
         ...
 
+    async def writable(self) -> None:
+        """Return once the broker takes publishes on this session: at once, unless it
+        blocked the connection (connection.blocked: a memory or disk alarm)."""
+        ...
+
 
 class AmqpPublisher:
     """The aio-pika publisher on one confirm-mode channel."""
 
     def __init__(
-        self, channel: aio_pika.abc.AbstractChannel, exchange: aio_pika.abc.AbstractExchange
+        self,
+        channel: aio_pika.abc.AbstractChannel,
+        exchange: aio_pika.abc.AbstractExchange,
+        connection: aio_pika.abc.AbstractConnection,
     ) -> None:
         self._channel = channel
         self._exchange = exchange
+        self._connection = connection
 
     def broken(self) -> bool:
         return self._channel.is_closed
+
+    async def writable(self) -> None:
+        # aiormq keeps the broker's connection.blocked / unblocked: ready() waits for the
+        # unblock (and for the connection; a closed one is broken() first).
+        transport = self._connection.transport
+        if transport is not None:
+            await transport.connection.ready()
 
     async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
         amqp_message = aio_pika.Message(
@@ -141,7 +157,7 @@ async def amqp_publisher(
             events = await channel.get_exchange(exchange, ensure=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             raise ConfigError("the events exchange does not exist", exchange=exchange) from exc
-        yield AmqpPublisher(channel, events)
+        yield AmqpPublisher(channel, events, connection)
     finally:
         await _close_quietly(connection)
 

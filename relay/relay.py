@@ -159,6 +159,8 @@ class Relay:
         self._lingering = 0  # loops woken and lingering: their claims are still to come
         self._polling = 0  # loops waiting a linger to poll again, while awake
         self._stopping = False
+        #: The broker blocks this relay's connection (a memory or disk alarm) at the moment.
+        self.blocked = False
         # This relay's promise to poll (relay.awake): as the database holds it, and until when
         # by this process's clock (a little later than the database's: the safe side).
         self._promised: Any = None
@@ -265,6 +267,8 @@ class Relay:
         within_s = self.config.poll_s + self.config.publish_timeout_s
         while not self._stopping and not publisher.broken():
             observe.beat("relay.publish", within_s=within_s)
+            if not await self._writable(publisher):
+                continue
             if anyio.current_time() >= next_prune:
                 pruned = await self.prune_once(conn)
                 full = pruned >= self.config.prune_batch
@@ -294,6 +298,28 @@ class Relay:
                         self._lingering -= 1
         if self._stopping:
             await self._withdraw(conn)
+
+    async def _writable(self, publisher: Publisher) -> bool:
+        """Whether the broker takes publishes now. A session it blocked (a memory or disk
+        alarm) is waited on for up to a poll at a time, claiming nothing: a publish written
+        to a blocked connection cannot be taken back, times out, and went out once more per
+        timeout when the alarm cleared (a 35 s alarm: 8 copies of each row). Logged once per
+        block; /readyz says so meanwhile (``blocked``), /healthz does not (a restart would
+        not clear the alarm)."""
+        with anyio.move_on_after(self.config.poll_s):
+            await publisher.writable()
+            if self.blocked:
+                self.blocked = False
+                log.warning("relay: the broker takes publishes again; claiming")
+            return True
+        if not self.blocked:
+            self.blocked = True
+            log.warning(
+                "relay: the broker blocked publishing (a memory or disk alarm);"
+                " claiming nothing until it clears"
+            )
+        observe.idle("relay.publish")
+        return False
 
     @property
     def _awake_poll_s(self) -> float:

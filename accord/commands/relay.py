@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 
 import aiormq
 import anyio
@@ -90,16 +91,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
     check_retention(settings)  # the relay prunes the release audit (audit_retention_s)
-    with runtime.metrics(settings, checks=readiness_checks(settings, app)):
-        return int(runtime.run(_main, settings, app, service=True))
+    relays: list[Relay] = []  # the one this process runs, once made (its readiness reads it)
+    with runtime.metrics(settings, checks=readiness_checks(settings, app, relays)):
+        return int(runtime.run(_main, settings, app, relays, service=True))
 
 
-def readiness_checks(settings: Settings, app: App) -> list[Check]:
-    """`/readyz` of a relay: its database (the application's schema current too) and the
-    exchange it publishes to (a relay without it publishes nothing)."""
+def readiness_checks(settings: Settings, app: App, relays: Sequence[Relay] = ()) -> list[Check]:
+    """`/readyz` of a relay: its database (the application's schema current too), the
+    exchange it publishes to (a relay without it publishes nothing), and its publishing
+    session not blocked by the broker (a memory or disk alarm)."""
     return [
         checks.postgresql(settings.pg_dsn, app.migration_chains()),
         checks.rabbitmq(settings.amqp_url, exchange=app.topology(prefix(app, settings)).exchange),
+        checks.unblocked(lambda: any(relay.blocked for relay in relays)),
     ]
 
 
@@ -228,10 +232,12 @@ async def _prepare(settings: Settings, app: App) -> None:
             await amqp.close()
 
 
-async def _main(settings: Settings, app: App) -> int:
+async def _main(settings: Settings, app: App, relays: list[Relay] | None = None) -> int:
     config = relay_config(settings, app)
     await _prepare(settings, app)
     relay = Relay(config)
+    if relays is not None:
+        relays.append(relay)
     async with anyio.create_task_group() as tg:
 
         async def announce() -> None:

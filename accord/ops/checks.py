@@ -25,6 +25,7 @@ from accord.jobs import registry
 from accord.jobs.authority import AuthorityGate
 from accord.jobs.errors import AuthorityUnchecked
 from accord.ops.health import Check
+from accord.relay.errors import BrokerBlocked
 from accord.schemas import broker, migrate
 from accord.schemas.db import connect
 
@@ -136,6 +137,17 @@ def authority(gate: AuthorityGate) -> Check:
             raise AuthorityUnchecked()
 
     return "authority", look
+
+
+def unblocked(blocked: Callable[[], bool]) -> Check:
+    """A relay's publishing session is not blocked by the broker (BrokerBlocked: a memory or
+    disk alarm; a check's own connection does not see it, as it publishes nothing)."""
+
+    async def look() -> None:
+        if blocked():
+            raise BrokerBlocked()
+
+    return "publishing", look
 
 
 def rabbitmq(url: str, *, queue: str | None = None, exchange: str | None = None) -> Check:

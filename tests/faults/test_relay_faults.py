@@ -258,3 +258,48 @@ async def test_broker_restart_mid_stream_loses_nothing(
     assert relay.stats.reconnects >= 1  # control: the restart really cut the relay off
     counts = await helpers.drain(amqp_url, topo.queue("report"))
     assert set(counts) == set(ids)
+
+
+@pytest.fixture
+async def memory_alarm(rabbit_node: RabbitNode) -> AsyncIterator[RabbitNode]:
+    yield rabbit_node
+    # Whatever happened, clear the alarm for the tests after this one (the default mark).
+    await anyio.to_thread.run_sync(rabbit_node.ctl, "set_vm_memory_high_watermark", "0.4")
+
+
+@pytest.mark.timeout(120)
+async def test_a_memory_alarm_holds_the_relay_back_and_costs_no_copies(
+    pg_dsn: str, amqp_url: str, topo: Topology, memory_alarm: RabbitNode
+) -> None:
+    """The module's node raises a memory alarm: RabbitMQ blocks the relay's connection at its
+    first publish after it (that claim's publishes wait in the connection and time out). The
+    relay then claims nothing more while blocked, and says so; when the alarm clears each
+    row is published, at most once more than the broker already had. Before, it kept
+    claiming: every publish timed out and was published again, a copy per timeout (a 35 s
+    alarm: 8 copies of each row). Control: a row published before the alarm."""
+    relay = Relay(helpers.config(pg_dsn, amqp_url, topo, publish_timeout_s=0.5, poll_s=0.1))
+    first = helpers.make_event(0)
+    later = [helpers.make_event(n) for n in range(1, 21)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await helpers.enqueue_committed(pg_dsn, [first])
+        await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=30)  # control
+        await anyio.to_thread.run_sync(
+            memory_alarm.ctl, "set_vm_memory_high_watermark", "absolute", "1"
+        )
+        await helpers.enqueue_committed(pg_dsn, later)
+        with anyio.fail_after(30):
+            while not relay.blocked:  # noqa: ASYNC110 (the relay's own state)
+                await anyio.sleep(0.05)
+        await anyio.sleep(2.0)  # four publish timeouts, and their backoffs over
+        attempts = await helpers.pg_value(
+            pg_dsn, "SELECT max(attempts) FROM relay.outbox WHERE state = 'pending'"
+        )
+        assert attempts == 1 and relay.blocked  # the claim at the onset, none since
+        await anyio.to_thread.run_sync(memory_alarm.ctl, "set_vm_memory_high_watermark", "0.4")
+        await helpers.wait_until_settled(pg_dsn, expect_published=21, within_s=60)
+        relay.stop()
+    assert not relay.blocked
+    counts = await helpers.drain(amqp_url, topo.queue("report"))
+    assert set(counts) == {str(e.event_id) for e in [first, *later]}
+    assert max(counts.values()) <= 2 and counts[str(first.event_id)] == 1

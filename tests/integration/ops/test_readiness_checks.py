@@ -21,6 +21,8 @@ from accord.demo.app import app as demo_app
 from accord.jobs import Store
 from accord.ops import checks
 from accord.ops.health import Readiness
+from accord.relay import Relay, RelayConfig
+from accord.relay.errors import BrokerBlocked
 from accord.schemas.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -219,3 +221,17 @@ def test_a_relay_is_ready_only_with_the_exchange_it_publishes_to(
         assert readiness.check_once() == {}
     finally:
         asyncio.run(declare(False))
+
+
+def test_a_relay_blocked_by_the_broker_is_not_ready(pg_dsn: str, amqp_url: str) -> None:
+    """A memory or disk alarm blocks only publishing connections, so the rabbitmq check (a
+    connection that publishes nothing) passes through it: the relay's own session says
+    whether it can publish (``Relay.blocked``, set while its connection is blocked; the
+    fault test raises a real alarm on a node of its own). Control: unblocked, ready."""
+    config = RelayConfig(pg_dsn=pg_dsn, amqp_url=amqp_url, exchange="e")
+    made = Relay(config)
+    named = dict(relay.readiness_checks(Settings(), demo_app, [made]))
+    assert asyncio.run(named["publishing"]()) is None  # control
+    made.blocked = True
+    with pytest.raises(BrokerBlocked):
+        asyncio.run(named["publishing"]())

@@ -93,6 +93,9 @@ class CountingPublisher:
     def broken(self) -> bool:
         return False
 
+    async def writable(self) -> None:
+        return None
+
 
 async def test_the_relay_never_has_more_than_in_flight_publishes_awaiting_a_confirm(
     pg_dsn: str, amqp_url: str, topo: Topology
@@ -138,6 +141,9 @@ class RefusingPublisher:
 
     def broken(self) -> bool:
         return False
+
+    async def writable(self) -> None:
+        return None
 
 
 async def test_a_refused_publish_stops_the_relay_after_every_loop_settled(pg_dsn: str) -> None:
@@ -197,6 +203,9 @@ class StallingPublisher:
 
     def broken(self) -> bool:
         return False
+
+    async def writable(self) -> None:
+        return None
 
 
 async def test_a_settle_that_lost_its_lease_is_counted_and_named(

@@ -37,6 +37,9 @@ class TimingOut:
     def broken(self) -> bool:
         return False
 
+    async def writable(self) -> None:
+        return None
+
 
 def sent(registry: CollectorRegistry) -> dict[str | None, float]:
     """Sent messages by error.type (None: no error)."""

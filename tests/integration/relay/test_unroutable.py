@@ -26,6 +26,9 @@ class Scripted:
     def broken(self) -> bool:
         return False
 
+    async def writable(self) -> None:
+        return None
+
 
 async def test_a_row_is_held_after_returns_in_a_row_not_after_other_failures(
     pg_dsn: str, amqp_url: str, topo: Topology
