@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aio_pika
 import anyio
 import asyncpg
 import pytest
@@ -19,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
 from accord.consumers import sql as consumer_sql
-from accord.demo import demo_topology
 from accord.demo.app import PROJECTION as REPORT_PROJECTION
 from accord.demo.app import app as demo_app
 from accord.demo.catalog import demo_catalog
@@ -40,8 +38,8 @@ from accord.ops import sql as replay_sql
 from accord.relay import Relay, RelayConfig
 from accord.relay import outbox as relay_outbox
 from accord.schemas.events import Event
-from accord.schemas.topology import declare
 from tests.conftest import BrokerNames
+from tests.integration.relay.helpers import declare_demo
 from tests.support import enqueue, wait_for
 
 CATALOG = demo_catalog()
@@ -108,15 +106,7 @@ def scrape(port: int) -> dict[str, float]:
 async def test_rebuilt_projection_matches_the_live_one(
     pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, broker_names: BrokerNames
 ) -> None:
-    topo = demo_topology(broker_names.prefix)
-    exchanges, queues = topo.names()
-    broker_names.exchanges.extend(exchanges)
-    broker_names.queues.extend(queues)
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        await declare(await connection.channel(), topo)
-    finally:
-        await connection.close()
+    topo = await declare_demo(amqp_url, broker_names)
     batch = events(24)
     metrics = serve_metrics(0, dsn=pg_dsn)
     install_span_metrics(metrics.messaging)
@@ -548,15 +538,7 @@ async def test_a_projection_s_consumer_runtime_waits_for_a_rebuild_s_reset(
     and costs no retry, however long the rebuild's first batch takes (before, the consumer
     waited inside a statement: a timeout requeued the message as a retry, and a few such
     rebuilds poisoned it as retries_exhausted, lost to the projection)."""
-    topo = demo_topology(broker_names.prefix)
-    exchanges, queues = topo.names()
-    broker_names.exchanges.extend(exchanges)
-    broker_names.queues.extend(queues)
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        await declare(await connection.channel(), topo)
-    finally:
-        await connection.close()
+    topo = await declare_demo(amqp_url, broker_names)
     config = RuntimeConfig(workflow=REPORT_PROJECTION, tenants=frozenset({"*"}), projection=True)
     consumer = ConsumerRuntime(
         config=config, amqp_url=amqp_url, pg_dsn=pg_dsn, topology=topo, catalog=CATALOG,
