@@ -76,6 +76,10 @@ async def set_watermark(node: RabbitNode, term: str) -> None:
     await broker_eval(node, f"vm_memory_monitor:set_vm_memory_high_watermark({term}).")
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def failed_with(relay: Relay, dsn: str, event: Event, reason: str, times: int) -> None:
     """Wait until the relay counted ``times`` publish failures for ``reason``; the event's row
     is then still pending and keeps that reason and its attempts."""
@@ -163,10 +167,13 @@ async def test_a_broker_that_stops_confirming_leaves_the_row_eligible_with_a_tim
         tg.start_soon(relay.run)
         await helpers.enqueue_committed(pg_dsn, [first])
         await helpers.wait_until_settled(pg_dsn, expect_published=1, within_s=20)  # control
-        # The node now blocks every publishing connection.
+        # The node now blocks every publishing connection: the first publish after the alarm
+        # times out (the block is announced to a connection as it publishes); from then on
+        # the relay knows it is blocked and claims nothing until it clears.
         await set_watermark(rabbit_node, ALARM_WATERMARK)
         await helpers.enqueue_committed(pg_dsn, [blocked])
-        await failed_with(relay, pg_dsn, blocked, "timeout", 2)
+        await failed_with(relay, pg_dsn, blocked, "timeout", 1)
+        await wait_for(lambda: _true(relay.blocked), within=30)
         await set_watermark(rabbit_node, broker_settings)
         await helpers.wait_until_settled(pg_dsn, expect_published=2, within_s=30)
         relay.stop()
