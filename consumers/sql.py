@@ -135,11 +135,16 @@ DELETE FROM consumers.inbox AS i USING doomed WHERE i.ctid = doomed.ctid
 """
 
 # Delete one bounded batch of consumer $3's delivery log rows past the retention horizon
-# (oldest first).
+# (oldest first): the greater of this process's horizon ($1) and its consumer's effective
+# one, as PRUNE_INBOX (before, the process's own: a process with a shorter window trimmed
+# the log, and the conflicts counted in it, that the consumer's declaration still kept).
 PRUNE_DELIVERIES = """
 WITH doomed AS (
     SELECT id FROM consumers.deliveries
-    WHERE consumer = $3 AND received_at < now() - make_interval(secs => $1::float8)
+    WHERE consumer = $3
+      AND received_at < now() - make_interval(secs => GREATEST(
+          $1::float8,
+          (SELECT h.horizon_s FROM consumers.replay_horizons h WHERE h.consumer = $3)))
     ORDER BY received_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
