@@ -47,7 +47,7 @@ from accord.errors import AppInvalid, AppNotFound
 from accord.jobs import JobConflict, Submitted, store
 from accord.jobs.runner import JobContext, Registered
 from accord.jobs.runner.context import declares
-from accord.jobs.store import MAX_LEASE_S
+from accord.jobs.store import MAX_LEASE_S, valid_lease
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
 from accord.relay import Joined, Prepared, enqueue, enqueue_joined, prepare
@@ -416,7 +416,7 @@ def _check_job(workflow: str, timeout_s: float, max_attempts: int, lease_s: floa
     problems = {
         "timeout_s": not _positive(timeout_s),
         "max_attempts": type(max_attempts) is not int or max_attempts < 1,
-        "lease_s": lease_s is not None and not (_positive(lease_s) and lease_s <= MAX_LEASE_S),
+        "lease_s": lease_s is not None and not valid_lease(lease_s),
     }
     wrong = [name for name, bad in problems.items() if bad]
     if wrong:

@@ -57,8 +57,16 @@ MAX_LEASE_S = 86_400.0
 KEPT_IDLE_S = 60.0
 
 
+def valid_lease(lease_s: object) -> bool:
+    """A lease length the claim and renew take: a finite number of seconds in (0, MAX_LEASE_S]
+    (also what an App's job class may declare)."""
+    return (
+        isinstance(lease_s, int | float) and math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S
+    )
+
+
 def _lease_seconds(lease_s: float) -> float:
-    if not (math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
+    if not valid_lease(lease_s):
         raise InvalidLeaseLength(lease_s=lease_s)
     return float(lease_s)
 
