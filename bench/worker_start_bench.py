@@ -92,6 +92,7 @@ import json, sys, time
 import anyio, asyncpg
 from accord.jobs.framing import Journal
 from accord.jobs.runner import recovery
+from accord.jobs.runner.journal import effect_of
 from accord.jobs.runner.journal_records import EffectRef, unrecorded_effects
 
 # 0.2's query: every effect row of every job the journal ever began.
@@ -116,7 +117,9 @@ async def main(mode, path, dsn, runner):
         records = journal.scan.records
         job_ids = sorted({r["job_id"] for r in records if r.get("type") == "effect_begin"})
         rows = await conn.fetch(RECORDED_EFFECTS_0_2, job_ids)
-        recorded = {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
+        done = {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
+        begins = (effect_of(r)[1] for r in records if r.get("type") == "effect_begin")
+        recorded = {b for b in begins if b is not None and b.ref in done}
         found = unrecorded_effects(records, recorded)
     elif mode == "bare":  # what an interpreter holds with these imports and a connection
         journal, found = None, []

@@ -28,6 +28,7 @@ from accord.jobs.runner.effects import (
 )
 from accord.jobs.runner.endings import Ending, Finished, WorkerStats
 from accord.jobs.runner.journal_records import (
+    Begun,
     Claim,
     EffectBegin,
     EffectOutcome,
@@ -43,6 +44,7 @@ from accord.jobs.runner.recovery import open_journal, report_unrecorded
 from accord.jobs.runner.worker import Worker
 
 __all__: list[str] = [
+    "Begun",
     "Claim",
     "Defect",
     "EffectBegin",

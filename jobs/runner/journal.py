@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,14 @@ from accord.jobs.framing import (
     Repair,
     encode_payload,
 )
-from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, EffectRef, RecordType
+from accord.jobs.runner.journal_records import (
+    Begun,
+    EffectBegin,
+    EffectOutcome,
+    EffectRef,
+    RecordType,
+    begun_of,
+)
 from accord.schemas.errors import ConfigError
 
 log = logging.getLogger("accord.worker")
@@ -100,30 +108,37 @@ class JournalStats:
 class _Queued:
     payload: bytes
     kind: str | None
-    ref: EffectRef | None
-    attempt: str | None  # the attempt id an effect record names
+    begun: Begun | None  # the begin an effect record is or belongs to
     taken: bool = False  # in a group on its way to the disk
     # Set once written and fsynced, or failed; None for a noted record (nobody waits for it).
     done: anyio.Event | None = None
     error: Exception | None = None
 
 
-def effect_of(
-    record: Mapping[str, Any] | BaseModel,
-) -> tuple[str | None, EffectRef | None, str | None]:
-    """(record type, ref, attempt id) of an effect record, else (None, None, None). A
+def effect_of(record: Mapping[str, Any] | BaseModel) -> tuple[str | None, Begun | None]:
+    """(record type, the begin it is or belongs to) of an effect record, else (None, None). A
     malformed effect record is not indexed: the start's check (unrecorded_effects) refuses it
     before any rotation."""
     if isinstance(record, EffectBegin | EffectOutcome):
-        ref = EffectRef(record.job_id, record.effect_key, record.seq)
-        return str(record.type), ref, str(record.attempt_id)
+        return str(record.type), begun_of(record)
     if isinstance(record, BaseModel) or record.get("type") not in _EFFECTS:
-        return None, None, None
+        return None, None
     job_id, key, seq = record.get("job_id"), record.get("effect_key"), record.get("seq")
     if isinstance(job_id, int) and isinstance(key, str) and isinstance(seq, int):
-        attempt = record.get("attempt_id")
-        return str(record["type"]), EffectRef(job_id, key, seq), str(attempt) if attempt else None
-    return None, None, None
+        ref = EffectRef(job_id, key, seq)
+        return str(record["type"]), Begun(ref, _attempt(record.get("attempt_id")))
+    return None, None
+
+
+def _attempt(value: Any) -> str | None:
+    """An attempt id as its model writes it (a canonical UUID), else as it stands; None when
+    absent: so a record read back indexes as the model it was written from."""
+    if not value:
+        return None
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return str(value)
 
 
 class RunnerJournal:
@@ -197,13 +212,10 @@ class RunnerJournal:
     def segment(self) -> int:
         return self._live.segment
 
-    def begun(self) -> list[EffectRef]:
-        """The effects begun in the live segment (or carried into it), in journal order."""
+    def begun(self) -> list[Begun]:
+        """The effects begun in the live segment (or carried into it), in journal order: one
+        entry per (row, attempt), so two attempts' begins of one ref are two."""
         return list(self._effects)
-
-    def begun_by(self) -> dict[EffectRef, str | None]:
-        """``begun``, each with the attempt id its (first) begin record names."""
-        return {ref: self._attempts.get(ref) for ref in self._effects}
 
     @property
     def rotation_due(self) -> bool:
@@ -220,9 +232,9 @@ class RunnerJournal:
     def append(self, record: Mapping[str, Any] | BaseModel) -> int:
         """Blocking: one record, written and fsynced alone; returns the new end offset. Not
         for use while :meth:`write` or :meth:`rotate` may run (they hold no thread lock)."""
-        kind, ref, attempt = effect_of(record)
+        kind, begun = effect_of(record)
         [offset] = self._live.append_payloads([encode_payload(record)])
-        self._note(kind, ref, attempt, offset)
+        self._note(kind, begun, offset)
         self.stats.records += 1
         self.stats.groups += 1
         return self._live.end
@@ -313,7 +325,7 @@ class RunnerJournal:
                     queued.done.set()
             return
         for queued, offset in zip(batch, offsets, strict=True):
-            self._note(queued.kind, queued.ref, queued.attempt, offset)
+            self._note(queued.kind, queued.begun, offset)
             if queued.done is not None:
                 queued.done.set()
         self.stats.records += len(batch)
@@ -332,20 +344,21 @@ class RunnerJournal:
 
     # -- rotation -----------------------------------------------------------------------------
 
-    async def rotate(self, recorded: Collection[EffectRef]) -> Rotation | None:
+    async def rotate(self, recorded: Collection[Begun]) -> Rotation | None:
         """Seal the live segment and begin the next one with every effect begun in it (or
-        carried into it) whose ref is not in ``recorded``, each with its latest outcome.
+        carried into it) that is not in ``recorded``, each with its latest outcome.
 
-        ``recorded`` names the effects whose outcome the database holds (anything but
-        pending); whatever it omits is carried. Writes wait meanwhile. None, changing nothing,
-        when no record would be left behind (a version-1 journal is always rewritten). Raises
-        OSError before the switch (the live segment stays as it was), JournalBroken after it.
+        ``recorded`` names the begins whose outcome the database holds (anything but
+        pending, on the row their attempt began); whatever it omits is carried. Writes wait
+        meanwhile. None, changing nothing, when no record would be left behind (a version-1
+        journal is always rewritten). Raises OSError before the switch (the live segment
+        stays as it was), JournalBroken after it.
         """
         rotation, recorded = None, frozenset(recorded)
         with anyio.CancelScope(shield=True):
             # Both group slots: no group is on its way to the disk while the segment changes.
             async with self._rotating, self._groups, self._groups:
-                keep = [(ref, at) for ref, at in self._effects.items() if ref not in recorded]
+                keep = [(b, at) for b, at in self._effects.items() if b not in recorded]
                 carried = sum(1 if outcome < 0 else 2 for _, (_, outcome) in keep)
                 if self.version != VERSION_GROUPED or carried < self._records:
                     try:
@@ -355,7 +368,7 @@ class RunnerJournal:
                         raise
         return rotation
 
-    def _seal(self, keep: list[tuple[EffectRef, tuple[int, int]]]) -> Rotation:
+    def _seal(self, keep: list[tuple[Begun, tuple[int, int]]]) -> Rotation:
         live = self._live
         payloads: list[bytes] = []
         for _, (begin, outcome) in keep:
@@ -371,8 +384,7 @@ class RunnerJournal:
     def _reset(self, scan: JournalScan) -> None:
         """Index the live segment as ``scan`` shows it."""
         self._scan = scan
-        self._effects: dict[EffectRef, tuple[int, int]] = {}  # ref -> (begin, outcome or -1)
-        self._attempts: dict[EffectRef, str | None] = {}  # ref -> the attempt that began it
+        self._effects: dict[Begun, tuple[int, int]] = {}  # -> (begin, outcome or -1)
         self._records = 0
         for offset, record in zip(scan.offsets, scan.records, strict=True):
             self._note(*effect_of(record), offset)
@@ -381,21 +393,17 @@ class RunnerJournal:
         self._base = fresh[0] if fresh else scan.end
         self._since = time.monotonic()
 
-    def _note(
-        self, kind: str | None, ref: EffectRef | None, attempt: str | None, offset: int
-    ) -> None:
+    def _note(self, kind: str | None, begun: Begun | None, offset: int) -> None:
         self._records += 1
-        if ref is None:
+        if begun is None:
             return
         if kind == _BEGIN:
-            if ref not in self._effects:  # the first begin of a ref counts
-                self._effects[ref] = (offset, -1)
-                self._attempts[ref] = attempt
+            self._effects.setdefault(begun, (offset, -1))  # a begin written twice counts once
             return
-        entry = self._effects.get(ref)
-        # An outcome counts after its begin only, and its own attempt's (as unrecorded_effects).
-        if entry is not None and self._attempts.get(ref) == attempt:
-            self._effects[ref] = (entry[0], offset)
+        entry = self._effects.get(begun)
+        # An outcome counts after its own attempt's begin only (as unrecorded_effects).
+        if entry is not None:
+            self._effects[begun] = (entry[0], offset)
 
     # -- repair and close -----------------------------------------------------------------------
 

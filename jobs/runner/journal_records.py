@@ -110,6 +110,17 @@ class EffectRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Begun:
+    """One begin record's identity: the effect row it began and the attempt that began it
+    (None when the record names none it can be read as). Two attempts can begin the same
+    row's key, when a restore rewinds the job ids and a new job takes an old one's id: each
+    begin is its own evidence, recorded only on the row its own attempt began."""
+
+    ref: EffectRef
+    attempt_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class UnrecordedEffect:
     """An effect begun in the journal whose outcome the database does not hold."""
 
@@ -121,29 +132,35 @@ class UnrecordedEffect:
     def ref(self) -> EffectRef:
         return EffectRef(self.begin.job_id, self.begin.effect_key, self.begin.seq)
 
+    @property
+    def begun(self) -> Begun:
+        return begun_of(self.begin)
+
+
+def begun_of(record: EffectBegin | EffectOutcome) -> Begun:
+    """The begin an effect record is (or, an outcome, belongs to)."""
+    ref = EffectRef(record.job_id, record.effect_key, record.seq)
+    return Begun(ref, str(record.attempt_id))
+
 
 def unrecorded_effects(
-    records: Iterable[Mapping[str, Any]], recorded: Collection[EffectRef]
+    records: Iterable[Mapping[str, Any]], recorded: Collection[Begun]
 ) -> list[UnrecordedEffect]:
     """Effects begun in ``records`` whose outcome is not in ``recorded``, in journal order.
 
-    Pure. ``recorded`` holds the refs of the ``jobs.effects`` rows whose state is no longer
-    ``pending`` (any outcome, including unknown). Records of other types are skipped; a
-    malformed effect record raises JournalRecordInvalid.
+    Pure. ``recorded`` holds the begins whose ``jobs.effects`` row, the one their own attempt
+    began, is no longer ``pending`` (any outcome, including unknown). An outcome belongs to
+    the begin of its own attempt; two attempts' begins of one ref are two entries. Records of
+    other types are skipped; a malformed effect record raises JournalRecordInvalid.
     """
-    begun: dict[EffectRef, UnrecordedEffect] = {}
+    begun: dict[Begun, UnrecordedEffect] = {}
     effect_types = {RecordType.EFFECT_BEGIN.value, RecordType.EFFECT_OUTCOME.value}
     for raw in records:
         if raw.get("type") not in effect_types:
             continue
         record = parse_record(raw)
         if isinstance(record, EffectBegin):
-            entry = UnrecordedEffect(record, None)
-            begun.setdefault(entry.ref, entry)
-        elif isinstance(record, EffectOutcome):
-            # An outcome belongs to the begin of its own attempt (a job id a restore rewound
-            # can carry another attempt's effect of the same key and seq).
-            ref = EffectRef(record.job_id, record.effect_key, record.seq)
-            if ref in begun and begun[ref].begin.attempt_id == record.attempt_id:
-                begun[ref] = UnrecordedEffect(begun[ref].begin, record)
-    return [entry for ref, entry in begun.items() if ref not in recorded]
+            begun.setdefault(begun_of(record), UnrecordedEffect(record, None))
+        elif isinstance(record, EffectOutcome) and (key := begun_of(record)) in begun:
+            begun[key] = UnrecordedEffect(begun[key].begin, record)
+    return [entry for key, entry in begun.items() if key not in recorded]

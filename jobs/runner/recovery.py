@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from accord.jobs.runner.journal import (
     effect_of,
 )
 from accord.jobs.runner.journal_records import (
-    EffectRef,
+    Begun,
     RecordType,
     UnrecordedEffect,
     unrecorded_effects,
@@ -73,48 +73,49 @@ def open_journal(
     return journal
 
 
-async def recorded_effects(conn: Any, begun: Mapping[EffectRef, Any]) -> set[EffectRef]:
-    """Read-only, one query: of the effects ``begun`` (each with the attempt that began it),
-    those whose outcome the database holds (state anything but pending) on the row that
-    attempt began. A begin whose attempt is unknown, or whose row another attempt holds (a
-    job id a restore rewound and a new job took), is not recorded: it stays evidence."""
-    known = [(ref, attempt) for ref, attempt in _attempts(begun) if attempt is not None]
+async def recorded_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
+    """Read-only, one query: of the begins ``begun``, those whose outcome the database holds
+    (state anything but pending) on the row their own attempt began. A begin whose attempt
+    is unknown, or whose row another attempt holds (a job id a restore rewound and a new job
+    took), is not recorded: it stays evidence."""
+    known = [(entry, attempt) for entry in begun if (attempt := _uuid(entry.attempt_id))]
     if not known:
         return set()
-    refs, attempts = zip(*known, strict=True)
     rows = await conn.fetch(
         sql.RECORDED_EFFECTS,
-        [ref.job_id for ref in refs],
-        [ref.effect_key for ref in refs],
-        [ref.seq for ref in refs],
-        list(attempts),
+        [entry.ref.job_id for entry, _ in known],
+        [entry.ref.effect_key for entry, _ in known],
+        [entry.ref.seq for entry, _ in known],
+        [attempt for _, attempt in known],
     )
-    return {EffectRef(r["job_id"], r["effect_key"], r["seq"]) for r in rows}
+    found = {(r["job_id"], r["effect_key"], r["seq"], r["attempt_id"]) for r in rows}
+    return {
+        entry
+        for entry, attempt in known
+        if (entry.ref.job_id, entry.ref.effect_key, entry.ref.seq, attempt) in found
+    }
 
 
-async def settled_effects(conn: Any, begun: Mapping[EffectRef, Any]) -> set[EffectRef]:
-    """Of the effects ``begun``, those the journal may let go: recorded by the database
+async def settled_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
+    """Of the begins ``begun``, those the journal may let go: recorded by the database
     (``recorded_effects``), or of a job retention removed (0047: gone, at or below the
     highest job id jobs.prune removed; a job with an effect leaves no other way, and only
     once every effect of it is resolved). A job gone above that, as a restore from before it
     leaves it, and a job whose row holds no record of that begin, stay evidence."""
     settled = await recorded_effects(conn, begun)
-    rest = sorted({ref.job_id for ref in begun if ref not in settled})
+    rest = sorted({entry.ref.job_id for entry in begun if entry not in settled})
     if rest:
         gone = {r["job_id"] for r in await conn.fetch(sql.PRUNED_JOBS, rest)}
-        settled |= {ref for ref in begun if ref.job_id in gone}
+        settled |= {entry for entry in begun if entry.ref.job_id in gone}
     return settled
 
 
-def _attempts(begun: Mapping[EffectRef, Any]) -> list[tuple[EffectRef, uuid.UUID | None]]:
-    """Each ref with its attempt id as a UUID (None when absent or not one)."""
-    out: list[tuple[EffectRef, uuid.UUID | None]] = []
-    for ref, attempt in begun.items():
-        try:
-            out.append((ref, attempt if isinstance(attempt, uuid.UUID) else uuid.UUID(attempt)))
-        except (TypeError, ValueError, AttributeError):
-            out.append((ref, None))
-    return out
+def _uuid(attempt: str | None) -> uuid.UUID | None:
+    """An attempt id as a UUID (None when absent or not one)."""
+    try:
+        return uuid.UUID(attempt) if attempt else None
+    except ValueError:
+        return None
 
 
 async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
@@ -129,12 +130,12 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     or not (before, one that failed and was pruned while its worker was down was reported,
     and carried, at every start)."""
     records = journal.scan.records
-    asked: dict[EffectRef, Any] = {}  # the first begin of each ref, with its attempt
+    asked: set[Begun] = set()  # each begin, by its ref and its attempt
     for record in records:
-        # A malformed effect record has no ref: unrecorded_effects refuses it below.
-        kind, ref, attempt = effect_of(record)
-        if kind == RecordType.EFFECT_BEGIN.value and ref is not None and ref not in asked:
-            asked[ref] = attempt
+        # A malformed effect record is not indexed: unrecorded_effects refuses it below.
+        kind, begun = effect_of(record)
+        if kind == RecordType.EFFECT_BEGIN.value and begun is not None:
+            asked.add(begun)
     recorded = await settled_effects(conn, asked)
     # Only the records of effects the database has not recorded are parsed (the cost grows
     # with unresolved work, not with the segment): a record of a recorded ref cannot be in
@@ -164,9 +165,9 @@ async def seal_at_start(
     """Begin this run on a new segment that carries exactly ``unrecorded`` (what
     :func:`report_unrecorded` found, begins with their journal outcomes); the segment they
     were found in holds nothing else that can still matter and goes. Before any claim."""
-    keep = {entry.ref for entry in unrecorded}
+    keep = {entry.begun for entry in unrecorded}
     try:
-        rotation = await journal.rotate({ref for ref in journal.begun() if ref not in keep})
+        rotation = await journal.rotate({b for b in journal.begun() if b not in keep})
     except OSError as exc:  # before the switch (a full disk): the live segment is as it was
         raise JournalUnavailable(path=str(journal.path), detail=str(exc)) from exc
     _log_rotation(journal, rotation, "start")
@@ -177,7 +178,7 @@ async def rotate_journal(conn: Any, journal: RunnerJournal) -> Rotation | None:
     """Seal the live segment while running: asks the database which of its effects have a
     recorded outcome (writes go on meanwhile), then carries every other one forward (writes
     wait for that alone). Raises what the query raises, changing nothing."""
-    recorded = await settled_effects(conn, journal.begun_by())
+    recorded = await settled_effects(conn, journal.begun())
     rotation = await journal.rotate(recorded)
     _log_rotation(journal, rotation, "size")
     return rotation
@@ -196,10 +197,10 @@ def _log_rotation(journal: RunnerJournal, rotation: Rotation | None, why: str) -
         )
 
 
-def _unrecorded_candidate(record: dict[str, Any], recorded: set[EffectRef]) -> bool:
-    """Whether ``record`` is an effect record whose ref the database did not record (or one
-    too malformed to tell: unrecorded_effects refuses it)."""
+def _unrecorded_candidate(record: dict[str, Any], recorded: set[Begun]) -> bool:
+    """Whether ``record`` is an effect record whose begin the database did not record (or
+    one too malformed to tell: unrecorded_effects refuses it)."""
     if record.get("type") not in _EFFECT_TYPES:
         return False
-    _, ref, _ = effect_of(record)
-    return ref is None or ref not in recorded
+    _, begun = effect_of(record)
+    return begun is None or begun not in recorded

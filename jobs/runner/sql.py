@@ -9,7 +9,7 @@ restart report.
 # outcome the database recorded (anything but pending) on the row that same attempt began: a
 # row of another attempt is another effect (job ids rewound by a restore can meet again).
 RECORDED_EFFECTS = """
-SELECT e.job_id, e.effect_key, e.seq
+SELECT e.job_id, e.effect_key, e.seq, e.attempt_id
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])
      AS b(job_id, effect_key, seq, attempt_id)
 JOIN jobs.effects e USING (job_id, effect_key, seq)

@@ -497,7 +497,7 @@ async def main(path):
     async def rotations():
         while True:
             await anyio.sleep(0.01)
-            done = {ref for ref in journal.begun() if recorded(ref.job_id)}
+            done = {b for b in journal.begun() if recorded(b.ref.job_id)}
             await journal.rotate(done)
 
     async with anyio.create_task_group() as tg:

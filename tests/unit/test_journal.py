@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from accord.jobs.errors import (
 from accord.jobs.framing import Defect, Journal, Tail, scan_bytes, scan_journal
 from accord.jobs.framing import file as framing_file
 from accord.jobs.runner.journal import RunnerJournal
-from accord.jobs.runner.journal_records import EffectRef
+from accord.jobs.runner.journal_records import Begun, EffectRef
 from tests.support import wait_for
 
 RUNNER = "runner-1"
@@ -584,6 +585,11 @@ def effect(kind: str, job_id: int, **extra: Any) -> dict[str, Any]:
     return {"type": kind, "job_id": job_id, "effect_key": "k", "seq": 1, **extra}
 
 
+def begun(job_id: int, attempt: str | None = None) -> Begun:
+    """The begin ``effect("effect_begin", job_id)`` writes (by ``attempt``)."""
+    return Begun(EffectRef(job_id, "k", 1), attempt)
+
+
 async def test_concurrent_writes_share_fsyncs_and_keep_each_writers_order(tmp_path: Path) -> None:
     path = tmp_path / "w.journal"
     seen_on_disk: list[bool] = []
@@ -783,21 +789,52 @@ async def test_rotation_carries_the_unrecorded_effects_and_drops_the_rest(tmp_pa
             effect("effect_outcome", 4, outcome="succeeded", reused=True),  # no begin here
         ):
             await j.write(record)
-        assert j.begun() == [EffectRef(1, "k", 1), EffectRef(2, "k", 1), EffectRef(3, "k", 1)]
-        rotation = await j.rotate({EffectRef(1, "k", 1)})  # the database recorded job 1's
+        assert j.begun() == [begun(1), begun(2), begun(3)]
+        rotation = await j.rotate({begun(1)})  # the database recorded job 1's
         assert rotation is not None
         assert (rotation.segment, rotation.carried, rotation.dropped) == (2, 3, 6)
         carried = [effect("effect_begin", 2), effect("effect_begin", 3)]
         carried.append(effect("effect_outcome", 3, outcome="unknown"))
         assert list(j.scan.records) == carried
         # Nothing would be left behind now: no rotation.
-        assert await j.rotate({EffectRef(1, "k", 1)}) is None
+        assert await j.rotate({begun(1)}) is None
         await j.write(effect("effect_outcome", 2, outcome="succeeded"))
-        assert j.begun() == [EffectRef(2, "k", 1), EffectRef(3, "k", 1)]
-        second = await j.rotate({EffectRef(2, "k", 1), EffectRef(3, "k", 1)})
+        assert j.begun() == [begun(2), begun(3)]
+        second = await j.rotate({begun(2), begun(3)})
         assert second is not None and (second.segment, second.carried) == (3, 0)
     scan = scan_journal(path)
     assert (scan.version, scan.segment, scan.carried, scan.records) == (GROUPED, 3, 0, ())
+
+
+async def test_two_attempts_begins_of_one_ref_are_carried_each_on_its_own(tmp_path: Path) -> None:
+    """A restore that rewinds job ids lets a new attempt begin the ref an old attempt's
+    begin still names in the journal. Each begin is its own evidence: recording one (the
+    control: it is left behind) never lets the other go, and each keeps its own outcome."""
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    with RunnerJournal.open(tmp_path / "w.journal", RUNNER) as j:
+        for record in (
+            effect("effect_begin", 5, attempt_id=old),
+            effect("effect_outcome", 5, attempt_id=old, outcome="succeeded", receipt="r-old"),
+            effect("effect_begin", 5, attempt_id=new),  # in flight when the worker stopped
+        ):
+            await j.write(record)
+        assert j.begun() == [begun(5, old), begun(5, new)]
+        # the database recorded the old attempt's row: only the new attempt's begin is carried
+        rotation = await j.rotate({begun(5, old)})
+        assert rotation is not None and rotation.carried == 1
+        assert list(j.scan.records) == [effect("effect_begin", 5, attempt_id=new)]
+        await j.write(effect("effect_outcome", 5, attempt_id=old, outcome="unknown"))
+        assert j.begun() == [begun(5, new)]  # an outcome with no begin of its attempt: none
+        # and the other way round: the new one recorded, the old one's begin and outcome stay
+        await j.write(effect("effect_begin", 5, attempt_id=old))
+        await j.write(effect("effect_outcome", 5, attempt_id=old, outcome="unknown"))
+        await j.write(effect("effect_outcome", 5, attempt_id=new, outcome="succeeded"))
+        rotation = await j.rotate({begun(5, new)})
+        assert rotation is not None and rotation.carried == 2
+        assert list(j.scan.records) == [
+            effect("effect_begin", 5, attempt_id=old),
+            effect("effect_outcome", 5, attempt_id=old, outcome="unknown"),
+        ]
 
 
 async def test_rotation_is_due_by_size_or_by_age(tmp_path: Path) -> None:

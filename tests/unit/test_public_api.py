@@ -147,6 +147,7 @@ EXPECTED: dict[str, set[str]] = {
         "submit",
     },
     "accord.jobs.runner": {
+        "Begun",
         "Claim",
         "Defect",
         "EffectBegin",

@@ -15,6 +15,7 @@ from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState
 from accord.jobs import retention as jobs_retention
 from accord.jobs.runner import (
+    Begun,
     EffectBegin,
     EffectOutcome,
     EffectRef,
@@ -308,7 +309,53 @@ async def test_a_begin_is_recorded_only_on_the_row_its_own_attempt_began(rig: Ri
             ), name
             rotation = await recovery.rotate_journal(rig.pool, journal)
             assert rotation is not None
-            assert (ref in journal.begun()) is carried, name
+            carried_now = [Begun(ref, str(lost.attempt_id))] if carried else []
+            assert journal.begun() == carried_now, name
+        finally:
+            journal.close()
+
+
+async def test_a_begin_after_another_attempt_s_begin_of_the_same_ref_is_its_own_evidence(
+    rig: Rig,
+) -> None:
+    """The other order. The journal still holds an old attempt's begin, outcome and publish
+    of a job whose id a restore rewound; the new job of that id begins the same key and seq,
+    and its worker stops before the outcome is recorded. Both begins are reported and both
+    are carried (before, the first begin stood for the ref: the new attempt's, the only
+    evidence that its call went out, was neither reported nor carried). Control: once the
+    new attempt's outcome is recorded, only the old begin stays."""
+    await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-new", "pay")
+    [lease] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
+    seq = await rig.store.begin_effect(lease, "pay", "intent")  # pending: the worker stopped
+    ref = EffectRef(job_id, "pay", seq)
+    ids = {"tenant": lease.tenant, "job_id": job_id, "generation": lease.generation}
+    effect = {"effect_key": "pay", "seq": seq}
+    old = {**ids, "attempt_id": uuid.uuid4()}
+    records = [
+        EffectBegin(**old, **effect),
+        EffectOutcome(**old, **effect, outcome=EffectState.SUCCEEDED, receipt="rcpt-old"),
+        Publish(**old),
+        EffectBegin(**ids, attempt_id=lease.attempt_id, **effect),
+    ]
+    theirs, ours = Begun(ref, str(old["attempt_id"])), Begun(ref, str(lease.attempt_id))
+    with open_journal(rig.journal_path("w"), "w") as journal:
+        for record in records:
+            await journal.write(record)
+    for recorded in (False, True):
+        if recorded:  # the control: the new attempt's outcome reaches the database
+            await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="r")
+        journal = open_journal(rig.journal_path("w"), "w")
+        try:
+            found = await recovery.report_unrecorded(rig.pool, journal)
+            expected = [theirs] if recorded else [theirs, ours]
+            assert [e.begun for e in found] == expected
+            assert found[0].journal_outcome is not None  # the old attempt's own outcome
+            assert found[0].journal_outcome.receipt == "rcpt-old"
+            if not recorded:
+                assert found[1].journal_outcome is None
+            await recovery.seal_at_start(journal, found)
+            assert journal.begun() == expected
         finally:
             journal.close()
 
