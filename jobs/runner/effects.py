@@ -28,17 +28,36 @@ from typing import Any
 
 import rfc8785
 
-from accord.jobs.errors import EffectIntentInvalid
+from accord.jobs.errors import EffectIntentInvalid, ReceiptInvalid
 from accord.jobs.models import EffectState, Lease
 from accord.schemas import canonical
 from accord.schemas.errors import AccordError
 
+#: The longest receipt a Success takes, in characters: the database records it and the
+#: journal keeps it in a frame of at most 1 MiB (jobs.framing.MAX_PAYLOAD), whatever the
+#: characters' encoding (six bytes for an escaped one, at most).
+MAX_RECEIPT_CHARS = 64 * 1024
+#: The longest detail an outcome keeps (a FailedBeforeDispatch's reason), in characters.
+MAX_DETAIL_CHARS = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class Success:
-    """The call's explicit success, with the external receipt (the provider's proof)."""
+    """The call's explicit success, with the external receipt (the provider's proof): a
+    string of at most MAX_RECEIPT_CHARS, or None (ReceiptInvalid otherwise)."""
 
     receipt: str | None = None
+
+    def __post_init__(self) -> None:
+        receipt = self.receipt
+        if receipt is not None and (
+            not isinstance(receipt, str) or len(receipt) > MAX_RECEIPT_CHARS
+        ):
+            raise ReceiptInvalid(
+                type=type(receipt).__name__,
+                length=len(receipt) if isinstance(receipt, str) else None,
+                limit=MAX_RECEIPT_CHARS,
+            )
 
 
 class EffectOutcomeError(AccordError):
@@ -116,4 +135,4 @@ def classify_error(exc: BaseException) -> Outcome:
 
 def _detail(exc: FailedBeforeDispatch) -> str:
     reason = exc.fields.get("reason")
-    return str(reason) if reason is not None else str(exc)
+    return (str(reason) if reason is not None else str(exc))[:MAX_DETAIL_CHARS]

@@ -13,9 +13,11 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accord.jobs.errors import EffectIntentInvalid
+from accord.jobs.errors import EffectIntentInvalid, ReceiptInvalid
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner.effects import (
+    MAX_DETAIL_CHARS,
+    MAX_RECEIPT_CHARS,
     FailedBeforeDispatch,
     Success,
     classify_error,
@@ -51,6 +53,17 @@ def test_only_explicit_outcomes_stay_themselves() -> None:
         assert classify_result(other).state is EffectState.UNKNOWN
     for exc in (ValueError(), TimeoutError(), asyncio.CancelledError(), OSError()):
         assert classify_error(exc).state is EffectState.UNKNOWN
+
+
+def test_a_receipt_is_a_bounded_string_and_a_detail_is_cut() -> None:
+    assert Success().receipt is None and Success("r" * MAX_RECEIPT_CHARS).receipt is not None
+    for bad in (123, b"bytes", "r" * (MAX_RECEIPT_CHARS + 1)):
+        with pytest.raises(ReceiptInvalid) as refused:
+            Success(bad)  # type: ignore[arg-type]
+        assert refused.value.fields["limit"] == MAX_RECEIPT_CHARS
+    # a FailedBeforeDispatch's reason is descriptive: kept to its first MAX_DETAIL_CHARS
+    long = FailedBeforeDispatch(reason="x" * (MAX_DETAIL_CHARS * 3))
+    assert classify_error(long).detail == "x" * MAX_DETAIL_CHARS
 
 
 def test_intent_digest_binds_meaning_not_attempt() -> None:

@@ -134,6 +134,7 @@ EXPECTED: dict[str, set[str]] = {
         "LedgerWhy",
         "LookupUnavailable",
         "PgLedger",
+        "ReceiptInvalid",
         "ReconcileReport",
         "RepairRefused",
         "Repaired",

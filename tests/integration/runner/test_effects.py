@@ -15,7 +15,7 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.demo.provider import Fault, ProviderAmbiguous, ProviderRefused
-from accord.jobs import EffectAlreadyBegun, EffectState, JobState
+from accord.jobs import EffectAlreadyBegun, EffectState, JobState, ReceiptInvalid
 from accord.jobs.repair import audit
 from accord.jobs.runner import (
     EffectRef,
@@ -27,6 +27,7 @@ from accord.jobs.runner import (
     report_unrecorded,
     scan_journal,
 )
+from accord.jobs.runner.effects import MAX_RECEIPT_CHARS
 from accord.jobs.runner.recovery import open_journal
 from tests.integration.runner.conftest import Rig, running, wait_for
 
@@ -239,6 +240,53 @@ async def test_only_explicit_outcomes_stay_themselves(rig: Rig) -> None:
         await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
     states = [(k, st) for k, _, st, _ in await rig.effects(job_id)]
     assert states == [("a", "failed_before_dispatch"), ("b", "unknown"), ("c", "unknown")]
+
+
+async def test_a_receipt_too_long_to_keep_is_a_typed_unknown_and_the_journal_stays_whole(
+    rig: Rig,
+) -> None:
+    """A call that returns the provider's whole response as its receipt: ``Success`` refuses
+    it (ReceiptInvalid, naming the limit), the outcome is recorded unknown (the request
+    left; its proof cannot be kept) and the journal takes the outcome record. Before, the
+    database recorded the success and the journal refused the record (over its 1 MiB
+    frame): the handler got a JournalRecordInvalid, the journal no trace of what the call
+    returned. Control: a receipt of the limit's length is recorded and journaled whole."""
+    await rig.store.register_workflow("big", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-big", "big")
+    seen: list[BaseException] = []
+
+    def returning(length: int) -> Any:
+        async def send() -> Success:
+            return Success("r" * length)
+
+        return send
+
+    async def big(ctx: JobContext) -> None:
+        await ctx.effect("fits", {}, returning(MAX_RECEIPT_CHARS))
+        with pytest.raises(EffectUnknown) as unknown:
+            await ctx.effect("whole-body", {}, returning(2 << 20))
+        seen.append(unknown.value)
+
+    worker = rig.worker({"big": (big, 30.0)})
+    async with running(worker):
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+    [error] = seen
+    assert isinstance(error.__cause__, ReceiptInvalid)
+    assert error.__cause__.fields == {"type": "str", "length": 2 << 20, "limit": MAX_RECEIPT_CHARS}
+    assert [(k, st, len(r or "")) for k, _, st, r in await rig.effects(job_id)] == [
+        ("fits", "succeeded", MAX_RECEIPT_CHARS),
+        ("whole-body", "unknown", 0),
+    ]
+    outcomes = [
+        (r["effect_key"], r["outcome"], len(r.get("receipt") or ""), r.get("detail"))
+        for r in scan_journal(rig.journal_path()).records
+        if r["type"] == "effect_outcome"
+    ]
+    assert outcomes == [
+        ("fits", "succeeded", MAX_RECEIPT_CHARS, None),
+        ("whole-body", "unknown", 0, "raised ReceiptInvalid"),
+    ]
+    assert worker.journal.broken is None
 
 
 async def _forever() -> object:
