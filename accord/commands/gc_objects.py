@@ -4,9 +4,11 @@ An object is kept while a ``jobs.results`` row names it, and while it is younger
 retention whatever the rows say: a worker puts its result object *before* the fenced publish
 that references it commits. That publish first restarts the object's clock (and fails if
 the object is gone), so the retention must exceed a publish, not the handler's whole run
-since its put. A retention shorter than a job's lease (``ACCORD_JOB_LEASE_S``) is refused:
-it could take the object of a publish in flight. Re-putting existing content restarts an
-object's clock too.
+since its put. A retention shorter than a job's lease is refused: it could take the object
+of a publish in flight. The lease is the longest of ``ACCORD_JOB_LEASE_S`` and every lease
+the application (``--app`` or ``ACCORD_APP``, when given) declares for its jobs; a worker
+started with a longer ``--lease-s`` of its own needs a retention at least that long.
+Re-putting existing content restarts an object's clock too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import anyio
 
 from accord import runtime
+from accord.commands.common import optional_app
 from accord.errors import SettingsInvalid
 from accord.jobs.runner.objects import LocalDirStore, collect_garbage
 from accord.schemas import migrate
@@ -55,12 +58,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     """Raises SettingsInvalid (exit 2, nothing read or removed) for a retention shorter than
-    a job's lease."""
-    if args.retention_s < settings.job_lease_s:
+    a job's lease (the settings' or one the application declares)."""
+    app = optional_app(args, settings)
+    leases = {"ACCORD_JOB_LEASE_S": settings.job_lease_s}
+    if app is not None:
+        jobs = app.jobs.values()
+        leases |= {
+            f"the {j.workflow} job's lease_s": j.lease_s for j in jobs if j.lease_s is not None
+        }
+    named, longest = max(leases.items(), key=lambda item: item[1])
+    if args.retention_s < longest:
         raise SettingsInvalid(
             f"--retention-s {args.retention_s:g} is shorter than a job's lease"
-            f" (ACCORD_JOB_LEASE_S={settings.job_lease_s:g}): it could remove the result object"
-            " of a job whose publish has not committed yet"
+            f" ({named}={longest:g}): it could remove the result object of a job whose"
+            " publish has not committed yet; pass --retention-s of at least the longest lease"
         )
     root = Path(args.dir or settings.object_dir)
     return int(runtime.run(_main, settings.pg_dsn, root, float(args.retention_s)))

@@ -16,12 +16,15 @@ from accord.jobs.runner.objects import LocalDirStore
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "ACCORD_APP": "accord.demo:app",
         "ACCORD_PG_DSN": dsn,
         "PYTHONPATH": str(ROOT),
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "accord", "gc-objects", *args],
@@ -94,6 +97,40 @@ async def test_gc_objects_refuses_a_retention_shorter_than_a_job_s_lease(
         assert store.exists(key)  # nothing removed
     done = run_cli(pg_dsn, "--dir", str(store.root), "--retention-s", "60")  # control
     assert done.returncode == 0 and not store.exists(key), done.stderr
+
+
+LONG_LEASE_APP = """
+from pydantic import BaseModel
+from accord import App, Catalog, EventType
+
+class Placed(BaseModel):
+    order_id: str
+
+app = App("long_lease", catalog=Catalog([EventType("order.placed", 1, Placed)]))
+
+@app.job("orders", owner="w", lease_s=600)
+async def orders(ctx):
+    return None
+"""
+
+
+async def test_gc_objects_refuses_a_retention_shorter_than_the_application_s_longest_lease(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """An application whose job declares a lease of 600 s: a retention of 60 s (ACCORD_JOB_LEASE_S,
+    which alone let it pass before) could take the object of that job's publish in flight."""
+    (tmp_path / "long_lease.py").write_text(LONG_LEASE_APP)
+    store = LocalDirStore(tmp_path / "objects")
+    key = store.put(b"the result of a long job's publish still in flight")
+    make_old(store, key)
+    app = ("--app", "long_lease:app")
+    path = {"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    refused = run_cli(pg_dsn, *app, "--dir", str(store.root), "--retention-s", "60", env=path)
+    assert refused.returncode == 2, refused.stdout
+    assert "shorter than a job's lease (the orders job's lease_s=600)" in refused.stderr
+    assert store.exists(key)
+    done = run_cli(pg_dsn, *app, "--dir", str(store.root), "--retention-s", "600", env=path)
+    assert done.returncode == 0 and not store.exists(key), done.stderr  # control
 
 
 async def test_gc_objects_refuses_a_schema_behind_the_code(
