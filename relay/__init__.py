@@ -3,6 +3,7 @@
 from accord.relay.errors import (
     ConnectionLost,
     DuplicateEvent,
+    ExchangeMissing,
     JoinedStatementInvalid,
     MessageTooLarge,
     Nacked,
@@ -31,6 +32,7 @@ __all__ = [
     "AmqpPublisher",
     "ConnectionLost",
     "DuplicateEvent",
+    "ExchangeMissing",
     "Joined",
     "JoinedStatementInvalid",
     "MessageTooLarge",

@@ -9,6 +9,7 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
     AccordError (schemas.errors)
     └── RelayError                   the relay failed
         ├── DuplicateEvent           the (tenant, event id) is already in the outbox
+        ├── ExchangeMissing          the events exchange is not on the broker (the relay waits)
         ├── JoinedStatementInvalid   enqueue_joined's domain statement has no RETURNING
         ├── ReleaseRefused           a held-row release named a row that is not held (or no
         │                            principal): nothing was changed
@@ -30,6 +31,15 @@ class RelayError(AccordError):
     """The relay failed."""
 
     reason = "relay"
+
+
+class ExchangeMissing(RelayError):
+    """The events exchange does not exist on the broker: declare the application's topology
+    (ACCORD_TOPOLOGY_DECLARE=true lets the relay declare it at each connection, else
+    deploy/rabbitmq/definitions.json). A running relay whose exchange was deleted publishes
+    nothing and waits for it, its rows kept; /readyz names the exchange meanwhile."""
+
+    reason = "exchange_missing"
 
 
 class BrokerBlocked(RelayError):

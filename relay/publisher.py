@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Protocol
 
@@ -21,6 +21,7 @@ import anyio
 
 from accord.relay.errors import (
     ConnectionLost,
+    ExchangeMissing,
     MessageTooLarge,
     Nacked,
     PublishRefused,
@@ -28,7 +29,7 @@ from accord.relay.errors import (
     Unroutable,
 )
 from accord.schemas import broker
-from accord.schemas.errors import ConfigError, ServiceUnavailable
+from accord.schemas.errors import ServiceUnavailable
 from accord.schemas.wire import WireMessage
 
 # RabbitMQ closes the channel with 406 and this text for a message over max_message_size.
@@ -137,15 +138,21 @@ def _precondition(exc: aiormq.exceptions.ChannelPreconditionFailed, size: int) -
     return ConnectionLost(detail=f"precondition failed: {exc}")
 
 
+#: What a publisher session runs on its channel before it checks the exchange (the
+#: application's topology declaration, when the relay declares it).
+Declare = Callable[[aio_pika.abc.AbstractChannel], Awaitable[object]]
+
+
 @asynccontextmanager
 async def amqp_publisher(
-    url: str, exchange: str, *, connect_timeout: float = 10.0
+    url: str, exchange: str, *, connect_timeout: float = 10.0, declare: Declare | None = None
 ) -> AsyncIterator[AmqpPublisher]:
-    """Connect, open a confirm channel and check that ``exchange`` exists; close on exit.
+    """Connect, open a confirm channel, run ``declare`` on it (if given) and check that
+    ``exchange`` exists; close on exit.
 
-    ServiceUnavailable when the broker does not answer; ConfigError when the exchange is
+    ServiceUnavailable when the broker does not answer; ExchangeMissing when the exchange is
     missing (declare the topology first); a ServiceRefused when the broker refuses the login
-    or the vhost (accord.schemas.broker).
+    or the vhost (accord.schemas.broker); what ``declare`` raises.
     """
     try:
         connection = await broker.connect(url, timeout=connect_timeout)
@@ -153,10 +160,12 @@ async def amqp_publisher(
         raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        if declare is not None:
+            await declare(channel)
         try:
             events = await channel.get_exchange(exchange, ensure=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise ConfigError("the events exchange does not exist", exchange=exchange) from exc
+            raise ExchangeMissing(exchange=exchange) from exc
         yield AmqpPublisher(channel, events, connection)
     finally:
         await _close_quietly(connection)

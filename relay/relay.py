@@ -26,7 +26,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
 from accord.relay import outbox, sql
-from accord.relay.errors import MessageTooLarge, PublishFailed, PublishRefused, Unroutable
+from accord.relay.errors import (
+    ExchangeMissing,
+    MessageTooLarge,
+    PublishFailed,
+    PublishRefused,
+    Unroutable,
+)
 from accord.relay.outbox import OutboxRow, OutboxState, Settlement
 from accord.relay.publisher import Publisher, amqp_publisher
 from accord.schemas import telemetry
@@ -229,6 +235,11 @@ class Relay:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
             except DB_RETRY_LATER as exc:
+                await self._sleep(self._lost(exc, reconnect))
+            except ExchangeMissing as exc:
+                # Deleted under the running relay (a start without it is refused): its rows
+                # wait, /readyz names the exchange, and a later session finds it declared.
+                log.error("relay: %s", exc)
                 await self._sleep(self._lost(exc, reconnect))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side

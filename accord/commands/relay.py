@@ -26,6 +26,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+import aio_pika
 import aiormq
 import anyio
 
@@ -36,6 +37,7 @@ from accord.commands.repair import repair_connection
 from accord.ops import checks
 from accord.ops.health import Check
 from accord.relay import Relay, RelayConfig, outbox
+from accord.relay.publisher import Declare, amqp_publisher
 from accord.schemas import broker, migrate, topology
 from accord.schemas.db import connect
 from accord.schemas.errors import ConfigError, ConnectionLost, ServiceUnavailable
@@ -232,10 +234,28 @@ async def _prepare(settings: Settings, app: App) -> None:
             await amqp.close()
 
 
+def _declarer(names: topology.Topology) -> Declare:
+    """Each publisher session declares the topology as the start did (idempotent): one that
+    was deleted under the running relay (the exchange, its bindings) is back at the next
+    session, not after a restart. A declaration the broker refuses is the start's error."""
+
+    async def declare(channel: aio_pika.abc.AbstractChannel) -> None:
+        try:
+            await topology.declare(channel, names)
+        except topology.MISMATCH as exc:
+            raise topology.mismatch(exc, exchange=names.exchange) from None
+
+    return declare
+
+
 async def _main(settings: Settings, app: App, relays: list[Relay] | None = None) -> int:
     config = relay_config(settings, app)
     await _prepare(settings, app)
-    relay = Relay(config)
+    declare = _declarer(app.topology(prefix(app, settings))) if settings.topology_declare else None
+    relay = Relay(
+        config,
+        publisher=lambda: amqp_publisher(config.amqp_url, config.exchange, declare=declare),
+    )
     if relays is not None:
         relays.append(relay)
     async with anyio.create_task_group() as tg:

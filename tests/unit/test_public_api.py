@@ -34,6 +34,7 @@ EXPECTED: dict[str, set[str]] = {
         "AmqpPublisher",
         "ConnectionLost",
         "DuplicateEvent",
+        "ExchangeMissing",
         "MessageTooLarge",
         "Nacked",
         "OutboxRow",
