@@ -10,7 +10,7 @@
         │   ├── EffectsDisabled       the workflow class is not registered with effects enabled
         │   ├── EffectUndeclared      the key is not among the job class's declared effect keys
         │   ├── EffectIntentInvalid   the intent is not canonical JSON (cannot be digested)
-        │   ├── ReceiptInvalid        a Success's receipt is not a string of a bounded length
+        │   ├── ReceiptInvalid        a call's Success receipt cannot be kept (too long, not text)
         │   ├── IdempotencyKeyMismatch the call's idempotency key is not the one reconcile asks
         │   ├── EffectAlreadyBegun    the key's latest record is not failed_before_dispatch
         │   ├── EffectConflict        the key was begun with another intent digest
@@ -129,11 +129,11 @@ class EffectIntentInvalid(EffectError):
 
 
 class ReceiptInvalid(EffectError):
-    """A ``Success``'s receipt is not a string of at most ``limit`` characters. The receipt
-    is the provider's proof for one request (a charge id, a message id): the database records
-    it and the journal keeps it, in a record of bounded size. Return that id, not the
-    provider's response body. Raised by ``Success(...)``: from inside an effect call the
-    outcome is recorded unknown (the request left; its proof cannot be kept)."""
+    """An effect call's ``Success`` receipt is not one the database and the journal can keep:
+    a string of at most ``limit`` characters, with no NUL and no lone surrogate. The receipt
+    is the provider's proof for one request (a charge id, a message id): return that id, not
+    the provider's response body. The request left, and its proof cannot be kept: the
+    outcome is recorded unknown, and the handler gets EffectUnknown caused by this."""
 
     reason = "receipt_invalid"
 

@@ -24,7 +24,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
-from accord.jobs.errors import EffectUndeclared, FenceLost, IdempotencyKeyMismatch, ResultMismatch
+from accord.jobs.errors import (
+    EffectUndeclared,
+    FenceLost,
+    IdempotencyKeyMismatch,
+    ReceiptInvalid,
+    ResultMismatch,
+)
 from accord.jobs.models import EffectState, Lease
 from accord.jobs.runner import effects
 from accord.jobs.runner.effects import (
@@ -32,6 +38,7 @@ from accord.jobs.runner.effects import (
     FailedBeforeDispatch,
     Outcome,
     Success,
+    check_receipt,
     classify_error,
     classify_result,
     intent_digest,
@@ -223,14 +230,19 @@ class JobContext:
     async def _reuse(self, ref: EffectRef, receipt: str | None) -> Success:
         """An earlier attempt's recorded success: journal that it was reused, dispatch nothing."""
         self.trail.reused.append(ref)
+        journaled, detail = receipt, "recorded outcome reused"
+        try:
+            check_receipt(receipt)
+        except ReceiptInvalid:  # a repair's, or an older version's: the database keeps it
+            journaled, detail = None, "recorded outcome reused (its receipt in the database)"
         await self._trace(
             EffectOutcome(
                 **_claim_fields(self._lease),
                 effect_key=ref.effect_key,
                 seq=ref.seq,
                 outcome=EffectState.SUCCEEDED,
-                receipt=receipt,
-                detail="recorded outcome reused",
+                receipt=journaled,
+                detail=detail,
                 reused=True,
             )
         )
@@ -247,6 +259,8 @@ class JobContext:
     async def _dispatch(self, ref: EffectRef, call: EffectCall) -> Success:
         try:
             result = await call()
+            if isinstance(result, Success):  # a receipt it cannot keep: the proof is lost
+                check_receipt(result.receipt)
         except anyio.get_cancelled_exc_class() as exc:
             await self._record(ref, classify_error(exc))
             raise

@@ -44,20 +44,32 @@ MAX_DETAIL_CHARS = 1000
 @dataclass(frozen=True, slots=True)
 class Success:
     """The call's explicit success, with the external receipt (the provider's proof): a
-    string of at most MAX_RECEIPT_CHARS, or None (ReceiptInvalid otherwise)."""
+    string of at most MAX_RECEIPT_CHARS that the database and the journal can hold, or None
+    (``check_receipt``: a call returning any other is recorded unknown)."""
 
     receipt: str | None = None
 
-    def __post_init__(self) -> None:
-        receipt = self.receipt
-        if receipt is not None and (
-            not isinstance(receipt, str) or len(receipt) > MAX_RECEIPT_CHARS
-        ):
-            raise ReceiptInvalid(
-                type=type(receipt).__name__,
-                length=len(receipt) if isinstance(receipt, str) else None,
-                limit=MAX_RECEIPT_CHARS,
-            )
+
+def check_receipt(receipt: object) -> None:
+    """ReceiptInvalid unless ``receipt`` is None or a string the database and the journal
+    can keep: at most MAX_RECEIPT_CHARS, no NUL (PostgreSQL's text refuses it), valid
+    Unicode (no lone surrogate)."""
+    if receipt is None:
+        return
+    if not isinstance(receipt, str):
+        raise ReceiptInvalid(type=type(receipt).__name__, limit=MAX_RECEIPT_CHARS)
+    if len(receipt) > MAX_RECEIPT_CHARS:
+        raise ReceiptInvalid(type="str", length=len(receipt), limit=MAX_RECEIPT_CHARS)
+    if "\x00" in receipt or (not receipt.isascii() and not _encodes(receipt)):
+        raise ReceiptInvalid(type="str", detail="a NUL or a lone surrogate")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class EffectOutcomeError(AccordError):

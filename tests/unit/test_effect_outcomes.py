@@ -20,6 +20,7 @@ from accord.jobs.runner.effects import (
     MAX_RECEIPT_CHARS,
     FailedBeforeDispatch,
     Success,
+    check_receipt,
     classify_error,
     classify_result,
     idempotency_key,
@@ -56,11 +57,12 @@ def test_only_explicit_outcomes_stay_themselves() -> None:
 
 
 def test_a_receipt_is_a_bounded_string_and_a_detail_is_cut() -> None:
-    assert Success().receipt is None and Success("r" * MAX_RECEIPT_CHARS).receipt is not None
-    for bad in (123, b"bytes", "r" * (MAX_RECEIPT_CHARS + 1)):
-        with pytest.raises(ReceiptInvalid) as refused:
-            Success(bad)  # type: ignore[arg-type]
-        assert refused.value.fields["limit"] == MAX_RECEIPT_CHARS
+    for fine in (None, "", "r" * MAX_RECEIPT_CHARS, "reçu-✓"):
+        check_receipt(fine)
+    # not a string, too long, a NUL (PostgreSQL's text refuses it), a lone surrogate
+    for bad in (123, b"bytes", "r" * (MAX_RECEIPT_CHARS + 1), "a\x00b", "a\ud800b"):
+        with pytest.raises(ReceiptInvalid):
+            check_receipt(bad)
     # a FailedBeforeDispatch's reason is descriptive: kept to its first MAX_DETAIL_CHARS
     long = FailedBeforeDispatch(reason="x" * (MAX_DETAIL_CHARS * 3))
     assert classify_error(long).detail == "x" * MAX_DETAIL_CHARS

@@ -16,7 +16,7 @@ import pytest
 from accord.demo import DEFAULT_OWNER, EFFECT_KEY, WORKFLOW, report, report_handler
 from accord.demo.provider import Fault, ProviderAmbiguous, ProviderRefused
 from accord.jobs import EffectAlreadyBegun, EffectState, JobState, ReceiptInvalid
-from accord.jobs.repair import audit
+from accord.jobs.repair import audit, resolve_effect, resume
 from accord.jobs.runner import (
     EffectRef,
     EffectUnknown,
@@ -245,8 +245,8 @@ async def test_only_explicit_outcomes_stay_themselves(rig: Rig) -> None:
 async def test_a_receipt_too_long_to_keep_is_a_typed_unknown_and_the_journal_stays_whole(
     rig: Rig,
 ) -> None:
-    """A call that returns the provider's whole response as its receipt: ``Success`` refuses
-    it (ReceiptInvalid, naming the limit), the outcome is recorded unknown (the request
+    """A call that returns the provider's whole response as its receipt: the runner refuses
+    it (check_receipt: ReceiptInvalid, naming the limit), the outcome is recorded unknown (the request
     left; its proof cannot be kept) and the journal takes the outcome record. Before, the
     database recorded the success and the journal refused the record (over its 1 MiB
     frame): the handler got a JournalRecordInvalid, the journal no trace of what the call
@@ -286,6 +286,47 @@ async def test_a_receipt_too_long_to_keep_is_a_typed_unknown_and_the_journal_sta
         ("fits", "succeeded", MAX_RECEIPT_CHARS, None),
         ("whole-body", "unknown", 0, "raised ReceiptInvalid"),
     ]
+    assert worker.journal.broken is None
+
+
+async def test_a_resumed_job_reuses_a_receipt_too_long_for_the_journal(rig: Rig) -> None:
+    """A repair (or an older version) recorded a receipt longer than a Success takes: the
+    resumed job still reuses it whole (the database holds it) and publishes; its journal
+    record of the reuse leaves the receipt to the database and stays within its frame."""
+    await rig.store.register_workflow("big", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-big", "big")
+    receipts: list[int] = []
+
+    async def lost() -> Success:
+        raise ConnectionResetError("the reply was lost")
+
+    async def big(ctx: JobContext) -> None:
+        done = await ctx.effect("pay", {}, lost)
+        receipts.append(len(done.receipt or ""))
+        await ctx.publish()
+
+    worker = rig.worker({"big": (big, 30.0)})
+    async with running(worker):
+        await wait_for(_in_state(rig, job_id, JobState.UNKNOWN))
+        long = "r" * (2 << 20)  # over the journal's 1 MiB frame
+        async with rig.pool.acquire() as conn, conn.transaction():
+            await resolve_effect(
+                conn, job_id, "pay", EffectState.SUCCEEDED, who="ops", evidence="dashboard",
+                receipt=long,
+            )  # fmt: skip
+        async with rig.pool.acquire() as conn, conn.transaction():
+            await resume(conn, job_id, who="ops", evidence="resolved")
+        await wait_for(_in_state(rig, job_id, JobState.SUCCEEDED))
+    assert receipts == [2 << 20]
+    [reused] = [
+        r
+        for r in scan_journal(rig.journal_path()).records
+        if r["type"] == "effect_outcome" and r.get("reused")
+    ]
+    assert (reused["receipt"], reused["detail"]) == (
+        None,
+        "recorded outcome reused (its receipt in the database)",
+    )
     assert worker.journal.broken is None
 
 
