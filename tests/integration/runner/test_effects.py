@@ -246,11 +246,12 @@ async def test_a_receipt_too_long_to_keep_is_a_typed_unknown_and_the_journal_sta
     rig: Rig,
 ) -> None:
     """A call that returns the provider's whole response as its receipt: the runner refuses
-    it (check_receipt: ReceiptInvalid, naming the limit), the outcome is recorded unknown (the request
-    left; its proof cannot be kept) and the journal takes the outcome record. Before, the
-    database recorded the success and the journal refused the record (over its 1 MiB
-    frame): the handler got a JournalRecordInvalid, the journal no trace of what the call
-    returned. Control: a receipt of the limit's length is recorded and journaled whole."""
+    it (check_receipt: ReceiptInvalid, naming the limit), the outcome is recorded unknown
+    (the request left; its proof cannot be kept) and the journal takes the outcome record.
+    Before, the database recorded the success and the journal refused the record (over its
+    1 MiB frame): the handler got a JournalRecordInvalid, the journal no trace of what the
+    call returned. Control: a receipt of the limit's length is recorded and journaled
+    whole."""
     await rig.store.register_workflow("big", DEFAULT_OWNER, effects_enabled=True)
     job_id = await rig.submit_job("op-big", "big")
     seen: list[BaseException] = []
