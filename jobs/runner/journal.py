@@ -17,7 +17,8 @@ last group (torn: repaired) from damage before a later group (corrupt: refused).
 Rotation. The live segment is sealed when it passes its size bound (or its age bound, with
 something written since) and at a worker's start. The next segment begins with the effect
 records carried forward: every begin in the live segment (carried into it or written since)
-whose ref the caller does not name as recorded in the database, with its latest outcome. It is
+that the caller does not name as recorded in the database (a begin is its ref and its
+attempt: ``Begun``), with its latest outcome. It is
 written whole, fsynced, locked, renamed over the live one and the directory fsynced before
 anything is appended to it (jobs.framing ``Journal.rotate``); that rename removes the sealed
 segment. A crash at any moment leaves the old segment or the new one, each complete. A start

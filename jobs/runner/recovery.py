@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from accord.jobs.errors import JournalUnavailable
+from accord.jobs.errors import JournalRecordInvalid, JournalUnavailable
 from accord.jobs.framing import Journal, Tail, make_dirs
 from accord.jobs.runner import sql
 from accord.jobs.runner.journal import (
@@ -132,14 +132,18 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     records = journal.scan.records
     asked: set[Begun] = set()  # each begin, by its ref and its attempt
     for record in records:
-        # A malformed effect record is not indexed: unrecorded_effects refuses it below.
         kind, begun = effect_of(record)
         if kind == RecordType.EFFECT_BEGIN.value and begun is not None:
             asked.add(begun)
+        elif begun is None and record.get("type") in _EFFECT_TYPES:
+            # Not indexed, so never carried: refuse the start rather than report it once.
+            raise JournalRecordInvalid(
+                type=record.get("type"), detail="job_id, effect_key or seq is not int, str, int"
+            )
     recorded = await settled_effects(conn, asked)
     # Only the records of effects the database has not recorded are parsed (the cost grows
-    # with unresolved work, not with the segment): a record of a recorded ref cannot be in
-    # the answer, and one whose ref fields are missing or malformed is still refused.
+    # with unresolved work, not with the segment): a record of a recorded begin cannot be in
+    # the answer, and one whose other fields are missing or malformed is still refused.
     candidates = [r for r in records if _unrecorded_candidate(r, recorded)]
     found = unrecorded_effects(candidates, recorded)
     for entry in found:
@@ -198,9 +202,8 @@ def _log_rotation(journal: RunnerJournal, rotation: Rotation | None, why: str) -
 
 
 def _unrecorded_candidate(record: dict[str, Any], recorded: set[Begun]) -> bool:
-    """Whether ``record`` is an effect record whose begin the database did not record (or
-    one too malformed to tell: unrecorded_effects refuses it)."""
+    """Whether ``record`` is an effect record whose begin the database did not record."""
     if record.get("type") not in _EFFECT_TYPES:
         return False
     _, begun = effect_of(record)
-    return begun is None or begun not in recorded
+    return begun not in recorded
