@@ -239,8 +239,7 @@ class Relay:
             except ExchangeMissing as exc:
                 # Deleted under the running relay (a start without it is refused): its rows
                 # wait, /readyz names the exchange, and a later session finds it declared.
-                log.error("relay: %s", exc)
-                await self._sleep(self._lost(exc, reconnect))
+                await self._sleep(self._lost(str(exc), reconnect))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
                     await self._sleep(self._lost("broker channel closed", reconnect))

@@ -36,7 +36,7 @@ from accord.commands.common import check_retention, optional_app, prefix, requir
 from accord.commands.repair import repair_connection
 from accord.ops import checks
 from accord.ops.health import Check
-from accord.relay import Relay, RelayConfig, outbox
+from accord.relay import ExchangeMissing, Relay, RelayConfig, outbox
 from accord.relay.publisher import Declare, amqp_publisher
 from accord.schemas import broker, migrate, topology
 from accord.schemas.db import connect
@@ -237,13 +237,21 @@ async def _prepare(settings: Settings, app: App) -> None:
 def _declarer(names: topology.Topology) -> Declare:
     """Each publisher session declares the topology as the start did (idempotent): one that
     was deleted under the running relay (the exchange, its bindings) is back at the next
-    session, not after a restart. A declaration the broker refuses is the start's error."""
+    session, not after a restart. An exchange deleted during the declaration is waited for
+    (ExchangeMissing), a broker lost or silent during it retried (ServiceUnavailable); a
+    declaration the broker refuses is the start's error, and ends the relay as it would."""
 
     async def declare(channel: aio_pika.abc.AbstractChannel) -> None:
         try:
-            await topology.declare(channel, names)
+            with anyio.fail_after(START_TIMEOUT_S):
+                await topology.declare(channel, names)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:  # one of MISMATCH: first
+            raise ExchangeMissing(exchange=names.exchange, detail=str(exc)[:200]) from None
         except topology.MISMATCH as exc:
             raise topology.mismatch(exc, exchange=names.exchange) from None
+        except (TimeoutError, aiormq.exceptions.AMQPConnectionError, *_BROKER_LOST) as exc:
+            detail = f"the topology's declaration: {type(exc).__name__}"
+            raise ServiceUnavailable(service="rabbitmq", detail=detail) from exc
 
     return declare
 

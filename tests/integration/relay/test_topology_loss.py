@@ -114,4 +114,50 @@ async def test_a_relay_whose_exchange_is_deleted_waits_and_resumes(
     said = log.read_text()
     assert code == 0, said[-2000:]
     if not declares:  # one actionable line per try while it waits
-        assert "relay: The events exchange does not exist on the broker" in said
+        assert "lost a service; retrying in" in said
+        assert "The events exchange does not exist on the broker" in said
+
+
+@pytest.mark.timeout(120)
+async def test_a_topology_the_broker_holds_otherwise_at_a_later_session_ends_the_relay(
+    pg_dsn: str, pg: asyncpg.Connection, amqp_url: str, broker_names: BrokerNames, tmp_path: Path
+) -> None:
+    """A permanent refusal is not waited for: the exchange deleted and a queue declared again
+    with other arguments (classic, not quorum) between two sessions, the next session's
+    declaration is refused as the start's is (one line, exit 2), never retried for ever."""
+    names = demo_topology(broker_names.prefix)
+    exchanges, queues = names.names()
+    broker_names.exchanges.extend(exchanges)
+    broker_names.queues.extend(queues)
+    env = {
+        **os.environ,
+        "ACCORD_APP": "accord.demo:app",
+        "ACCORD_PG_DSN": pg_dsn,
+        "ACCORD_AMQP_URL": amqp_url,
+        "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix,
+        "ACCORD_RELAY_POLL_S": "0.1",
+    }
+    log = tmp_path / "relay.log"
+    amqp = await aio_pika.connect(amqp_url)
+    try:
+        with log.open("wb") as out:
+            process = await anyio.open_process(
+                [sys.executable, "-m", "accord", "relay"], env=env, stdout=out, stderr=out
+            )
+        await _published(pg, await _submit(pg, 1))  # control: the first session publishes
+        channel = await amqp.channel()
+        queue = f"{broker_names.prefix}.wf.report"
+        await channel.queue_delete(queue)
+        await channel.declare_queue(queue, durable=True)  # classic: the code declares quorum
+        await channel.exchange_delete(names.exchange)
+        await _submit(pg, 2)  # its publish fails: the next session declares, and is refused
+        with anyio.fail_after(60):
+            code = await process.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        await amqp.close()
+    said = log.read_text()
+    assert code == 2, said[-2000:]
+    assert "the broker's topology differs from the code's" in said
+    assert "Traceback" not in said
