@@ -47,7 +47,7 @@ from accord.errors import AppInvalid, AppNotFound
 from accord.jobs import JobConflict, Submitted, store
 from accord.jobs.runner import JobContext, Registered
 from accord.jobs.runner.context import declares
-from accord.jobs.store import MAX_LEASE_S, valid_lease
+from accord.jobs.store import valid_lease
 from accord.ops.errors import UnknownProjection
 from accord.ops.projections import Projection
 from accord.relay import Joined, Prepared, enqueue, enqueue_joined, prepare
@@ -61,6 +61,7 @@ from accord.schemas.events import (
     split_versioned_type,
     valid_tenant,
 )
+from accord.schemas.settings import MAX_LEASE_S
 from accord.schemas.topology import DEFAULT_DELIVERY_LIMIT, Topology, WorkflowQueue
 
 JobHandler = Callable[[JobContext], Awaitable[None]]

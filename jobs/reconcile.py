@@ -34,6 +34,8 @@ from accord.jobs import repair, repair_sql
 from accord.jobs.errors import LookupUnavailable, RepairRefused
 from accord.jobs.models import EffectState, JobState
 from accord.schemas.db import Tx
+from accord.schemas.errors import ConfigError
+from accord.schemas.settings import MAX_DURATION_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,16 @@ async def reconcile(
     ``unknown`` with every outcome known), leaves the rest, then escalates unresolved effects
     older than ``escalate_after_s``. Never resolves anything by age. Each effect is asked of
     ``lookup_for(effect)`` only: the lookup of the provider owning its key."""
+    if not (0 <= settle_s <= MAX_DURATION_S and 0 <= escalate_after_s <= MAX_DURATION_S):
+        # A NaN or a negative settle would trust a provider's "never seen" at once: a request
+        # still in flight would be resolved failed_before_dispatch, and sent again.
+        raise ConfigError(
+            "reconcile's durations are seconds in [0, MAX_DURATION_S]",
+            settle_s=settle_s,
+            escalate_after_s=escalate_after_s,
+        )
+    if not limit >= 1:
+        raise ConfigError("reconcile's limit must be at least 1", limit=limit)
     resolved: list[repair.EffectResolved] = []
     resumed: list[repair.Repaired] = []
     left: list[tuple[UnresolvedEffect, Left]] = []
@@ -176,7 +188,7 @@ async def reconcile(
         except LookupUnavailable:
             left.append((effect, Left.LOOKUP_UNAVAILABLE))
             continue
-        if answer.receipt is None and effect.age_s < settle_s:
+        if answer.receipt is None and not effect.age_s >= settle_s:  # NaN: settling
             left.append((effect, Left.SETTLING))
             continue
         done, resumed_job = await _resolve(conn, effect, answer, who)

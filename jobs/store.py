@@ -48,11 +48,11 @@ from accord.jobs.publish import BatchPublished, Result
 from accord.schemas import telemetry
 from accord.schemas.db import Tx, require_transaction
 from accord.schemas.errors import ConfigError
+from accord.schemas.settings import MAX_LEASE_S
 
 #: A publish callback: database-only work in the publish transaction (no external I/O).
 Callback = Callable[[Tx], Awaitable[None]]
 
-MAX_LEASE_S = 86_400.0
 #: How long a keeping store keeps an unused connection before the pool gets it back.
 KEPT_IDLE_S = 60.0
 

@@ -197,7 +197,8 @@ def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
         raise InvalidDsn(detail=str(exc)) from None
     except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError) as exc:
         raise DatabaseLoginRefused(
-            f"PostgreSQL refused the login ({exc}): create the user or fix ACCORD_PG_DSN",
+            f"PostgreSQL refused the login ({exc}): create the user, or fix the DSN that names"
+            " it (ACCORD_PG_DSN; ACCORD_REPAIR_PG_DSN or ACCORD_LEDGER_PG_DSN where set)",
             **where(dsn),
             **extra,
         ) from None

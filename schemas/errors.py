@@ -142,6 +142,14 @@ class MigrationTampered(MigrationError):
     reason = "migration_tampered"
 
 
+class MigrationFailed(MigrationError):
+    """A migration's SQL failed, and nothing of it was applied (its transaction rolled back):
+    fix the file ``applying`` names (PostgreSQL's words and SQLSTATE are in ``detail`` and
+    ``sqlstate``), then migrate again."""
+
+    reason = "migration_failed"
+
+
 class MigrationRefused(ServiceRefused):
     """PostgreSQL refused the migrating user a privilege a migration needs (creating the
     database, a schema, the process roles, grants): migrate as a user that has it (a

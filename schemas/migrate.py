@@ -26,9 +26,10 @@ from pathlib import Path
 import asyncpg
 
 from accord.schemas import sql
-from accord.schemas.db import connect
+from accord.schemas.db import DB_RETRY_LATER, connect
 from accord.schemas.errors import (
     MigrationError,
+    MigrationFailed,
     MigrationRefused,
     MigrationTampered,
     SchemaAhead,
@@ -265,8 +266,9 @@ async def migrate(
 
 @contextmanager
 def _refused(what: str) -> Iterator[None]:
-    """A privilege PostgreSQL refused the migrating user: MigrationRefused naming ``what``
-    (its transaction rolls back: nothing of it applied)."""
+    """A privilege PostgreSQL refused the migrating user: MigrationRefused naming ``what``;
+    any other error of its SQL (but a lost or busy server): MigrationFailed naming it. Its
+    transaction rolls back either way: nothing of it applied."""
     try:
         yield
     except asyncpg.InsufficientPrivilegeError as exc:
@@ -275,6 +277,10 @@ def _refused(what: str) -> Iterator[None]:
             " or as the database's owner with CREATEROLE",
             applying=what,
         ) from None
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, DB_RETRY_LATER):
+            raise
+        raise MigrationFailed(applying=what, sqlstate=exc.sqlstate, detail=str(exc)[:300]) from None
 
 
 async def require_current_at(dsn: str, app_chains: Sequence[Chain] = ()) -> None:

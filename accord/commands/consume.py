@@ -13,6 +13,7 @@ import anyio
 
 from accord import runtime
 from accord.app import App
+from accord.commands import args
 from accord.commands.common import check_retention, prefix, require_app, served_tenants
 from accord.consumers import ConsumerRuntime, RuntimeConfig
 from accord.ops import checks
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--workflow", required=True, help="the application's consumer class")
     parser.add_argument(
         "--tenant",
+        type=args.text,
         action="append",
         default=None,
         help="a tenant this consumer serves (repeatable; '*' for every tenant); "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from accord import runtime
 from accord.app import load_app
+from accord.commands import args
 from accord.commands.common import app_spec
 from accord.demo.run import DemoOptions, run_demo
 from accord.errors import AppInvalid
@@ -16,13 +17,17 @@ from accord.schemas.settings import Settings
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("demo", help="run the end-to-end demo workflow", description=__doc__)
-    parser.add_argument("--n", type=int, default=24, help="submissions (%(default)s)")
+    parser.add_argument(
+        "--n", type=args.count(maximum=100_000), default=24, help="submissions (%(default)s)"
+    )
     parser.add_argument(
         "--faults",
         action="store_true",
         help="also SIGKILL the relay and a worker mid-run and lose some provider replies",
     )
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="give up after this")
+    parser.add_argument(
+        "--timeout-s", type=args.seconds(positive=True), default=120.0, help="give up after this"
+    )
     parser.add_argument("--workdir", default="var/demo", help="logs, journals, objects")
     parser.set_defaults(handler=handle)
 

@@ -14,12 +14,12 @@ Re-putting existing content restarts an object's clock too.
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import anyio
 
 from accord import runtime
+from accord.commands import args
 from accord.commands.common import optional_app
 from accord.errors import SettingsInvalid
 from accord.jobs.runner.objects import LocalDirStore, collect_garbage
@@ -33,20 +33,13 @@ DEFAULT_RETENTION_S = 24 * 3600.0
 REFERENCED_KEYS = "SELECT object_key FROM jobs.results"
 
 
-def _retention(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):  # a NaN passes every comparison's guard
-        raise argparse.ArgumentTypeError("retention must be a finite number of seconds, >= 0")
-    return value
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "gc-objects", help="remove unreferenced result objects", description=__doc__
     )
     parser.add_argument(
         "--retention-s",
-        type=_retention,
+        type=args.seconds(),
         default=DEFAULT_RETENTION_S,
         help="keep every object put within this many seconds (default: %(default)s)",
     )
@@ -74,6 +67,11 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
             " publish has not committed yet; pass --retention-s of at least the longest lease"
         )
     root = Path(args.dir or settings.object_dir)
+    if not root.is_dir():  # a typo would otherwise collect nothing and say so with exit 0
+        raise SettingsInvalid(
+            f"{root} is not a directory: pass the object store's directory (--dir, or"
+            " ACCORD_OBJECT_DIR, the workers' own)"
+        )
     return int(runtime.run(_main, settings.pg_dsn, root, float(args.retention_s)))
 
 

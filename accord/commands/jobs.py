@@ -25,6 +25,7 @@ from typing import Any
 
 from accord import runtime
 from accord.app import App
+from accord.commands import args
 from accord.commands.common import optional_app
 from accord.commands.reconcile import effect_idempotency_key
 from accord.jobs import reconcile, views
@@ -70,10 +71,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing.add_argument(
         "--state", choices=[s.value for s in JobState], help="only jobs in this state"
     )
-    listing.add_argument("--tenant", help="only this tenant's jobs")
+    listing.add_argument("--tenant", type=args.text, help="only this tenant's jobs")
     listing.add_argument("--workflow", metavar="CLASS", help="only jobs of this workflow class")
     listing.add_argument(
-        "--limit", type=int, default=views.DEFAULT_LIMIT, help="at most this many (%(default)s)"
+        "--limit",
+        type=args.count(),
+        default=views.DEFAULT_LIMIT,
+        help="at most this many (%(default)s)",
     )
     listing.add_argument("--json", action="store_true", help="print JSON for scripts")
     show = ops.add_parser(
@@ -83,7 +87,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " outcome, receipt and evidence, repair and registration audit, why it waits, and the"
         " next step. With --app, an unknown effect names the provider reconcile asks.",
     )
-    show.add_argument("job_id", type=int, metavar="ID", help="the job id (`accord jobs list`)")
+    show.add_argument(
+        "job_id", type=args.job_id, metavar="ID", help="the job id (`accord jobs list`)"
+    )
     show.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.set_defaults(handler=handle)
 

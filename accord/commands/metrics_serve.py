@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from accord import runtime
+from accord.commands import args
 from accord.ops import checks, install_span_metrics, serving
 from accord.ops.health import Readiness
 from accord.schemas import migrate
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=args.port,
         default=None,
         help=f"TCP port (0: ephemeral; default ACCORD_METRICS_PORT, else {DEFAULT_PORT})",
     )

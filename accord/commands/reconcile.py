@@ -26,6 +26,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from accord import runtime
 from accord.app import App, ReceiptLookup
+from accord.commands import args
 from accord.commands.common import require_app
 from accord.commands.repair import repair_connection
 from accord.jobs import reconcile
@@ -149,16 +150,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "reconcile", help="resolve unknown effects with provider evidence", description=__doc__
     )
     parser.add_argument("--who", default="accord-reconcile", help="the principal recorded")
-    parser.add_argument("--limit", type=int, default=100, help="effects per pass (%(default)s)")
+    parser.add_argument(
+        "--limit", type=args.count(), default=100, help="effects per pass (%(default)s)"
+    )
     parser.add_argument(
         "--escalate-after-s",
-        type=float,
+        type=args.seconds(),
         default=None,
         help="escalate effects unresolved for longer (default: ACCORD_EFFECT_ESCALATE_AFTER_S)",
     )
     parser.add_argument(
         "--settle-s",
-        type=float,
+        type=args.seconds(),
         default=None,
         help='trust a "never accepted" only for effects older than this'
         " (default: ACCORD_RECONCILE_SETTLE_S)",

@@ -15,6 +15,7 @@ import argparse
 import getpass
 
 from accord import runtime
+from accord.commands import args
 from accord.commands.common import optional_app
 from accord.jobs import Store
 from accord.schemas import migrate
@@ -29,8 +30,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workflow", required=True, help="the workflow class")
-    parser.add_argument("--owner", required=True, help="the queue owner its workers run as")
+    parser.add_argument("--workflow", type=args.text, required=True, help="the workflow class")
+    parser.add_argument(
+        "--owner", type=args.text, required=True, help="the queue owner its workers run as"
+    )
     parser.add_argument(
         "--effects",
         choices=("enabled", "disabled"),

@@ -32,6 +32,7 @@ import anyio
 
 from accord import runtime
 from accord.app import App
+from accord.commands import args
 from accord.commands.common import check_retention, optional_app, prefix, require_app
 from accord.commands.repair import repair_connection
 from accord.ops import checks
@@ -61,8 +62,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Held outbox rows, oldest first: outbox id, tenant, event id, type, the"
         " reason the relay holds them, attempts and when they were enqueued (never the body).",
     )
-    held.add_argument("--tenant", help="only this tenant's rows")
-    held.add_argument("--limit", type=int, default=100, help="at most this many (%(default)s)")
+    held.add_argument("--tenant", type=args.text, help="only this tenant's rows")
+    held.add_argument(
+        "--limit", type=args.count(), default=100, help="at most this many (%(default)s)"
+    )
     held.add_argument("--json", action="store_true", help="print JSON for scripts")
     held.set_defaults(handler=handle_held)
     release = ops.add_parser(
@@ -72,7 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " role, all or nothing, with one relay.release_audit row each in the same transaction."
         " Refused (nothing changes) when a named row is missing or not held.",
     )
-    release.add_argument("--tenant", required=True, help="the tenant whose rows these are")
+    release.add_argument(
+        "--tenant", type=args.text, required=True, help="the tenant whose rows these are"
+    )
     release.add_argument(
         "--event-id",
         dest="event_ids",

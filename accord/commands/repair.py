@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 
 from accord import runtime
+from accord.commands import args
 from accord.jobs import authority, repair
 from accord.jobs.ledger import FileLedger, Ledger, PgLedger
 from accord.jobs.models import EffectState
@@ -43,7 +44,8 @@ def ledger_from_settings(settings: Settings) -> Ledger:
 def repair_connect_args(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The DSN and connect keywords of the repair principal."""
     dsn = settings.repair_pg_dsn or settings.pg_dsn
-    return dsn, {"server_settings": {"role": settings.repair_role}}
+    role = settings.repair_role  # empty: the DSN's own user, as for the other roles
+    return dsn, {"server_settings": {"role": role}} if role else {}
 
 
 async def repair_connection(settings: Settings) -> asyncpg.Connection:
@@ -73,7 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Record an unknown effect's outcome from evidence (a provider receipt,"
         " or proof that nothing was sent); never by time.",
     )
-    resolve.add_argument("--job", type=int, required=True, help="the job id (accord jobs list)")
+    resolve.add_argument(
+        "--job", type=args.job_id, required=True, help="the job id (accord jobs list)"
+    )
     resolve.add_argument("--key", required=True, help="the effect key")
     resolve.add_argument(
         "--outcome",
@@ -93,7 +97,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     ):
         op = ops.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        op.add_argument("--job", type=int, required=True, help="the job id (accord jobs list)")
+        op.add_argument(
+            "--job", type=args.job_id, required=True, help="the job id (accord jobs list)"
+        )
         _principal(op)
     advance = ops.add_parser(
         "advance-epoch",
@@ -101,7 +107,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="After a detected restore: advance the tenant's authority epoch past the"
         " ledger's, so new work may run; old-epoch work stays held.",
     )
-    advance.add_argument("--tenant", required=True, help="the tenant whose epoch advances")
+    advance.add_argument(
+        "--tenant", type=args.text, required=True, help="the tenant whose epoch advances"
+    )
     _principal(advance)
     ops.add_parser(
         "restore-check",
@@ -115,8 +123,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="The repair audit rows of a job or a tenant, oldest first.",
     )
     target = audit.add_mutually_exclusive_group(required=True)
-    target.add_argument("--job", type=int, help="the job id")
-    target.add_argument("--tenant", help="the tenant")
+    target.add_argument("--job", type=args.job_id, help="the job id")
+    target.add_argument("--tenant", type=args.text, help="the tenant")
     parser.set_defaults(handler=handle)
 
 

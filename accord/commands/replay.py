@@ -14,6 +14,7 @@ from datetime import datetime
 
 from accord import runtime
 from accord.app import App
+from accord.commands import args
 from accord.commands.common import check_retention, require_app, served_tenants
 from accord.ops import Projection, parse_since, prune_ledger, replay, resolve_since
 from accord.schemas import migrate
@@ -36,9 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " consumer waits for); refused once the relay pruned events, or with --since after the"
         " oldest retained one",
     )
-    parser.add_argument("--batch", type=int, default=200, help="events per transaction")
+    parser.add_argument(
+        "--batch", type=args.count(maximum=10_000), default=200, help="events per transaction"
+    )
     parser.add_argument(
         "--tenant",
+        type=args.text,
         action="append",
         default=[],
         help="a tenant whose events it applies, as the projection's consumer serves them"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +28,7 @@ import anyio.abc
 
 from accord import runtime
 from accord.app import App
+from accord.commands import args
 from accord.commands.common import check_retention, require_app
 from accord.commands.repair import ledger_from_settings
 from accord.jobs import Store
@@ -38,7 +38,7 @@ from accord.ops import checks
 from accord.schemas import migrate
 from accord.schemas.db import create_pool
 from accord.schemas.errors import ConfigError
-from accord.schemas.settings import Settings
+from accord.schemas.settings import MAX_LEASE_S, Settings
 
 log = logging.getLogger("accord.worker")
 
@@ -57,14 +57,6 @@ class WorkerOptions:
         return self.journal.stem
 
 
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse type)."""
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text}: a positive number of seconds")
-    return value
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "worker", help="run job workers for one workflow class", description=__doc__
@@ -73,7 +65,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--owner", default=None, help="the registered queue owner (default: the class's owner)"
     )
-    parser.add_argument("--concurrency", type=int, default=4, help="jobs at once (%(default)s)")
+    parser.add_argument(
+        "--concurrency",
+        type=args.count(maximum=10_000),
+        default=4,
+        help="jobs at once (%(default)s)",
+    )
     parser.add_argument(
         "--journal",
         default=None,
@@ -81,23 +78,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--lease-s",
-        type=_seconds,
+        type=args.seconds(positive=True, maximum=MAX_LEASE_S),
         default=None,
         help="default: the class's lease, else job_lease_s",
     )
-    parser.add_argument("--poll-s", type=float, default=1.0, help="claim poll interval")
     parser.add_argument(
-        "--rescue-every-s", type=float, default=5.0, help="host the rescue call (0: do not)"
+        "--poll-s", type=args.seconds(positive=True), default=1.0, help="claim poll interval"
+    )
+    parser.add_argument(
+        "--rescue-every-s",
+        type=args.seconds(),
+        default=5.0,
+        help="host the rescue call (0: do not)",
     )
     parser.add_argument(
         "--prune-every-s",
-        type=float,
+        type=args.seconds(),
         default=None,
         help="host the retention call (default: jobs_prune_every_s; 0: do not)",
     )
-    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace period")
+    parser.add_argument("--grace-s", type=args.seconds(), default=10.0, help="SIGTERM grace period")
     parser.add_argument(
-        "--timeout-s", type=float, default=None, help="handler timeout (default: the class's)"
+        "--timeout-s",
+        type=args.seconds(positive=True),
+        default=None,
+        help="handler timeout (default: the class's)",
     )
     parser.set_defaults(handler=handle)
 

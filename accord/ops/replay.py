@@ -44,6 +44,7 @@ from accord.ops.projections import Projection
 from accord.schemas import wire
 from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
 from accord.schemas.events import Catalog, Event
+from accord.schemas.settings import MAX_DURATION_S
 
 PRINCIPAL = "accord_projection"
 REFUSED = "insufficient_privilege"
@@ -56,7 +57,10 @@ def parse_since(text: str) -> datetime | float:
     """An aware timestamp (ISO 8601; naive means UTC) or a duration in seconds (``1h30m``)."""
     text = text.strip()
     if text and _DURATION.sub("", text) == "":
-        return float(sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(text)))
+        seconds = float(sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(text)))
+        if not seconds <= MAX_DURATION_S:  # the database's timestamps end before that
+            raise InvalidSince(since=text, longest_s=MAX_DURATION_S)
+        return seconds
     try:
         stamp = datetime.fromisoformat(text)
     except ValueError:

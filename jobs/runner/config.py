@@ -3,6 +3,7 @@ built by the composition root (accord.commands.worker) or by an application's ow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -52,14 +53,17 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if min(self.concurrency, self.claim_batch, self.rescue_limit) < 1:
             raise ConfigError("worker sizes must be positive", concurrency=self.concurrency)
-        if not (self.lease_s > 0 and self.poll_s > 0 and self.grace_s >= 0):
-            raise ConfigError("worker times must be positive", lease_s=self.lease_s)
+        for name, value, least in (("lease_s", self.lease_s, 0.0), ("poll_s", self.poll_s, 0.0)):
+            if not (math.isfinite(value) and value > least):
+                raise ConfigError(f"the worker's {name} must be a positive number", **{name: value})
+        if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
+            raise ConfigError("the worker's grace_s must be 0 or more", grace_s=self.grace_s)
         if not 0 <= self.claim_linger_s < self.lease_s:
             raise ConfigError(
                 "claim_linger_s must be at least 0 and shorter than the lease",
                 claim_linger_s=self.claim_linger_s,
             )
-        if self.rescue_every_s is not None and self.rescue_every_s <= 0:
+        if self.rescue_every_s is not None and not 0 < self.rescue_every_s < math.inf:
             raise ConfigError("rescue_every_s must be positive or None")
         if self.prune_every_s is not None and not self.prune_every_s > 0:
             raise ConfigError("prune_every_s must be positive or None")

@@ -88,7 +88,7 @@ def test_a_database_user_that_does_not_exist(pg_dsn: str) -> None:
     dsn = with_db(pg_dsn, user=user)
     for command in (["status"], ["relay"], ["worker", "--workflow", "report"]):
         line = one_line(accord(*command, ACCORD_PG_DSN=dsn), "DatabaseLoginRefused", user)
-        assert "at='127.0.0.1:" in line and "fix ACCORD_PG_DSN" in line
+        assert "at='127.0.0.1:" in line and "fix the DSN that names it (ACCORD_PG_DSN" in line
 
 
 def test_a_database_that_does_not_exist_names_accord_migrate(pg_dsn: str) -> None:

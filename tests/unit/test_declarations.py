@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from accord import App, Catalog, Event, EventType, JobContext, Tx
-from accord.commands import consume, gc_objects, worker
+from accord.commands import args, consume
 from accord.errors import AppInvalid
 from accord.schemas.errors import ConfigError, PayloadTooLarge
 from accord.schemas.settings import Settings
@@ -133,10 +133,21 @@ def test_the_application_s_payload_limit_is_the_one_its_enqueue_holds_to() -> No
         App("shop", catalog=catalog(), max_payload_bytes=0)
 
 
-@pytest.mark.parametrize("text", ["nan", "inf", "-1"])
+@pytest.mark.parametrize("text", ["nan", "inf", "-1", "1e300", "x", ""])
 def test_durations_from_the_command_line_are_finite(text: str) -> None:
+    for parse in (args.seconds(), args.seconds(positive=True)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+    assert args.seconds()("0") == 0.0 and args.seconds(positive=True)("2.5") == 2.5  # control
     with pytest.raises(argparse.ArgumentTypeError):
-        gc_objects._retention(text)
+        args.seconds(positive=True)("0")
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "1.5", "x", "", str(2**63)])
+def test_counts_and_ids_from_the_command_line_are_in_range(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        worker._seconds(text)
-    assert gc_objects._retention("0") == 0.0 and worker._seconds("2.5") == 2.5  # control
+        args.job_id(text)
+    assert args.job_id(str(2**63 - 1)) == 2**63 - 1 and args.count()("1") == 1  # control
+    assert args.port("0") == 0 and args.port("65535") == 65535
+    with pytest.raises(argparse.ArgumentTypeError):
+        args.port("65536")

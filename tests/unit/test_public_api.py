@@ -21,6 +21,7 @@ EXPECTED: dict[str, set[str]] = {
         "InvalidEvent",
         "MalformedMessage",
         "MigrationError",
+        "MigrationFailed",
         "MigrationTampered",
         "NotInTransaction",
         "PayloadTooLarge",
