@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # After a batch's first delivery, wait this long for more to share its transaction and ack
     # (0: take what already arrived).
     consumer_batch_linger_s: float = Field(default=0.01, ge=0, le=MAX_DURATION_S)
-    consumer_concurrency: int = Field(default=2, gt=0)
+    consumer_concurrency: int = Field(default=2, gt=0, le=1000)  # a connection each
     # The tenants a consumer serves, comma-separated ("*" for all); none means refuse to start.
     consumer_tenants: str = ""
     # A consumer poisons a message body larger than this (typed reason too_large), unread.

@@ -149,7 +149,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reconcile", help="resolve unknown effects with provider evidence", description=__doc__
     )
-    parser.add_argument("--who", default="accord-reconcile", help="the principal recorded")
+    parser.add_argument(
+        "--who", type=args.text, default="accord-reconcile", help="the principal recorded"
+    )
     parser.add_argument(
         "--limit", type=args.count(), default=100, help="effects per pass (%(default)s)"
     )

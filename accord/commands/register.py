@@ -41,7 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="may its jobs begin external effects (default: %(default)s)",
     )
     parser.add_argument(
-        "--who", default=None, help="the person or tool registering (default: the OS user)"
+        "--who",
+        type=args.text,
+        default=None,
+        help="the person or tool registering (default: the OS user)",
     )
     parser.set_defaults(handler=handle)
 

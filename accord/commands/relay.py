@@ -87,9 +87,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ID",
         help="the event id of a held row (`accord relay held`); repeat for more",
     )
-    release.add_argument("--who", required=True, help="the person or tool releasing")
     release.add_argument(
-        "--evidence", required=True, help="a reference to why it is safe (the new binding)"
+        "--who", type=args.text, required=True, help="the person or tool releasing"
+    )
+    release.add_argument(
+        "--evidence",
+        type=args.text,
+        required=True,
+        help="a reference to why it is safe (the new binding)",
     )
     release.set_defaults(handler=handle_release)
     parser.set_defaults(handler=handle)

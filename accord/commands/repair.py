@@ -57,8 +57,12 @@ async def repair_connection(settings: Settings) -> asyncpg.Connection:
 
 
 def _principal(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--who", required=True, help="the person or tool doing the repair")
-    parser.add_argument("--evidence", required=True, help="a reference to the evidence")
+    parser.add_argument(
+        "--who", type=args.text, required=True, help="the person or tool doing the repair"
+    )
+    parser.add_argument(
+        "--evidence", type=args.text, required=True, help="a reference to the evidence"
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
