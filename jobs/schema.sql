@@ -451,14 +451,15 @@ BEGIN
     -- A new statement, hence a snapshot taken after the lock (see the header).
     SELECT * INTO t FROM jobs.tenants WHERE tenant = j.tenant;
     RETURN CASE
-        WHEN j.tenant <> p_tenant THEN 'tenant'
-        WHEN j.workflow <> p_workflow OR j.operation_id <> p_operation_id THEN 'operation'
-        WHEN j.generation <> p_generation THEN 'generation'
+        WHEN j.tenant IS DISTINCT FROM p_tenant THEN 'tenant'
+        WHEN j.workflow IS DISTINCT FROM p_workflow
+          OR j.operation_id IS DISTINCT FROM p_operation_id THEN 'operation'
+        WHEN j.generation IS DISTINCT FROM p_generation THEN 'generation'
         WHEN j.owner IS DISTINCT FROM p_owner THEN 'owner'
         WHEN j.attempt_id IS DISTINCT FROM p_attempt_id THEN 'attempt'
         WHEN j.state <> 'running' THEN 'state'
-        WHEN j.epoch IS DISTINCT FROM p_epoch OR t.epoch <> p_epoch THEN 'epoch'
-        WHEN t.frozen THEN 'frozen'
+        WHEN j.epoch IS DISTINCT FROM p_epoch OR t.epoch IS DISTINCT FROM p_epoch THEN 'epoch'
+        WHEN t.frozen IS NOT FALSE THEN 'frozen'
         -- clock_timestamp(), not now(): a publish transaction may outlive its lease.
         WHEN j.lease_expires_at <= clock_timestamp() THEN 'lease_expired'
     END;

@@ -164,3 +164,19 @@ async def test_canceled_job_still_reports_its_unresolved_effect(jobs: Jobs) -> N
     assert view.needs_reconciliation and view.effects[0].state is EffectState.PENDING
     with pytest.raises(FenceLost):  # the canceled worker cannot record the outcome
         await jobs.store.finish_effect(lease, "k", EffectState.SUCCEEDED)
+
+
+async def test_the_fence_fails_closed_on_a_null_argument(jobs: Jobs) -> None:
+    """Migration 0049. jobs.fence compared tenant, workflow, operation and generation with
+    `<>`, NULL for a NULL argument: the caller passing one was fenced by owner, attempt and
+    epoch alone. Each NULL now names its check (control: the whole lease passes)."""
+    await jobs.submit("a")
+    lease = await jobs.claim_one()
+    args = [lease.job_id, lease.tenant, lease.workflow, lease.operation_id, lease.owner,
+            lease.attempt_id, lease.generation, lease.epoch]  # fmt: skip
+    fence = "SELECT jobs.fence($1, $2, $3, $4, $5, $6, $7, $8)"
+    assert await jobs.pool.fetchval(fence, *args) is None  # control
+    checks = ["tenant", "operation", "operation", "owner", "attempt", "generation", "epoch"]
+    for position, check in enumerate(checks, start=1):
+        nulled = [None if i == position else a for i, a in enumerate(args)]
+        assert await jobs.pool.fetchval(fence, *nulled) == check, position
