@@ -242,6 +242,13 @@ class ConsumerRuntime:
             await topology.declare(
                 await connection.channel(), self.topology, passive=not cfg.declare
             )
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            if not self.sessions:  # at the start: the topology was never declared
+                raise topology.mismatch(exc, queue=self._queue_name) from exc
+            # Deleted under the running consumer, and not ours to declare: wait for it.
+            raise ConnectionLost(
+                service="rabbitmq", detail=f"the topology is missing: {str(exc)[:160]}"
+            ) from exc
         except topology.MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
             raise topology.mismatch(exc, queue=self._queue_name) from exc
@@ -329,14 +336,26 @@ class ConsumerRuntime:
         connection: aio_pika.abc.AbstractConnection,
         channels: Sequence[aio_pika.abc.AbstractChannel],
     ) -> None:
-        """End the session when the broker connection, or a lane's channel, closes under us
-        (a worker whose channel is gone would otherwise wait for deliveries for ever)."""
-        lost = anyio.Event()
-        connection.close_callbacks.add(lambda *_: lost.set())
+        """End the session when the broker connection, or a lane's channel, closes under us,
+        or the broker cancels a lane's consumer (its queue deleted): a worker whose channel
+        or consumer is gone would otherwise wait for deliveries for ever, and the process
+        say it is healthy. The next session declares the queue again (or, passive, waits
+        for it)."""
+        ended, why = anyio.Event(), []
+
+        def end(reason: str | None) -> None:
+            why.append(reason)
+            ended.set()
+
+        connection.close_callbacks.add(lambda *_: end(None))
         for channel in channels:
-            channel.close_callbacks.add(lambda *_: lost.set())
-        await lost.wait()
-        raise ConnectionLost(service="rabbitmq")
+            channel.close_callbacks.add(lambda *_: end(None))
+            underlay = await channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(
+                lambda *_: end("the broker cancelled the consumer (its queue deleted?)")
+            )
+        await ended.wait()
+        raise ConnectionLost(service="rabbitmq", **({"detail": why[0]} if why[0] else {}))
 
     async def _prune_loop(self, pool: Any) -> None:
         """Each interval, bounded batches of the inbox and delivery log (and of poison
@@ -395,8 +414,14 @@ class _Lane:
         try:
             # Never blocks: the stream holds ``prefetch`` messages, the broker sends no more.
             self.send.send_nowait(message)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
-            await message.nack(requeue=True)  # draining: give it back untouched
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # Draining, or the session is ending: leave it unacked, and the channel's close
+            # gives it back once. A nack would requeue it to another lane of this session,
+            # closing too, at once and again (each one counted against the delivery limit:
+            # sound messages dead-lettered with no poison record).
+            return
+        except anyio.WouldBlock:  # never (see above); give it back rather than hold it
+            await message.nack(requeue=True)
             return
         self.arrived.set()
 
