@@ -238,10 +238,9 @@ class ConsumerRuntime:
 
     async def _consume(self, connection: aio_pika.abc.AbstractConnection, pool: Any) -> None:
         cfg = self.config
+        channel = await connection.channel()  # the declaration's own, closed after it
         try:
-            await topology.declare(
-                await connection.channel(), self.topology, passive=not cfg.declare
-            )
+            await topology.declare(channel, self.topology, passive=not cfg.declare)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             if not self.sessions:  # at the start: the topology was never declared
                 raise topology.mismatch(exc, queue=self._queue_name) from exc
@@ -252,6 +251,10 @@ class ConsumerRuntime:
         except topology.MISMATCH as exc:
             # Not a lost connection: reconnecting would fail the same way for ever.
             raise topology.mismatch(exc, queue=self._queue_name) from exc
+        finally:  # one channel per session was left open (the broker closes a refused one)
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError, OSError):
+                if not channel.is_closed:
+                    await channel.close()
         async with pool.acquire() as conn:  # before the first delivery of this session
             await inbox.declare_window(conn, self._consumer)
         self.sessions += 1
