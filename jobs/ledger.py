@@ -173,6 +173,7 @@ class FileLedger:
         self._written: _Trusted | None = None  # the prefix its last append left verified
         # Raised by each read that finds damage: an append begun before it keeps no prefix.
         self._distrusted = 0
+        self._seen = _Seen(str(self.path))  # the highest epochs this handle ever read
 
     async def read(self) -> dict[str, LedgerEntry]:
         return await anyio.to_thread.run_sync(self.read_sync)
@@ -206,7 +207,7 @@ class FileLedger:
                     known = self._refresh(f)
             except FileNotFoundError:
                 self._known = None
-                return {}
+                return self._seen.keep({})
             except OSError as exc:
                 raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
             except LedgerUnavailable:
@@ -215,7 +216,7 @@ class FileLedger:
                 self._known, self._written = None, None
                 self._distrusted += 1
                 raise
-            return dict(known.entries)
+            return self._seen.keep(dict(known.entries))
 
     def _refresh(self, f: Any) -> _Known:
         st = os.fstat(f.fileno())
@@ -339,6 +340,7 @@ class PgLedger:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._known = _PG_NOTHING_READ
+        self._seen = _Seen("the ledger database")
 
     async def ensure(self) -> None:
         """Create the ledger's schema and table if missing (idempotent)."""
@@ -374,8 +376,9 @@ class PgLedger:
             last = after[-1]
             mark = (last["tenant"], last["epoch"], last["at"])
             known = _PgKnown(last["seq"], mark, known.count + len(after), entries)
+        entries = self._seen.keep(dict(known.entries))
         self._known = known
-        return dict(known.entries)
+        return entries
 
     @staticmethod
     async def _after(conn: Any, known: _PgKnown) -> list[dict[str, Any]] | None:
@@ -399,6 +402,36 @@ class PgLedger:
                 await conn.close()
         except (ServiceUnavailable, asyncpg.PostgresError) as exc:
             raise LedgerUnavailable("the ledger database refused", detail=str(exc)) from exc
+
+
+class _Seen:
+    """The highest epoch a ledger handle ever read for each tenant. A read that shows less
+    (a tenant missing, or at a lower epoch) is a ledger that went back under a running
+    process: rolled back, replaced by an older copy, truncated or deleted. It is refused
+    (LedgerUnavailable: the authority gate stays shut), never taken as a new ledger: a
+    database restored to match it would pass every later check. A restart reads it as it
+    is (a lost ledger looks like a new one: docs/authority.md)."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where
+        self._epochs: dict[str, int] = {}
+
+    def keep(self, entries: dict[str, LedgerEntry]) -> dict[str, LedgerEntry]:
+        back = sorted(
+            tenant
+            for tenant, epoch in self._epochs.items()
+            if tenant not in entries or entries[tenant].epoch < epoch
+        )
+        if back:
+            raise LedgerUnavailable(
+                "the ledger went back: it lacks records this process read before (rolled"
+                " back, replaced by an older copy, truncated or deleted); restore it, or"
+                " restart the process to take it as it is",
+                where=self._where,
+                tenants=back[:10],
+            )
+        self._epochs.update((tenant, entry.epoch) for tenant, entry in entries.items())
+        return entries
 
 
 def _mark(row: Mapping[str, Any]) -> tuple[Any, ...]:

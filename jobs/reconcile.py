@@ -129,6 +129,7 @@ async def _resolve(conn: Any, effect: UnresolvedEffect, answer: Answer, who: str
                 who=who,
                 evidence=answer.evidence,
                 receipt=answer.receipt,
+                seq=effect.seq,  # the record the provider was asked about, no later one
             )
             return done, await _resume_settled(conn, done, answer, who)
     except RepairRefused:

@@ -118,16 +118,19 @@ async def resolve_effect(
     who: str,
     evidence: str,
     receipt: str | None = None,
+    seq: int | None = None,
 ) -> EffectResolved:
     """Runs in the caller's transaction; never commits. Resolves the latest record of
     ``effect_key`` (unknown, or pending on a job no longer running) to ``outcome``
     (succeeded or failed_before_dispatch) with evidence; an ``unknown`` job with nothing left
-    forbidding a rerun goes back to ``queued``. Raises RepairRefused (reason: running,
-    missing, missing_effect, not_unresolved, invalid_outcome, no_principal, no_evidence)."""
+    forbidding a rerun goes back to ``queued``. ``seq``: the record the evidence is about,
+    refused when the key began again since (seq_moved). Raises RepairRefused (reason:
+    running, missing, missing_effect, not_unresolved, seq_moved, invalid_outcome,
+    no_principal, no_evidence)."""
     require_transaction(tx)
     outcome = EffectState(outcome)
     row = await tx.fetchrow(
-        repair_sql.RESOLVE_EFFECT, job_id, effect_key, str(outcome), receipt, who, evidence
+        repair_sql.RESOLVE_EFFECT, job_id, effect_key, str(outcome), receipt, who, evidence, seq
     )
     _refused(row["status"], job_id=job_id, effect_key=effect_key)
     state = JobState(row["job_state"])

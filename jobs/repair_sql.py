@@ -25,10 +25,11 @@ OPEN_RESTORES = (
     " FROM jobs.authority_restores WHERE resolved_at IS NULL ORDER BY restore_id"
 )
 
-# Resolve effect $2 of job $1 to outcome $3 (receipt $4) as principal $5 with evidence $6.
+# Resolve effect $2 of job $1 to outcome $3 (receipt $4) as principal $5 with evidence $6,
+# refused unless its latest record is seq $7 (NULL: whichever is latest).
 RESOLVE_EFFECT = (
     "SELECT status, seq, job_state, audit_id"
-    " FROM jobs.repair_resolve_effect($1, $2, $3, $4, $5, $6)"
+    " FROM jobs.repair_resolve_effect($1, $2, $3, $4, $5, $6, $7)"
 )
 
 # Release held job $1 as principal $2 with evidence $3.
@@ -90,6 +91,8 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON accord_ledger.records
     FOR EACH ROW EXECUTE FUNCTION accord_ledger.append_only();
+CREATE OR REPLACE TRIGGER records_not_truncated BEFORE TRUNCATE ON accord_ledger.records
+    FOR EACH STATEMENT EXECUTE FUNCTION accord_ledger.append_only();
 """
 
 # The ledger's records after seq $1, in append order, each beside how many records the ledger

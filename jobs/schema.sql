@@ -64,6 +64,10 @@ BEGIN
     INSERT INTO jobs.tenants AS x (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
     -- Waits for a rotation holding the row (its ledger intent may be ahead until it commits).
     SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+    IF p_ledger_epoch IS NULL OR p_ledger_frozen IS NULL THEN
+        RAISE EXCEPTION 'authority_hold needs the ledger epoch and restriction'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     IF t.epoch >= p_ledger_epoch THEN
         RETURN;
     END IF;
@@ -82,8 +86,13 @@ BEGIN
         VALUES (p_tenant, t.epoch, p_ledger_epoch, p_ledger_frozen, v_held, session_user)
         ON CONFLICT (tenant) WHERE resolved_at IS NULL DO UPDATE
         SET held_jobs = r.held_jobs + excluded.held_jobs,
-            ledger_frozen = CASE WHEN excluded.ledger_epoch >= r.ledger_epoch
-                                 THEN excluded.ledger_frozen ELSE r.ledger_frozen END,
+            -- A later ledger epoch says what the restriction is now; at the same epoch a
+            -- restriction, once recorded, stays (the ledger changes it only with an epoch).
+            ledger_frozen = CASE WHEN excluded.ledger_epoch > r.ledger_epoch
+                                 THEN excluded.ledger_frozen
+                                 WHEN excluded.ledger_epoch = r.ledger_epoch
+                                 THEN r.ledger_frozen OR excluded.ledger_frozen
+                                 ELSE r.ledger_frozen END,
             ledger_epoch = greatest(r.ledger_epoch, excluded.ledger_epoch),
             last_seen_at = now()
         RETURNING r.restore_id, r.tenant, r.db_epoch, r.ledger_epoch, r.held_jobs,
@@ -786,9 +795,10 @@ BEGIN
         v_refusal := CASE
             WHEN t.tenant IS NULL THEN 'missing'
             WHEN v_detected IS NULL THEN 'no_restore'
-            WHEN p_ledger_epoch < v_detected THEN 'behind_detection'
-            WHEN v_restricted AND NOT p_frozen THEN 'keeps_restriction'
-            WHEN p_new_epoch <= greatest(t.epoch, p_ledger_epoch) THEN 'not_past_ledger'
+            WHEN p_ledger_epoch IS NULL OR p_ledger_epoch < v_detected THEN 'behind_detection'
+            WHEN p_frozen IS NULL OR (v_restricted AND NOT p_frozen) THEN 'keeps_restriction'
+            WHEN p_new_epoch IS NULL
+              OR p_new_epoch <= greatest(t.epoch, p_ledger_epoch, v_detected) THEN 'not_past_ledger'
         END;
     END IF;
     IF v_refusal IS NOT NULL THEN
@@ -936,6 +946,18 @@ END $$;
 --
 
 CREATE FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text) RETURNS TABLE(status text, seq integer, job_state text, audit_id bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM jobs.repair_resolve_effect(p_job_id, p_key, p_outcome, p_receipt, p_who,
+                                             p_evidence, NULL::integer)
+$$;
+
+--
+-- Name: repair_resolve_effect(bigint, text, text, text, text, text, integer); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text, p_seq integer) RETURNS TABLE(status text, seq integer, job_state text, audit_id bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -961,8 +983,10 @@ BEGIN
     END IF;
     SELECT * INTO e FROM jobs.effects x WHERE x.job_id = p_job_id AND x.effect_key = p_key
     ORDER BY x.seq DESC LIMIT 1 FOR UPDATE;
-    IF NOT FOUND OR e.state NOT IN ('pending', 'unknown') THEN
+    IF NOT FOUND OR e.state NOT IN ('pending', 'unknown')
+       OR (p_seq IS NOT NULL AND e.seq <> p_seq) THEN
         RETURN QUERY SELECT CASE WHEN e.job_id IS NULL THEN 'missing_effect'
+                                 WHEN p_seq IS NOT NULL AND e.seq <> p_seq THEN 'seq_moved'
                                  ELSE 'not_unresolved' END, e.seq, j.state, NULL::bigint;
         RETURN;
     END IF;
@@ -2288,6 +2312,13 @@ GRANT ALL ON FUNCTION jobs.repair_requeue_poison(p_job_id bigint, p_who text, p_
 
 REVOKE ALL ON FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text) TO accord_repair;
+
+--
+-- Name: FUNCTION repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text, p_seq integer); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text, p_seq integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.repair_resolve_effect(p_job_id bigint, p_key text, p_outcome text, p_receipt text, p_who text, p_evidence text, p_seq integer) TO accord_repair;
 
 --
 -- Name: FUNCTION repair_resume(p_job_id bigint, p_who text, p_evidence text); Type: ACL; Schema: jobs; Owner: -

@@ -68,6 +68,16 @@ async def test_the_pg_ledger_is_append_only(empty_pg_dsn: str) -> None:
             await conn.execute("UPDATE accord_ledger.records SET epoch = 1")
         with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
             await conn.execute("DELETE FROM accord_ledger.records")
+        with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
+            await conn.execute("TRUNCATE accord_ledger.records")  # before: it emptied it
+        # Past the guards (the table dropped and made again, as a restore of the ledger's
+        # database would): a reader that read acme@2 refuses a ledger without it.
+        assert (await ledger.read())["acme"].epoch == 2
+        await conn.execute("DROP TABLE accord_ledger.records")
+        await ledger.ensure()
+        with pytest.raises(LedgerUnavailable, match="went back"):
+            await ledger.read()
+        assert await PgLedger(empty_pg_dsn).read() == {}  # control: a restarted process
     finally:
         await conn.close()
 
@@ -196,7 +206,8 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     process's start, a new handle's append, its own every verify_every_s), not by a read
     between. A
     file replaced at the path (another inode, or the same inode rewritten) is read whole
-    again."""
+    again, and taken when it holds every record the reader read; one that went back (an
+    older copy, deleted) is refused."""
     writer = FileLedger(tmp_path / "ledger")
     await writer.append(record("acme", 2), record("beta", 1))
     reader = FileLedger(writer.path)
@@ -243,15 +254,31 @@ async def test_a_file_reader_reads_only_what_was_appended_then_whole_when_replac
     writer.path.write_bytes(good)
     assert (await reader.read())["acme"].epoch == 7
 
-    # Replaced by another ledger: another inode, then the same inode rewritten longer.
-    other = FileLedger(tmp_path / "other")
-    await other.append(*(record(f"t{i}", 1) for i in range(20)))
-    other.path.replace(writer.path)
-    assert set(await reader.read()) == {f"t{i}" for i in range(20)}
-    third = FileLedger(tmp_path / "third")
-    await third.append(*(record(f"u{i}", 2) for i in range(40)))
-    writer.path.write_bytes(third.path.read_bytes())
-    assert set(await reader.read()) == {f"u{i}" for i in range(40)}
+    # Replaced by a copy holding more (another inode, then the same inode rewritten
+    # longer): read whole again, and taken.
+    older = writer.path.read_bytes()
+    copy = tmp_path / "copy"
+    copy.write_bytes(older)
+    await FileLedger(copy).append(*(record(f"t{i}", 1) for i in range(20)))
+    copy.replace(writer.path)
+    assert set(await reader.read()) == {"acme", "beta"} | {f"t{i}" for i in range(20)}
+    longer = FileLedger(tmp_path / "longer")
+    longer.path.write_bytes(writer.path.read_bytes())
+    await longer.append(*(record(f"u{i}", 2) for i in range(40)))
+    writer.path.write_bytes(longer.path.read_bytes())
+    assert len(await reader.read()) == 2 + 20 + 40
+
+    # Replaced by an older copy, or deleted: the ledger went back under a running process.
+    # Refused (a restored database matching it would pass every later check); a new handle,
+    # as a restart makes, takes it as it is (control).
+    writer.path.write_bytes(older)
+    with pytest.raises(LedgerUnavailable, match="went back"):
+        await reader.read()
+    assert set(await FileLedger(writer.path).read()) == {"acme", "beta"}
+    writer.path.unlink()
+    with pytest.raises(LedgerUnavailable, match="went back"):
+        await reader.read()
+    assert await FileLedger(writer.path).read() == {}
 
 
 def flip(path: Path, offset: int) -> bytes:
@@ -354,15 +381,17 @@ async def test_a_pg_ledger_whose_seqs_were_reused_is_read_whole(empty_pg_dsn: st
     assert (await reader.read())["acme"].epoch == 2
     conn = await asyncpg.connect(empty_pg_dsn)
     try:
-        await conn.execute("TRUNCATE accord_ledger.records RESTART IDENTITY")
-        await PgLedger(empty_pg_dsn).append(record("beta", 1, LedgerWhy.OBSERVED))
+        async with conn.transaction():  # past its guard, as a restore of its database
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("TRUNCATE accord_ledger.records RESTART IDENTITY")
+        await PgLedger(empty_pg_dsn).append(record("acme", 2, LedgerWhy.OBSERVED))
         await PgLedger(empty_pg_dsn).append(record("beta", 7, LedgerWhy.RESTRICT))
         # the control: the same count, nothing after the highest seq read
         assert await conn.fetchval("SELECT count(*) FROM accord_ledger.records") == 2
         assert await conn.fetch("SELECT * FROM accord_ledger.records WHERE seq > 2") == []
     finally:
         await conn.close()
-    assert {t: e.epoch for t, e in (await reader.read()).items()} == {"beta": 7}
+    assert {t: e.epoch for t, e in (await reader.read()).items()} == {"acme": 2, "beta": 7}
 
 
 async def test_a_pg_ledger_that_does_not_add_up_cannot_be_verified(empty_pg_dsn: str) -> None:

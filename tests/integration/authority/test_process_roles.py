@@ -265,7 +265,7 @@ async def test_the_consumer_submits_projects_and_poisons_but_cannot_publish_a_jo
                     (sql.FENCE, lease.fence_args()),
                     (
                         repair_sql.RESOLVE_EFFECT,
-                        (lease.job_id, "provider.create_report", "succeeded", None, "c", "e"),
+                        (lease.job_id, "provider.create_report", "succeeded", None, "c", "e", None),
                     ),
                     (repair_sql.RELEASE_HOLD, (lease.job_id, "c", "e")),
                     ("UPDATE jobs.jobs SET state = 'succeeded'", ()),

@@ -82,6 +82,29 @@ async def test_a_pending_effect_of_a_job_no_longer_running_can_be_resolved(
     assert await p.state(job_id) == "succeeded"
 
 
+async def test_a_resolution_is_refused_once_the_key_began_again(principals: Principals) -> None:
+    """Migration 0050. Evidence about seq 1 (reconcile's provider answer, read a while ago)
+    resolved whatever record was latest: the key begun again meanwhile (seq 2, a request in
+    flight), seq 2 was resolved failed_before_dispatch, and could be sent again. With the
+    seq it is about, the resolution is refused (seq_moved; control: seq 2's own resolves)."""
+    p = principals
+    job_id = await p.submit("a")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, "k", "i")
+    await p.store.finish_effect(lease, "k", EffectState.FAILED_BEFORE_DISPATCH)
+    assert await p.store.begin_effect(lease, "k", "i") == 2  # begun again: in flight
+    await p.expire(job_id)
+    await p.store.rescue()
+    fbd = EffectState.FAILED_BEFORE_DISPATCH
+    assert await refused(p, resolve_effect, job_id, "k", fbd, who="a", evidence="e", seq=1) == (
+        "seq_moved"
+    )
+    assert [e.state for e in (await p.store.job(job_id)).effects] == [fbd, EffectState.PENDING]
+    async with p.repair.acquire() as conn, conn.transaction():  # control
+        done = await resolve_effect(conn, job_id, "k", fbd, who="a", evidence="e", seq=2)
+    assert done.seq == 2
+
+
 async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> None:
     p = principals
     job_id = await p.submit("a")

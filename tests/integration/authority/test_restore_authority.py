@@ -97,6 +97,8 @@ async def test_the_repair_role_advances_only_past_an_open_restore(
         await restored(p, ledger)  # the database one behind (ledger 3, database 2)
         assert len(await check_restore(p.worker, ledger)) == 1
         assert await conn.fetchval(call, TENANT, 3, 2) == "behind_detection"
+        # A NULL ledger epoch is no way round it (0050: NULL < 3 was NULL, the check skipped)
+        assert await conn.fetchval(call, TENANT, 4, None) == "behind_detection"
         assert await epoch_of(p) == (2, True)
         async with conn.transaction():  # control: with the restore open, it advances
             done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")
@@ -116,6 +118,12 @@ async def test_a_restriction_the_ledger_records_survives_the_restore(
     async with p.repair.acquire() as conn:
         # The detection recorded the ledger's restriction: a direct call cannot clear it.
         call = "SELECT status FROM jobs.repair_advance_epoch($1, 9, 2, $2, 'mallory', 'x')"
+        assert await conn.fetchval(call, TENANT, False) == "keeps_restriction"
+        # ... nor a hold that says the ledger, at the same epoch, holds no restriction: the
+        # ledger changes a restriction only with an epoch (0050; before, this cleared it)
+        for role in (p.repair, p.worker):
+            async with role.acquire() as forger:
+                await forger.fetch("SELECT * FROM jobs.authority_hold($1, 2, false)", TENANT)
         assert await conn.fetchval(call, TENANT, False) == "keeps_restriction"
         async with conn.transaction():
             done = await advance_epoch(conn, ledger, TENANT, who="alice", evidence="drill")

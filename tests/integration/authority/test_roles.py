@@ -45,7 +45,7 @@ async def test_the_worker_executes_but_cannot_repair(principals: Principals) -> 
     unknown = await unknown_effect(p, "c")
     async with p.worker.acquire() as conn:
         for stmt, args in (
-            (repair_sql.RESOLVE_EFFECT, (unknown, "charge", "succeeded", None, "w", "e")),
+            (repair_sql.RESOLVE_EFFECT, (unknown, "charge", "succeeded", None, "w", "e", None)),
             (repair_sql.RELEASE_HOLD, (unknown, "w", "e")),
             (repair_sql.REQUEUE_POISON, (unknown, "w", "e")),
             (repair_sql.ADVANCE_EPOCH, ("acme", 9, 1, False, "w", "e")),
