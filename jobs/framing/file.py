@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from accord.jobs.errors import (
     JournalBroken,
     JournalCorrupt,
+    JournalHeaderInvalid,
     JournalLocked,
     JournalRunnerMismatch,
     JournalTornTail,
@@ -216,7 +217,10 @@ class Journal:
                     # that is no longer the journal. Open what the name holds now.
                     os.close(fd)
                     continue
-                scan = _scan_fd(fd, verified)
+                try:
+                    scan = _scan_fd(fd, verified)
+                except JournalHeaderInvalid as exc:  # named by its file: one line at a start
+                    raise JournalHeaderInvalid(path=str(journal), **exc.fields) from None
                 if scan.runner_id != runner_id:
                     raise JournalRunnerMismatch(path=str(journal), owner=scan.runner_id)
                 _refuse_corrupt(journal, scan)

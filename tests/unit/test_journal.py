@@ -101,6 +101,10 @@ def test_header_checks(tmp_path: Path) -> None:
         scan_bytes(b"")
     with pytest.raises(JournalHeaderInvalid):
         journal.encode_header("")
+    path.write_bytes(b"not a journal, a file left at its path")  # opened: named by its path
+    with pytest.raises(JournalHeaderInvalid) as caught:
+        Journal.open(path, "runner-1")
+    assert caught.value.fields["path"] == str(path) and str(path) in str(caught.value)
 
 
 def test_invalid_records_refused(tmp_path: Path) -> None:
