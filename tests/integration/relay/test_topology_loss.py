@@ -58,16 +58,11 @@ async def _received(queue: aio_pika.abc.AbstractQueue, n: int) -> list[Any]:
     return ids
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("declares", [True, False])
-async def test_a_relay_whose_exchange_is_deleted_waits_and_resumes(
-    pg_dsn: str,
-    pg: asyncpg.Connection,
-    amqp_url: str,
-    broker_names: BrokerNames,
-    declares: bool,
-    tmp_path: Path,
-) -> None:
+def _demo_relay(
+    pg_dsn: str, amqp_url: str, broker_names: BrokerNames
+) -> tuple[topologies.Topology, dict[str, str]]:
+    """The demo's topology under this test's prefix (deleted after it), and the environment
+    of an `accord relay` publishing to it."""
     names = demo_topology(broker_names.prefix)
     exchanges, queues = names.names()
     broker_names.exchanges.extend(exchanges)
@@ -80,6 +75,20 @@ async def test_a_relay_whose_exchange_is_deleted_waits_and_resumes(
         "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix,
         "ACCORD_RELAY_POLL_S": "0.1",
     }
+    return names, env
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("declares", [True, False])
+async def test_a_relay_whose_exchange_is_deleted_waits_and_resumes(
+    pg_dsn: str,
+    pg: asyncpg.Connection,
+    amqp_url: str,
+    broker_names: BrokerNames,
+    declares: bool,
+    tmp_path: Path,
+) -> None:
+    names, env = _demo_relay(pg_dsn, amqp_url, broker_names)
     amqp = await aio_pika.connect(amqp_url)
     channel = await amqp.channel()
     await topologies.declare(channel, names)  # the topology's owner declared it once
@@ -125,18 +134,7 @@ async def test_a_topology_the_broker_holds_otherwise_at_a_later_session_ends_the
     """A permanent refusal is not waited for: the exchange deleted and a queue declared again
     with other arguments (classic, not quorum) between two sessions, the next session's
     declaration is refused as the start's is (one line, exit 2), never retried for ever."""
-    names = demo_topology(broker_names.prefix)
-    exchanges, queues = names.names()
-    broker_names.exchanges.extend(exchanges)
-    broker_names.queues.extend(queues)
-    env = {
-        **os.environ,
-        "ACCORD_APP": "accord.demo:app",
-        "ACCORD_PG_DSN": pg_dsn,
-        "ACCORD_AMQP_URL": amqp_url,
-        "ACCORD_TOPOLOGY_PREFIX": broker_names.prefix,
-        "ACCORD_RELAY_POLL_S": "0.1",
-    }
+    names, env = _demo_relay(pg_dsn, amqp_url, broker_names)
     log = tmp_path / "relay.log"
     amqp = await aio_pika.connect(amqp_url)
     try:
