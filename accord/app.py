@@ -27,7 +27,7 @@ types its handlers take.
 
 :meth:`App.validate` checks the declarations once, at start, before anything connects: a
 handler for a type the catalog lacks, two classes on one queue, an effect key that no
-provider owns (or two do), a job class with no consumer... each is a one-line
+provider owns (or two do)... each is a one-line
 :class:`AppInvalid`.
 """
 
