@@ -95,7 +95,9 @@ DB_CONNECTION_LOST: tuple[type[BaseException], ...] = (
 # if tried again later, on a connection still sound: a serialization failure or a deadlock
 # (class 40), a statement cancelled (57014: statement_timeout, a cancel), a lock not granted
 # in time (55P03: lock_timeout), the server short of resources (class 53: too many
-# connections, disk full, out of memory). Each such statement was rolled back. A process's
+# connections, disk full, out of memory), a server in recovery (25006: a standby, or a
+# primary stepping down, answers every write read-only until a failover ends: promoted, or
+# restarted and the connection lost). Each such statement was rolled back. A process's
 # loops (claim, renew, record, rescue, prune, watch, relay, consume) log them, back off and
 # try again, as after a lost connection: before, one ended the process, and a worker's
 # effects in flight were recorded unknown.
@@ -105,6 +107,7 @@ DB_RETRY_LATER: tuple[type[BaseException], ...] = (
     asyncpg.QueryCanceledError,
     asyncpg.LockNotAvailableError,
     asyncpg.InsufficientResourcesError,
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 # The narrower set that only the server's end of a session raises: the session is over even

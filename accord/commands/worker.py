@@ -190,10 +190,16 @@ async def serve(
     # Claims wait after a lost or new database connection (a restart, a restore) until the
     # authority watch's next check passes: the pool reports each new connection to the gate.
     gate = gate if gate is not None else AuthorityGate()
+    # Every connection opened at the start and kept: a server that cannot give them is one
+    # line now, not heartbeats that fail once the jobs hold the rest (their leases lost,
+    # their effects left to reconciliation); and no new connection shuts the gate later
+    # but to replace a lost one.
+    size = pool_size(options.config.concurrency)
     pool = await create_pool(
         settings.pg_dsn,
-        min_size=1,
-        max_size=pool_size(options.config.concurrency),
+        min_size=size,
+        max_size=size,
+        max_inactive_connection_lifetime=0,
         init=gate.connection_opened,
         **role,
     )

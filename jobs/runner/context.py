@@ -32,7 +32,7 @@ from accord.jobs.errors import (
     ResultMismatch,
 )
 from accord.jobs.models import EffectState, Lease
-from accord.jobs.runner import effects
+from accord.jobs.runner import effects, write_back
 from accord.jobs.runner.effects import (
     EffectUnknown,
     FailedBeforeDispatch,
@@ -324,11 +324,16 @@ class JobContext:
             self._note(record)
 
     async def _finish_effect(self, lease: Lease, ref: EffectRef, outcome: Outcome) -> bool:
-        """Whether the database recorded ``outcome`` (a refusal or a lost database is logged:
-        the pending row remains)."""
+        """Whether the database recorded ``outcome`` (a refusal is logged: the pending row
+        remains). A busy or lost database is tried again (write_back.again) until the
+        caller's record timeout."""
         try:
-            await self._store.finish_effect(
-                lease, ref.effect_key, outcome.state, receipt=outcome.receipt
+            await write_back.again(
+                lambda: self._store.finish_effect(
+                    lease, ref.effect_key, outcome.state, receipt=outcome.receipt
+                ),
+                what="effect outcome",
+                lease=lease,
             )
         except FenceLost as exc:
             log.warning(
@@ -339,16 +344,6 @@ class JobContext:
                 ref.seq,
                 outcome.state,
                 exc.fields.get("failed_check"),
-            )
-        except DB_RETRY_LATER as exc:
-            log.warning(
-                "effect outcome not recorded (database unreachable), pending row remains:"
-                " job=%s key=%s seq=%s outcome=%s error=%s",
-                ref.job_id,
-                ref.effect_key,
-                ref.seq,
-                outcome.state,
-                type(exc).__name__,
             )
         else:
             self._recorded(ref, outcome.state)
@@ -421,14 +416,27 @@ class JobContext:
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
             self._publishing = object_key
-            try:
+            tries = 0
+
+            async def publish() -> None:
+                nonlocal tries
+                tries += 1
                 await self._store.publish(self._lease, callback, result=result)
+
+            try:
+                await write_back.again(publish, what="publish", lease=self._lease)
             except FenceLost as exc:
-                span.add_event(
-                    telemetry.EVENT_FENCE_REFUSED,
-                    {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
-                )
-                raise
+                # A try after one whose answer was lost: that one may have committed.
+                if not (
+                    tries > 1
+                    and exc.fields.get("failed_check") == "state"
+                    and await write_back.published_before(self._store, self._lease)
+                ):
+                    span.add_event(
+                        telemetry.EVENT_FENCE_REFUSED,
+                        {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
+                    )
+                    raise
             finally:
                 self._publishing = None
         self.published = True

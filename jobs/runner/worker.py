@@ -42,7 +42,7 @@ from accord.jobs.errors import (
     ResultMismatch,
 )
 from accord.jobs.models import JobState, Lease
-from accord.jobs.runner import attempts, recovery
+from accord.jobs.runner import attempts, recovery, write_back
 from accord.jobs.runner.config import Handler, Registered, WorkerConfig
 from accord.jobs.runner.context import JobContext
 from accord.jobs.runner.endings import Ending, Finished, WorkerStats, error_reason
@@ -511,8 +511,6 @@ class Worker:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
         except EffectsUnresolved as exc:
             return await self._give_up(ctx, store, Ending.FAILED, error_reason(exc))
-        except DB_RETRY_LATER as exc:
-            log.warning("could not complete job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
         if ctx.published:
             return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
         return self._finished(ctx, Ending.UNRECORDED, None, "publish_unanswered")
@@ -525,12 +523,15 @@ class Worker:
         it again."""
         try:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                state = await store.fail(ctx.lease, reason, retry=retry)
+                state = await write_back.again(
+                    lambda: store.fail(ctx.lease, reason, retry=retry),
+                    what="give-up",
+                    lease=ctx.lease,
+                )
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))
-        except DB_RETRY_LATER as exc:
-            log.warning("could not give up job=%s (%s)", ctx.lease.job_id, type(exc).__name__)
+        log.warning("could not give up job=%s: no answer in its record timeout", ctx.lease.job_id)
         return self._finished(ctx, Ending.UNRECORDED, None, reason)
 
     def _finished(

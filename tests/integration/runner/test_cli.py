@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from accord.commands.worker import pool_size
 from accord.demo import DEFAULT_OWNER, report
 from accord.jobs import JobState
 from accord.jobs.runner import scan_journal
@@ -74,6 +75,10 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
             "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
         )
         assert "accord worker report" in {row["application_name"] for row in names}
+        # its pool opened every connection at its start and keeps them: a server that cannot
+        # give them is refused then, not found out by heartbeats that fail mid-job
+        theirs = [row for row in names if row["application_name"] == "accord worker report"]
+        assert len(theirs) >= pool_size(4)
         mine = await rig.pool.fetchval("SELECT current_setting('application_name')")
         assert mine != "accord worker report"
     finally:

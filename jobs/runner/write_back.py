@@ -1,0 +1,59 @@
+"""An attempt's fenced write-backs (an effect's outcome, the publish, the give-up), tried
+again while the database is busy or the connection lost (``DB_RETRY_LATER``), until it
+answers or the caller's deadline ends the try (``record_timeout_s``, or the handler's own).
+
+A write-back given up at its first lost connection left a finished effect ``pending`` (the
+outcome the worker knew, for a provider lookup to find again) or a finished job to its
+lease's rescue and a person's resume, while the lease was still good and the same fenced
+statement would have passed a moment later. The fence makes a second try safe: it passes
+only under the same lease, and a publish that committed before its answer was lost is
+told by its job's row (``published_before``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
+from accord.jobs.models import JobState, Lease
+from accord.jobs.store import Store
+from accord.schemas.backoff import Backoff, BackoffPolicy
+from accord.schemas.db import DB_RETRY_LATER
+
+log = logging.getLogger("accord.worker")
+T = TypeVar("T")
+
+#: Quick at first (a backend terminated, a deadlock), at most a second apart after.
+POLICY = BackoffPolicy(base_s=0.05, cap_s=1.0)
+
+
+async def again(call: Callable[[], Awaitable[T]], *, what: str, lease: Lease) -> T:
+    """``call()`` until it answers (or raises anything but DB_RETRY_LATER); the caller's
+    cancel scope bounds the tries. Each try takes the connection the store gives it: a held
+    one that failed was given back (``Store.hold``), so the next try has a fresh one."""
+    backoff = Backoff(POLICY)
+    while True:
+        try:
+            return await call()
+        except DB_RETRY_LATER as exc:
+            delay = backoff.next()
+            log.warning(
+                "%s not written, trying again in %.2fs: job=%s generation=%s (%s)",
+                what,
+                delay,
+                lease.job_id,
+                lease.generation,
+                type(exc).__name__,
+            )
+            await anyio.sleep(delay)
+
+
+async def published_before(store: Store, lease: Lease) -> bool:
+    """Whether the job succeeded at this lease's generation: only this attempt's publish
+    makes it so (any other attempt runs at a later generation), so a try refused on the
+    job's state after one whose answer was lost committed."""
+    job = await again(lambda: store.job(lease.job_id), what="publish check", lease=lease)
+    return job.state is JobState.SUCCEEDED and job.generation == lease.generation

@@ -1,0 +1,187 @@
+"""An attempt's fenced write-backs under a lost connection or a read-only server (a review of
+the worker under PostgreSQL faults, on a cluster of its own): each is tried again on a fresh
+connection while the lease lasts, so a call that succeeded does not end ``unknown`` for a
+person to resume, and the stale attempt still cannot write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from accord.demo import DEFAULT_OWNER
+from accord.jobs import FenceLost, JobState
+from accord.jobs.runner import JobContext, Success, write_back
+from tests.integration.runner.conftest import Rig, running, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+# Every client backend of the test's database but the caller's: the worker's held and pooled
+# connections among them (the database is this test's own).
+CUT_OTHERS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND backend_type = 'client backend'"
+)
+
+
+STATE = "SELECT state FROM jobs.jobs WHERE job_id = $1"
+READ_ONLY = "default_transaction_read_only"
+
+
+def _state(rig: Rig, job_id: int, state: JobState) -> Any:
+    async def reached() -> bool:
+        return await rig.state(job_id) == state
+
+    return reached
+
+
+async def test_an_outcome_whose_connection_was_cut_is_written_on_a_new_one(
+    rig: Rig, pg_dsn: str
+) -> None:
+    """The call succeeded; the backend writing its outcome is cut while the statement waits
+    (on a row lock the test holds). Before: the outcome was given up at that first lost
+    connection (logged, the effect left pending), the publish refused (EffectsUnresolved) and
+    the job made unknown, for a provider lookup to find again what the worker knew. Now it is
+    written on a new connection."""
+    await rig.store.register_workflow("lossy", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-lossy", "lossy")
+    admin = await asyncpg.connect(pg_dsn)  # not the worker's: outside its pool
+    locked = anyio.Event()
+    cut: list[int] = []
+
+    async def send() -> Success:
+        await admin.execute("BEGIN")
+        await admin.execute("SELECT 1 FROM jobs.effects WHERE job_id = $1 FOR UPDATE", job_id)
+        locked.set()
+        return Success("r-1")
+
+    async def lossy(ctx: JobContext) -> None:
+        await ctx.effect("pay", {}, send)
+        await ctx.publish()
+
+    async def cutter() -> None:
+        await locked.wait()
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%finish_effect%' AND datname = current_database()"
+        )
+        probe = await asyncpg.connect(pg_dsn)
+        try:
+
+            async def blocked() -> bool:
+                pid = await probe.fetchval(waiting)
+                if pid is not None:
+                    cut.append(await probe.fetchval("SELECT pg_terminate_backend($1)", pid))
+                return bool(cut)
+
+            await wait_for(blocked)
+        finally:
+            await probe.close()
+        await admin.execute("COMMIT")
+
+    try:
+        worker = rig.worker({"lossy": (lossy, 30.0)}, lease_s=10.0)
+        async with running(worker), anyio.create_task_group() as tg:
+            tg.start_soon(cutter)
+            await wait_for(_state(rig, job_id, JobState.SUCCEEDED))
+    finally:
+        await admin.close()
+    assert cut == [True]  # the outcome's statement was cut, waiting on the lock
+    assert await rig.effects(job_id) == [("pay", 1, "succeeded", "r-1")]
+
+
+async def test_a_publish_whose_connection_was_cut_is_tried_again(rig: Rig) -> None:
+    """The publish's transaction loses its connection (the callback cuts its own backend):
+    nothing of it committed, and it is tried again on a new connection under the same lease,
+    the callback run again. Before: the job went unknown with its effect succeeded."""
+    await rig.store.register_workflow("cut", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-cut", "cut")
+    runs: list[int] = []
+
+    async def callback(tx: Any) -> None:
+        runs.append(await tx.fetchval("SELECT pg_backend_pid()"))
+        if len(runs) == 1:
+            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    async def handler(ctx: JobContext) -> None:
+        await ctx.effect("pay", {}, _receipt)
+        await ctx.publish(callback)
+
+    worker = rig.worker({"cut": (handler, 30.0)}, lease_s=10.0)
+    async with running(worker):
+        await wait_for(_state(rig, job_id, JobState.SUCCEEDED))
+    assert len(runs) == 2 and runs[0] != runs[1]
+    assert worker.stats.endings["published"] == 1
+
+
+async def _receipt() -> Success:
+    return Success("r-2")
+
+
+async def test_a_publish_committed_before_its_answer_was_lost_is_told_by_its_job(
+    rig: Rig,
+) -> None:
+    """When the answer to a publish is lost after its commit, the next try is refused on the
+    job's state; the job's row tells it apart: succeeded at this lease's generation is this
+    attempt's publish (nobody else's runs at it). Control: a job refused for another reason
+    (failed, or taken by a later attempt) is not taken for published."""
+    await rig.store.register_workflow("told", DEFAULT_OWNER)
+    first = await rig.submit_job("op-told-1", "told")
+    [lease] = await rig.store.claim("told", DEFAULT_OWNER, lease_s=30)
+    assert lease.job_id == first
+    await rig.store.publish(lease)
+    with pytest.raises(FenceLost) as refused:
+        await rig.store.publish(lease)  # the try after a lost answer
+    assert refused.value.fields["failed_check"] == "state"
+    assert await write_back.published_before(rig.store, lease)
+    second = await rig.submit_job("op-told-2", "told")
+    [other] = await rig.store.claim("told", DEFAULT_OWNER, lease_s=30)
+    assert other.job_id == second
+    await rig.store.fail(other, "handler", retry=False)
+    assert not await write_back.published_before(rig.store, other)  # control: failed
+
+
+async def test_a_read_only_server_delays_the_heartbeat_and_the_worker_goes_on(
+    rig: Rig, pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server answering every write read-only (25006: a standby, or a primary stepping
+    down during a failover). Before: the heartbeat's ReadOnlySQLTransactionError ended the
+    worker, every job in flight with it. Now a renewal is retried at the next beat, and the
+    job publishes once writes are taken again."""
+    await rig.store.register_workflow("ro", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-ro", "ro")
+    database = await rig.pool.fetchval("SELECT current_database()")
+    release = anyio.Event()
+    began = anyio.Event()
+
+    async def handler(ctx: JobContext) -> None:
+        began.set()
+        await release.wait()
+        await ctx.publish()
+
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        worker = rig.worker({"ro": (handler, 60.0)}, lease_s=6.0)
+        async with running(worker):
+            await began.wait()
+            await admin.execute(f'ALTER DATABASE "{database}" SET {READ_ONLY} = on')
+            await admin.fetchval(CUT_OTHERS)  # new connections: read-only
+            await anyio.sleep(3)  # a beat or two (every lease/3 s) meets the read-only server
+            assert await admin.fetchval(STATE, job_id) == "running"  # the worker goes on
+            await admin.execute(f'ALTER DATABASE "{database}" RESET {READ_ONLY}')
+            await admin.fetchval(CUT_OTHERS)
+            release.set()
+
+            async def published() -> bool:  # on the test's own connection: the pool's were cut
+                return bool(await admin.fetchval(STATE, job_id) == "succeeded")
+
+            await wait_for(published)
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" RESET {READ_ONLY}')
+        await admin.close()
+    assert worker.stats.endings["published"] == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any("renew failed" in m and "ReadOnlySQLTransactionError" in m for m in said)
