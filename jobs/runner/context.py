@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from accord import observe
 from accord.jobs.errors import (
+    EffectNotPending,
     EffectUndeclared,
     FenceLost,
     IdempotencyKeyMismatch,
@@ -327,13 +328,20 @@ class JobContext:
         """Whether the database recorded ``outcome`` (a refusal is logged: the pending row
         remains). A busy or lost database is tried again (write_back.again) until the
         caller's record timeout."""
+
+        async def committed(error: Exception) -> bool:
+            return isinstance(error, EffectNotPending) and await write_back.recorded_before(
+                self._store, lease, ref.effect_key, ref.seq, str(outcome.state)
+            )
+
         try:
-            await write_back.again(
+            await write_back.again_unless_committed(
                 lambda: self._store.finish_effect(
                     lease, ref.effect_key, outcome.state, receipt=outcome.receipt
                 ),
                 what="effect outcome",
                 lease=lease,
+                committed=committed,
             )
         except FenceLost as exc:
             log.warning(
@@ -416,27 +424,27 @@ class JobContext:
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False
         ):
             self._publishing = object_key
-            tries = 0
 
-            async def publish() -> None:
-                nonlocal tries
-                tries += 1
-                await self._store.publish(self._lease, callback, result=result)
+            async def committed(error: Exception) -> bool:
+                return (
+                    isinstance(error, FenceLost)
+                    and error.fields.get("failed_check") == "state"
+                    and await write_back.published_before(self._store, self._lease)
+                )
 
             try:
-                await write_back.again(publish, what="publish", lease=self._lease)
+                await write_back.again_unless_committed(
+                    lambda: self._store.publish(self._lease, callback, result=result),
+                    what="publish",
+                    lease=self._lease,
+                    committed=committed,
+                )
             except FenceLost as exc:
-                # A try after one whose answer was lost: that one may have committed.
-                if not (
-                    tries > 1
-                    and exc.fields.get("failed_check") == "state"
-                    and await write_back.published_before(self._store, self._lease)
-                ):
-                    span.add_event(
-                        telemetry.EVENT_FENCE_REFUSED,
-                        {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
-                    )
-                    raise
+                span.add_event(
+                    telemetry.EVENT_FENCE_REFUSED,
+                    {telemetry.ATTR_JOB_REASON: str(exc.fields.get("failed_check"))},
+                )
+                raise
             finally:
                 self._publishing = None
         self.published = True

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import anyio
 
-from accord.jobs.models import JobState, Lease
+from accord.jobs.models import JobState, JobView, Lease
 from accord.jobs.store import Store
 from accord.schemas.backoff import Backoff, BackoffPolicy
 from accord.schemas.db import DB_RETRY_LATER
@@ -51,9 +51,52 @@ async def again(call: Callable[[], Awaitable[T]], *, what: str, lease: Lease) ->
             await anyio.sleep(delay)
 
 
+async def again_unless_committed(
+    call: Callable[[], Awaitable[object]],
+    *,
+    what: str,
+    lease: Lease,
+    committed: Callable[[Exception], Awaitable[bool]],
+) -> None:
+    """``again``, for a write whose lost answer may hide its commit: a try after a lost
+    one that is refused asks ``committed(error)`` (the database's rows tell) and, if the
+    earlier try committed, the write is done; any other refusal is raised."""
+    tries = 0
+
+    async def tried() -> object:
+        nonlocal tries
+        tries += 1
+        try:
+            return await call()
+        except DB_RETRY_LATER:
+            raise
+        except Exception as exc:  # a refusal: raised unless an earlier try committed
+            if tries > 1 and await committed(exc):
+                log.info("%s committed before its answer was lost: job=%s", what, lease.job_id)
+                return None
+            raise
+
+    await again(tried, what=what, lease=lease)
+
+
 async def published_before(store: Store, lease: Lease) -> bool:
     """Whether the job succeeded at this lease's generation: only this attempt's publish
     makes it so (any other attempt runs at a later generation), so a try refused on the
     job's state after one whose answer was lost committed."""
-    job = await again(lambda: store.job(lease.job_id), what="publish check", lease=lease)
+    job = await _job(store, lease)
     return job.state is JobState.SUCCEEDED and job.generation == lease.generation
+
+
+async def recorded_before(store: Store, lease: Lease, key: str, seq: int, state: str) -> bool:
+    """Whether this attempt's record ``(key, seq)`` holds ``state``: a finish refused as
+    not pending after one whose answer was lost committed."""
+    job = await _job(store, lease)
+    return any(
+        e.effect_key == key and e.seq == seq and e.attempt_id == lease.attempt_id
+        and str(e.state) == state
+        for e in job.effects
+    )  # fmt: skip
+
+
+async def _job(store: Store, lease: Lease) -> JobView:
+    return await again(lambda: store.job(lease.job_id), what="the job's row", lease=lease)

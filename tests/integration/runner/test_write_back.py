@@ -5,6 +5,8 @@ person to resume, and the stale attempt still cannot write."""
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from typing import Any
 
 import anyio
@@ -12,7 +14,7 @@ import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER
-from accord.jobs import FenceLost, JobState
+from accord.jobs import EffectNotPending, EffectState, FenceLost, JobState
 from accord.jobs.runner import JobContext, Success, write_back
 from tests.integration.runner.conftest import Rig, running, wait_for
 
@@ -142,6 +144,25 @@ async def test_a_publish_committed_before_its_answer_was_lost_is_told_by_its_job
     assert other.job_id == second
     await rig.store.fail(other, "handler", retry=False)
     assert not await write_back.published_before(rig.store, other)  # control: failed
+
+
+async def test_an_outcome_committed_before_its_answer_was_lost_is_told_by_its_record(
+    rig: Rig,
+) -> None:
+    """The same for an effect's outcome: the next try is refused as not pending, and this
+    attempt's record holding that outcome says the earlier try committed. Control: another
+    outcome, or the record of another attempt, is not taken for it."""
+    await rig.store.register_workflow("rec", DEFAULT_OWNER, effects_enabled=True)
+    await rig.submit_job("op-rec", "rec")
+    [lease] = await rig.store.claim("rec", DEFAULT_OWNER, lease_s=30)
+    seq = await rig.store.begin_effect(lease, "pay", "intent")
+    await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="r")
+    with pytest.raises(EffectNotPending):  # the try after a lost answer
+        await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="r")
+    assert await write_back.recorded_before(rig.store, lease, "pay", seq, "succeeded")
+    assert not await write_back.recorded_before(rig.store, lease, "pay", seq, "unknown")
+    other = dataclasses.replace(lease, attempt_id=uuid.uuid4())
+    assert not await write_back.recorded_before(rig.store, other, "pay", seq, "succeeded")
 
 
 async def test_a_read_only_server_delays_the_heartbeat_and_the_worker_goes_on(
