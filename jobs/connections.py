@@ -107,7 +107,8 @@ class Spares:
     log listener on ``tx``) is outside its contract (database writes).
 
     The most recently kept is taken first, and one kept longer than ``idle_s`` goes back to
-    the pool, so after a burst the pool's own idle limit closes what is no longer needed.
+    the pool, so after a burst the pool's own idle limit, where it has one, closes what is no
+    longer needed (`accord worker`'s pool has none: it keeps every connection it opened).
     """
 
     __slots__ = ("_idle_s", "_kept", "_pool")
@@ -119,7 +120,7 @@ class Spares:
 
     async def take(self) -> Any:
         """The most recently kept clean connection, or None. Those kept longer than
-        ``idle_s`` go back to the pool first (its reset and idle limit then apply): after a
+        ``idle_s`` go back to the pool first (its reset, and any idle limit, then apply): after a
         quiet spell a kept connection a firewall may have dropped is not the next one used."""
         await self._expire(anyio.current_time())
         while self._kept:

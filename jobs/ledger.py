@@ -408,9 +408,11 @@ class _Seen:
     """The highest epoch a ledger handle ever read for each tenant. A read that shows less
     (a tenant missing, or at a lower epoch) is a ledger that went back under a running
     process: rolled back, replaced by an older copy, truncated or deleted. It is refused
-    (LedgerUnavailable: the authority gate stays shut), never taken as a new ledger: a
-    database restored to match it would pass every later check. A restart reads it as it
-    is (a lost ledger looks like a new one: docs/authority.md)."""
+    (LedgerUnavailable, which ends the authority watch and so the process, one line naming
+    it), never taken as a new ledger: a database restored to match it would pass every
+    later check. A restarted process, with no memory of what was read, takes it as it is
+    (a lost ledger looks like a new one: docs/authority.md): the protection lasts until a
+    person has seen that line."""
 
     def __init__(self, where: str) -> None:
         self._where = where

@@ -1,7 +1,9 @@
 """`accord migrate [--check]`: apply pending migrations, or say whether the DB is behind.
 
 Accord's own chain first, then, with ``--app``, the application's own directory of
-migrations, in the same checksum ledger (the application's name is its component).
+migrations, in the same checksum ledger (the application's name is its component). With
+``ACCORD_LEDGER_PG_DSN``, the authority ledger's table in that separate database too (its
+schema, the table and the guards that keep it append-only: idempotent).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 
 from accord import runtime
 from accord.commands.common import optional_app
+from accord.jobs.ledger import PgLedger
 from accord.schemas import migrate
 from accord.schemas.db import connect, ensure_database
 from accord.schemas.errors import DatabaseMissing
@@ -33,7 +36,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = optional_app(args, settings)
     chains = app.migration_chains() if app is not None else ()
-    return int(runtime.run(_main, settings.pg_dsn, bool(args.check), chains))
+    code = int(runtime.run(_main, settings.pg_dsn, bool(args.check), chains))
+    if code == 0 and not args.check and settings.ledger_pg_dsn:
+        runtime.run(ensure_database, settings.ledger_pg_dsn)
+        runtime.run(PgLedger(settings.ledger_pg_dsn).ensure)
+        print("the authority ledger's table is in place (ACCORD_LEDGER_PG_DSN)")
+    return code
 
 
 async def _main(dsn: str, check_only: bool, chains: tuple[migrate.Chain, ...]) -> int:

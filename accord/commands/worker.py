@@ -190,10 +190,11 @@ async def serve(
     # Claims wait after a lost or new database connection (a restart, a restore) until the
     # authority watch's next check passes: the pool reports each new connection to the gate.
     gate = gate if gate is not None else AuthorityGate()
-    # Every connection opened at the start and kept: a server that cannot give them is one
-    # line now, not heartbeats that fail once the jobs hold the rest (their leases lost,
-    # their effects left to reconciliation); and no new connection shuts the gate later
-    # but to replace a lost one.
+    # Every connection opened at the start and kept (no idle expiry): a server that cannot
+    # give them is one line now, not heartbeats that fail once the jobs hold the rest (their
+    # leases lost, their effects left to reconciliation). A connection is replaced after a
+    # loss, or after asyncpg's max_queries; each replacement shuts the gate until the next
+    # check (brought forward at once).
     size = pool_size(options.config.concurrency)
     pool = await create_pool(
         settings.pg_dsn,

@@ -58,6 +58,12 @@ class WorkerConfig:
                 raise ConfigError(f"the worker's {name} must be a positive number", **{name: value})
         if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
             raise ConfigError("the worker's grace_s must be 0 or more", grace_s=self.grace_s)
+        if not (math.isfinite(self.record_timeout_s) and self.record_timeout_s > 0):
+            # it bounds every write-back's tries (jobs.runner.write_back): never unbounded
+            raise ConfigError(
+                "the worker's record_timeout_s must be a positive number",
+                record_timeout_s=self.record_timeout_s,
+            )
         if not 0 <= self.claim_linger_s < self.lease_s:
             raise ConfigError(
                 "claim_linger_s must be at least 0 and shorter than the lease",

@@ -160,6 +160,16 @@ BEGIN
     RETURN QUERY SELECT NULL::text, e.seq, j.state, v_audit;
 END $$;
 
+-- jobs.effects_guard lets an unknown record be resolved only by the owner of the six-argument
+-- form: the seven-argument form, which now does the update, is given the same owner.
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION jobs.repair_resolve_effect(bigint, text, text, text, text, text, integer) OWNER TO %I',
+        (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
+         WHERE p.oid = 'jobs.repair_resolve_effect(bigint,text,text,text,text,text)'::regprocedure));
+END $$;
+
 REVOKE ALL ON FUNCTION jobs.repair_resolve_effect(bigint, text, text, text, text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION jobs.repair_resolve_effect(bigint, text, text, text, text, text, integer) TO accord_repair;
 

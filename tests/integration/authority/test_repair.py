@@ -92,17 +92,19 @@ async def test_a_resolution_is_refused_once_the_key_began_again(principals: Prin
     lease = await p.claim_one()
     await p.store.begin_effect(lease, "k", "i")
     await p.store.finish_effect(lease, "k", EffectState.FAILED_BEFORE_DISPATCH)
-    assert await p.store.begin_effect(lease, "k", "i") == 2  # begun again: in flight
-    await p.expire(job_id)
-    await p.store.rescue()
+    assert await p.store.begin_effect(lease, "k", "i") == 2  # begun again: its reply lost
+    await p.store.finish_effect(lease, "k", EffectState.UNKNOWN)
+    await p.store.fail(lease, "effect_unknown", retry=False)
     fbd = EffectState.FAILED_BEFORE_DISPATCH
     assert await refused(p, resolve_effect, job_id, "k", fbd, who="a", evidence="e", seq=1) == (
         "seq_moved"
     )
-    assert [e.state for e in (await p.store.job(job_id)).effects] == [fbd, EffectState.PENDING]
-    async with p.repair.acquire() as conn, conn.transaction():  # control
+    assert [e.state for e in (await p.store.job(job_id)).effects] == [fbd, EffectState.UNKNOWN]
+    async with p.repair.acquire() as conn, conn.transaction():  # control (the effects guard:
         done = await resolve_effect(conn, job_id, "k", fbd, who="a", evidence="e", seq=2)
-    assert done.seq == 2
+    assert done.seq == 2  # an unknown record resolved through the seven-argument form)
+    owners = "SELECT count(DISTINCT proowner) FROM pg_proc WHERE proname = 'repair_resolve_effect'"
+    assert await p.owner.fetchval(owners) == 1
 
 
 async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> None:

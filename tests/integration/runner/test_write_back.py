@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -117,6 +118,42 @@ async def test_a_publish_whose_connection_was_cut_is_tried_again(rig: Rig) -> No
         await wait_for(_state(rig, job_id, JobState.SUCCEEDED))
     assert len(runs) == 2 and runs[0] != runs[1]
     assert worker.stats.endings["published"] == 1
+
+
+async def test_a_callback_s_own_client_error_is_not_tried_again(rig: Rig, tmp_path: Path) -> None:
+    """A callback whose own I/O fails (an OSError, which DB_RETRY_LATER holds for a lost
+    socket) on a connection still open: its own fault, raised to the handler at once, the
+    callback run once per attempt, the job given up with that error (control above: a cut
+    connection is tried again). A retry would run it until the deadline and blame that."""
+    await rig.store.register_workflow("own", DEFAULT_OWNER)
+    job_id = await rig.submit_job("op-own", "own")
+    runs: list[int] = []
+    raised: list[BaseException] = []
+    tmp = tmp_path
+
+    async def callback(tx: Any) -> None:
+        runs.append(1)
+        await tx.execute("SELECT 1")
+        (tmp / "no-such-dir" / "template").read_text()  # FileNotFoundError: an OSError
+
+    async def handler(ctx: JobContext) -> None:
+        try:
+            await ctx.publish(callback)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    worker = rig.worker({"own": (handler, 30.0)}, lease_s=10.0)
+    async with running(worker):
+
+        async def given_up() -> bool:
+            return worker.stats.endings["failed"] >= 1
+
+        await wait_for(given_up, within=20)
+    # each attempt (the job is retried: a handler error) ran the callback once and failed
+    assert len(runs) == len(raised) == worker.stats.endings["failed"]
+    assert all(isinstance(exc, FileNotFoundError) for exc in raised)
+    assert await rig.job(job_id) is not None
 
 
 async def _receipt() -> Success:
