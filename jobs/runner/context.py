@@ -17,10 +17,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import anyio
-import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -49,7 +48,7 @@ from accord.jobs.runner.journal_records import EffectBegin, EffectOutcome, Effec
 from accord.jobs.runner.objects import ObjectStore, check_key
 from accord.jobs.store import Callback, Store
 from accord.schemas import telemetry
-from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, Tx, require_transaction
+from accord.schemas.db import DB_RETRY_LATER, Tx, require_transaction
 
 log = logging.getLogger("accord.worker")
 _TRACER = telemetry.tracer()
@@ -433,7 +432,7 @@ class JobContext:
                     and await write_back.published_before(self._store, self._lease)
                 )
 
-            own = None if callback is None else _own_errors(callback)
+            own = None if callback is None else write_back.own_errors(callback)
             try:
                 await write_back.again_unless_committed(
                     lambda: self._store.publish(self._lease, own, result=result),
@@ -441,7 +440,7 @@ class JobContext:
                     lease=self._lease,
                     committed=committed,
                 )
-            except _CallbackError as failed:  # the callback's own: raised as it raised it
+            except write_back.CallbackError as failed:  # its own: raised as it raised it
                 raise failed.error from failed.error.__cause__
             except FenceLost as exc:
                 span.add_event(
@@ -453,33 +452,6 @@ class JobContext:
                 self._publishing = None
         self.published = True
         await self._trace(Publish(**_claim_fields(self._lease), object_key=object_key))
-
-
-class _CallbackError(Exception):
-    """A publish callback's own client-side error (asyncpg's InterfaceError for a wrong
-    argument, an OSError of its own I/O, ...) on a connection still open: the callback's
-    fault, not a lost connection, so never tried again."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _own_errors(callback: Callback) -> Callback:
-    """``callback``, its DB_RETRY_LATER errors told apart: a server's (a deadlock, a
-    statement timeout: its transaction rolled back) or a lost connection's stay retryable;
-    a client-side one on a connection still open is the callback's own (_CallbackError)."""
-
-    async def call(tx: Tx) -> None:
-        try:
-            await callback(tx)
-        except DB_CONNECTION_LOST as exc:
-            connection = cast(asyncpg.Connection, tx)  # the store's (or its pool's proxy)
-            if isinstance(exc, asyncpg.PostgresError) or connection.is_closed():
-                raise
-            raise _CallbackError(exc) from exc
-
-    return call
 
 
 def declares(declared: Sequence[str], key: str) -> bool:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
+import asyncpg
 
 from accord.jobs.models import JobState, JobView, Lease
-from accord.jobs.store import Store
+from accord.jobs.store import Callback, Store
 from accord.schemas.backoff import Backoff, BackoffPolicy
-from accord.schemas.db import DB_RETRY_LATER
+from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, Tx
 
 log = logging.getLogger("accord.worker")
 T = TypeVar("T")
@@ -100,3 +101,30 @@ async def recorded_before(store: Store, lease: Lease, key: str, seq: int, state:
 
 async def _job(store: Store, lease: Lease) -> JobView:
     return await again(lambda: store.job(lease.job_id), what="the job's row", lease=lease)
+
+
+class CallbackError(Exception):
+    """A publish callback's own client-side error (asyncpg's InterfaceError for a wrong
+    argument, an OSError of its own I/O, ...) on a connection still open: the callback's
+    fault, not a lost connection, so never tried again."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def own_errors(callback: Callback) -> Callback:
+    """``callback``, its DB_RETRY_LATER errors told apart: a server's (a deadlock, a
+    statement timeout: its transaction rolled back) or a lost connection's stay retryable;
+    a client-side one on a connection still open is the callback's own (CallbackError)."""
+
+    async def call(tx: Tx) -> None:
+        try:
+            await callback(tx)
+        except DB_CONNECTION_LOST as exc:
+            connection = cast(asyncpg.Connection, tx)  # the store's (or its pool's proxy)
+            if isinstance(exc, asyncpg.PostgresError) or connection.is_closed():
+                raise
+            raise CallbackError(exc) from exc
+
+    return call
