@@ -34,6 +34,7 @@ from accord.schemas.errors import (
     MigrationTampered,
     SchemaAhead,
     SchemaBehind,
+    ServiceUnavailable,
 )
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -284,10 +285,18 @@ def _refused(what: str) -> Iterator[None]:
 
 
 async def require_current_at(dsn: str, app_chains: Sequence[Chain] = ()) -> None:
-    """Start-up check for a process: connect, refuse a schema older than the code, close."""
+    """Start-up check for a process: connect, refuse a schema older than the code, close. A
+    server that cancels or cannot serve the check (a statement timeout, a lock not granted,
+    a read-only server, a lost session) is ServiceUnavailable: one line at a start."""
     conn = await connect(dsn)
     try:
         await require_current(conn, app_chains)
+    except DB_RETRY_LATER as exc:
+        if isinstance(exc, ServiceUnavailable):
+            raise
+        raise ServiceUnavailable(
+            service="postgresql", detail=f"the schema check: {type(exc).__name__}"
+        ) from exc
     finally:
         await conn.close()
 

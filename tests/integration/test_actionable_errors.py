@@ -441,3 +441,20 @@ def test_passive_topology_checks_and_says_what_is_missing(pg_dsn: str, amqp_url:
         "ConfigError",
         "topology differs",
     )
+
+
+async def test_a_start_whose_schema_check_the_server_cancels_is_one_line(
+    pg_dsn: str, pg_admin_dsn: str
+) -> None:
+    """A login whose statements the server cancels (a statement_timeout of 1 ms): the start's
+    schema check is ServiceUnavailable naming it, one line, exit 2 (before: a
+    QueryCanceledError traceback, exit 1)."""
+    async with login_role(pg_admin_dsn, "SUPERUSER") as role:
+        admin = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await admin.execute(f"ALTER ROLE {role} SET statement_timeout = '1ms'")
+        finally:
+            await admin.close()
+        dsn = with_db(pg_dsn, user=role)
+        done = await asyncio.to_thread(accord, "relay", ACCORD_PG_DSN=dsn)
+        one_line(done, "ServiceUnavailable", "the schema check: QueryCanceledError")
