@@ -259,6 +259,11 @@ async def _joined(tx: Tx, statement: str, n: int) -> str:
         raise JoinedStatementInvalid(detail="the statement has no RETURNING clause")
     if sql.JOINED_OUTBOX_ID in columns:
         raise JoinedStatementInvalid(detail=f"a returned column is named {sql.JOINED_OUTBOX_ID}")
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:  # the rows come back as dicts: one of the two values would be lost
+        raise JoinedStatementInvalid(
+            detail=f"returned columns share a name ({', '.join(twice)}): give each its own (AS)"
+        )
     composed = sql.enqueue_joined(main, n, ctes)
     joined = await _prepare_or_refuse(tx, composed, "it joined to the outbox row (a trailing ';'?)")
     if (

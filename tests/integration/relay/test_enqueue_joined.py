@@ -106,6 +106,10 @@ async def test_a_statement_that_cannot_be_joined_is_refused_and_the_transaction_
         "INSERT INTO orders (id) VALUES ($1) RETURNING id /* unclosed": "refused the statement",
         "INSERT INTO missing (id) VALUES ($1) RETURNING id": "refused the statement",
         "INSERT INTO orders (id) VALUES ($1) RETURNING id AS accord_outbox_id": "named",
+        # two columns of one name: one value would be lost from the rows (dicts)
+        "INSERT INTO orders (id, state) VALUES ($1, 'a') RETURNING id, state, 'b' AS state": (
+            "share a name (state)"
+        ),
     }
     async with pg.transaction():
         for statement, why in refused.items():
