@@ -115,7 +115,7 @@ SETTLES_LOST = Counter(
     registry=REGISTRY,
 )  # fmt: skip
 RELAY_LAG = Histogram(
-    "accord_relay_publish_lag_seconds", "Enqueued (occurred) to broker-confirmed, per event",
+    "accord_relay_publish_lag_seconds", "Enqueued to broker-confirmed, per event",
     buckets=_LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 DELIVERIES = Counter(
@@ -123,7 +123,7 @@ DELIVERIES = Counter(
     ["consumer", "outcome"], registry=REGISTRY,
 )  # fmt: skip
 EVENT_LATENCY = Histogram(
-    "accord_consumer_event_latency_seconds", "Event occurred to processed, per delivery",
+    "accord_consumer_event_latency_seconds", "Event enqueued to processed, per delivery",
     ["consumer"], buckets=_LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 JOBS_FINISHED = Counter(
@@ -201,10 +201,10 @@ def idle(loop: str) -> None:
     LIVENESS.idle(loop)
 
 
-def published(occurred_at: datetime | None = None) -> None:
-    """One event published; ``occurred_at`` (the outbox row's) gives the relay lag."""
+def published(enqueued_at: datetime | None = None) -> None:
+    """One event published; ``enqueued_at`` (the outbox row's) gives the relay lag."""
     EVENTS_PUBLISHED.inc()
-    lag = _age_s(occurred_at)
+    lag = _age_s(enqueued_at)
     if lag is not None:
         RELAY_LAG.observe(lag)
 
@@ -217,11 +217,11 @@ def publish_failed(reason: str, *, permanent: bool) -> None:
     PUBLISH_FAILURES.labels(reason, str(permanent).lower()).inc()
 
 
-def delivered(consumer: str, outcome: str, occurred_at: datetime | None = None) -> None:
+def delivered(consumer: str, outcome: str, enqueued_at: datetime | None = None) -> None:
     """One delivery settled (new, duplicate, conflict, retried, poisoned); a committed one
-    (new) with the event's ``occurred_at`` gives the end-to-end latency."""
+    (new) with the event's enqueue time (``ce-time``) gives the end-to-end latency."""
     DELIVERIES.labels(consumer, outcome).inc()
-    latency = _age_s(occurred_at) if outcome == "new" else None
+    latency = _age_s(enqueued_at) if outcome == "new" else None
     if latency is not None:
         EVENT_LATENCY.labels(consumer).observe(latency)
 

@@ -53,6 +53,7 @@ from accord.consumers.errors import (
 from accord.consumers.handlers import Handler, Handlers
 from accord.consumers.inbox import Consumer, Delivery, InboxOutcome
 from accord.schemas import telemetry, wire
+from accord.schemas.errors import AccordError
 from accord.schemas.events import Event
 
 log = logging.getLogger("consumers")
@@ -91,6 +92,8 @@ class Item:
     permanent: BaseException | None = None
     transient: BaseException | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Acked, requeued or rejected: the broker was told (its span says how).
+    settled: bool = False
 
 
 @dataclass(slots=True)
@@ -126,6 +129,15 @@ class BatchProcessor:
                 if self.after_commit is not None:
                     self.after_commit()
             await self._settle(conn, items)
+        except BaseException as exc:
+            # The batch ended before its messages were settled (a lost connection, a missing
+            # grant, a stop): the broker returns them. Each unsettled span says so, so neither
+            # a trace nor the messaging metrics count it a successful consume.
+            ended = exc.reason if isinstance(exc, AccordError) else type(exc).__name__
+            for item in items:
+                if not item.settled:
+                    item.span.set_attribute(telemetry.ATTR_ERROR_TYPE, str(ended))
+            raise
         finally:
             for item in items:
                 item.span.end()
@@ -176,7 +188,9 @@ class BatchProcessor:
     def _judge(self, item: Item, inbound: wire.Inbound) -> None:
         event = inbound.event
         item.event = event
-        item.delivery = replace(item.delivery, publish_id=inbound.publish_id)
+        item.delivery = replace(
+            item.delivery, publish_id=inbound.publish_id, enqueued_at=inbound.enqueued_at
+        )
         item.span.set_attribute(telemetry.ATTR_TENANT, event.tenant)
         item.span.set_attribute(telemetry.ATTR_OPERATION_ID, event.operation_id)
         if ANY_TENANT not in self.tenants and event.tenant not in self.tenants:
@@ -312,7 +326,13 @@ class BatchProcessor:
         carrier = telemetry.span_headers(item.span)
         if carrier or traced:
             await conn.execute(sql.SET_TRACE, json.dumps(carrier) if carrier else "")
-        with trace.use_span(item.span, end_on_exit=False):
+        # A handler's exception is classified (retried, poisoned) in _settle, which sets the
+        # span's error.type and, for a terminal outcome only, its status: recorded here, a
+        # retried delivery would read as failed, with the exception's text (which may quote
+        # data) in the trace and in the messaging metrics' error.type.
+        with trace.use_span(
+            item.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
             await item.handler(conn, item.event)
         return bool(carrier)
 
@@ -338,6 +358,7 @@ class BatchProcessor:
                     # returns it uncounted (https://www.rabbitmq.com/docs/4.3/nack). Before
                     # 4.3 both count.
                     await item.message.reject(requeue=True)
+                    item.settled = True
                     item.span.set_attribute(
                         telemetry.ATTR_ERROR_TYPE, type(item.transient).__name__
                     )
@@ -354,10 +375,10 @@ class BatchProcessor:
             last = max(applied, key=lambda item: item.message.delivery_tag or 0)
             await last.message.ack(multiple=True)
             for item in applied:
+                item.settled = True
                 if item.outcome is InboxOutcome.NEW:
                     self.stats.new += 1
-                    occurred = item.event.occurred_at if item.event is not None else None
-                    observe.delivered(self.consumer.name, "new", occurred)
+                    observe.delivered(self.consumer.name, "new", item.delivery.enqueued_at)
                 else:
                     self.stats.duplicate += 1
                     observe.delivered(self.consumer.name, str(item.outcome))
@@ -374,6 +395,7 @@ class BatchProcessor:
                     )
         for item, record in zip(doomed, records, strict=True):
             await item.message.reject(requeue=False)
+            item.settled = True
             self.stats.poisoned += 1
             conflict = item.outcome is InboxOutcome.CONFLICT
             observe.delivered(self.consumer.name, "conflict" if conflict else "poisoned")

@@ -58,14 +58,17 @@ class InboxConflict(PermanentFailure):
 
 
 class ReplayTooOld(PermanentFailure):
-    """The event is older than the inbox replay window; it is refused, not treated as new."""
+    """The event was enqueued longer ago than the inbox replay window (its ``ce-time``); it is
+    refused, not treated as new."""
 
     reason = "too_old"
 
 
 class OccurredInFuture(PermanentFailure):
-    """The event says it occurred further ahead of the database's clock than the inbox's
-    prune margin (a producer's clock that runs ahead): refused, not treated as new. A
+    """The event's enqueue time (``ce-time``) is further ahead of the database's clock than
+    the inbox's prune margin (a producer's database or a publisher's clock that runs
+    ahead; an ``occurred_at`` dated ahead by the application is not judged): refused, not
+    treated as new. A
     redelivery is admitted until its date plus the window, and a job's operation key is kept
     from when the job finished: a job submitted for it by another consumer class could lose
     its key while a redelivery could still be admitted. Fix the producer's clock; a requeued

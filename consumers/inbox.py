@@ -10,12 +10,14 @@ operation id under two tenants is two operations.
 Retention: rows are kept for the replay window after ``GREATEST(first_seen_at,
 occurred_at)``, plus a safety margin, and pruned in bounded batches. ``reserve`` refuses
 a *new* event older than the window (``ReplayTooOld``) using the database clock, so an
-event whose row was pruned can never be mistaken for a new one.
+event whose row was pruned can never be mistaken for a new one. The time judged (the
+column ``occurred_at``) is the delivery's enqueue time (``ce-time``, ``Delivery.enqueued_at``),
+the same on every delivery of the event: a producer's own ``occurred_at`` (a backfill dated
+last month, an appointment dated tomorrow) is the event's content, not its age.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from accord.consumers.errors import (
 from accord.schemas.db import require_transaction, retention_refusal, rows_affected
 from accord.schemas.errors import ConfigError
 from accord.schemas.events import Catalog, Event
+from accord.schemas.settings import duration_ok
 
 # Pruning keeps rows this much longer than the window: a reserve whose transaction began
 # just before a prune must still find the row it collides with.
@@ -57,9 +60,9 @@ class Consumer:
     replay_window_s: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.replay_window_s) and self.replay_window_s > 0):
+        if not duration_ok(self.replay_window_s, positive=True):
             raise ConfigError(
-                "a replay window must be a finite number of seconds > 0",
+                "a replay window must be a number of seconds > 0, at most 100 years",
                 consumer=self.name,
                 replay_window_s=self.replay_window_s,
             )
@@ -80,11 +83,18 @@ class Delivery:
     """The identity of one delivery, recorded apart from the operation it carries.
 
     ``delivery_count`` is the broker's ``x-delivery-count`` (0 on a first delivery).
+    ``enqueued_at`` is the message's ``ce-time`` (``wire.Inbound.enqueued_at``), the time
+    the replay window judges; None (a delivery built by hand) judges ``event.occurred_at``.
     """
 
     publish_id: str | None = None
     redelivered: bool = False
     delivery_count: int = 0
+    enqueued_at: datetime | None = None
+
+    def judged(self, event: Event) -> datetime:
+        """The time the replay window judges for ``event`` carried by this delivery."""
+        return event.occurred_at if self.enqueued_at is None else self.enqueued_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +134,7 @@ async def reserve(
             digest,
             event.type,
             event.version,
-            event.occurred_at,
+            delivery.judged(event),
             consumer.replay_window_s,
             delivery.publish_id,
             delivery.redelivered,
@@ -148,7 +158,7 @@ async def reserve(
             "consumer": consumer.name,
             "operation_id": event.operation_id,
             "event_id": str(event.event_id),
-            "occurred_at": event.occurred_at.isoformat(),
+            "enqueued_at": delivery.judged(event).isoformat(),
         }
         if row["too_old"]:
             # The window applied: the lesser of this process's and its consumer's declared
@@ -205,7 +215,7 @@ def _row(event: Event, delivery: Delivery, digest: str) -> tuple[Any, ...]:
         digest,
         event.type,
         event.version,
-        event.occurred_at,
+        delivery.judged(event),
         delivery.publish_id,
         delivery.redelivered,
         delivery.delivery_count,

@@ -64,7 +64,8 @@ PERMANENT_ERRORS = (PermanentFailure, MalformedMessage, UnknownEventType, Invali
 # Header values worth keeping in the summary: identifiers, never free text.
 _KEPT = frozenset(
     {"id", "type", "source", "specversion", "time", "tenantid", "operationid", "authepoch",
-     "opdigest", "publish-id", "traceparent", "x-delivery-count", "x-first-death-reason"}
+     "opdigest", "occurredat", "publish-id", "traceparent", "x-delivery-count",
+     "x-first-death-reason"}
 )  # fmt: skip
 _VALUE_LIMIT = 128
 _DETAIL_LIMIT = 512

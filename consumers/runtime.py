@@ -39,6 +39,7 @@ from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_RETRY_LATER, MAX_PRUNE_BATCH, create_pool
 from accord.schemas.errors import BrokerAccessRefused, ConfigError, RetentionTooShort
 from accord.schemas.events import Catalog
+from accord.schemas.settings import duration_ok
 
 log = logging.getLogger("consumers")
 
@@ -103,6 +104,11 @@ class RuntimeConfig:
                 batch_linger_s=self.batch_linger_s,
             )
         horizon_s = inbox.replay_horizon_s(self.replay_window_s)
+        if self.poison_retention_s is not None and not duration_ok(self.poison_retention_s):
+            raise ConfigError(
+                "poison_retention_s must be seconds, at most 100 years",
+                poison_retention_s=self.poison_retention_s,
+            )
         if self.poison_retention_s is not None and not self.poison_retention_s >= horizon_s:
             raise ConfigError(
                 "poison_retention_s is shorter than the replay horizon (the replay window"

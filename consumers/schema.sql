@@ -337,6 +337,13 @@ ALTER TABLE ONLY consumers.replay_promises
     ADD CONSTRAINT replay_promises_pkey PRIMARY KEY (consumer, horizon_s);
 
 --
+-- Name: replay_windows replay_windows_bounded; Type: CHECK CONSTRAINT; Schema: consumers; Owner: -
+--
+
+ALTER TABLE consumers.replay_windows
+    ADD CONSTRAINT replay_windows_bounded CHECK (((replay_window_s <= ('3153600000'::bigint)::double precision) AND (margin_s <= ('3153600000'::bigint)::double precision))) NOT VALID;
+
+--
 -- Name: replay_windows replay_windows_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -
 --
 

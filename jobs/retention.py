@@ -19,7 +19,6 @@ jobs.prune refuses a retention shorter than the longest declared horizon, whoeve
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import asyncpg
@@ -28,6 +27,7 @@ from accord.jobs import sql
 from accord.jobs.errors import PruneBlocked
 from accord.schemas.db import MAX_PRUNE_BATCH, Tx, require_transaction, retention_refusal
 from accord.schemas.errors import ConfigError
+from accord.schemas.settings import duration_ok
 
 #: The most jobs one batch may hold (jobs.prune refuses more): a batch is one short transaction.
 MAX_BATCH = MAX_PRUNE_BATCH
@@ -53,15 +53,16 @@ class Pruned:
 
 
 def check(retention_s: float, audit_retention_s: float, limit: int) -> None:
-    """Raise ConfigError unless the values can work (finite, non-negative, audit retention at
-    least the jobs retention, 1 <= limit <= MAX_BATCH). Says nothing of the replay horizon."""
-    if not (math.isfinite(retention_s) and retention_s >= 0):
+    """Raise ConfigError unless the values can work (0 to 100 years, audit retention at least
+    the jobs retention, 1 <= limit <= MAX_BATCH). Says nothing of the replay horizon."""
+    if not duration_ok(retention_s):
         raise ConfigError(
-            "the jobs retention must be a finite number of seconds >= 0", retention_s=retention_s
+            "the jobs retention must be a number of seconds >= 0, at most 100 years",
+            retention_s=retention_s,
         )
-    if not (math.isfinite(audit_retention_s) and audit_retention_s >= retention_s):
+    if not (duration_ok(audit_retention_s) and audit_retention_s >= retention_s):
         raise ConfigError(
-            "the audit retention must be finite and at least the jobs retention",
+            "the audit retention must be at least the jobs retention, at most 100 years",
             audit_retention_s=audit_retention_s,
             retention_s=retention_s,
         )

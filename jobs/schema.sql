@@ -55,6 +55,7 @@ CREATE FUNCTION jobs.authority_hold(p_tenant text, p_ledger_epoch bigint, p_ledg
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -258,6 +259,7 @@ CREATE FUNCTION jobs.claim(p_workflow text, p_owner text, p_lease_s double preci
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -549,6 +551,7 @@ CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s d
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1228,6 +1231,7 @@ CREATE FUNCTION jobs.succeed_many(p_job_ids bigint[], p_tenants text[], p_workfl
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     -- Operation fields compare with IS NOT DISTINCT FROM (never NULL here) so that only the
@@ -1282,6 +1286,7 @@ CREATE FUNCTION jobs.tenant_frozen_sync() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     -- Waits for every transaction that read the old flag in jobs.submit (FOR KEY SHARE) to
@@ -1318,6 +1323,7 @@ CREATE FUNCTION jobs.workflow_effects_sync() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     IF NEW.effects_enabled THEN

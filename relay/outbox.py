@@ -28,8 +28,9 @@ from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseR
 from accord.relay.statement import split_with
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
-from accord.schemas.errors import PayloadTooLarge
+from accord.schemas.errors import ConfigError, PayloadTooLarge
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event
+from accord.schemas.settings import duration_ok
 
 
 class OutboxState(StrEnum):
@@ -52,6 +53,9 @@ class OutboxRow:
     attempts: int
     #: The broker's returns of this row's publish in a row, before this attempt (0048).
     returns: int = 0
+    #: When the row was written (the producer's database clock): the message's ``ce-time``,
+    #: by which consumers judge their replay window (DESIGN §3), whatever ``occurred_at`` says.
+    enqueued_at: datetime | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> OutboxRow:
@@ -75,6 +79,7 @@ class OutboxRow:
             trace=trace,
             attempts=record["attempts"],
             returns=record["returns"],
+            enqueued_at=record["enqueued_at"],
         )
 
 
@@ -388,8 +393,12 @@ async def settle(tx: Tx, token: uuid.UUID, outcomes: Sequence[Settlement]) -> in
 
 
 async def prune(tx: Tx, retention_s: float, limit: int) -> int:
-    """Runs in the caller's transaction. Deletes one bounded batch of old published rows."""
+    """Runs in the caller's transaction. Deletes one bounded batch of old published rows.
+    ConfigError for a retention that is not 0 to 100 years (a negative one removed rows
+    published a moment ago)."""
     require_transaction(tx)
+    if not duration_ok(retention_s):
+        raise ConfigError("the outbox retention must be seconds >= 0, at most 100 years")
     removed: int = await tx.fetchval(sql.PRUNE, retention_s, limit)
     return removed
 

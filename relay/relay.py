@@ -39,6 +39,7 @@ from accord.schemas import telemetry
 from accord.schemas.backoff import BackoffPolicy, Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, MAX_PRUNE_BATCH, connect
 from accord.schemas.errors import ConfigError
+from accord.schemas.settings import duration_ok
 from accord.schemas.wire import DEFAULT_SOURCE, to_amqp
 
 log = logging.getLogger("accord.relay")
@@ -98,6 +99,14 @@ class RelayConfig:
     pg_role: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("retention_s", "audit_retention_s"):
+            if not duration_ok(getattr(self, name)):
+                # -1 day removed a row published a moment ago; NaN or 1e12 failed in the
+                # database at the first prune.
+                raise ConfigError(
+                    f"the relay's {name} must be seconds >= 0, at most 100 years",
+                    **{name: getattr(self, name)},
+                )
         if self.publish_timeout_s >= self.lease_s:
             # A publish that outlives its lease can race a second relay's claim.
             raise ConfigError(
@@ -490,6 +499,7 @@ class Relay:
                 telemetry.ATTR_MESSAGE_ID: str(event.event_id),
                 telemetry.ATTR_ROUTING_KEY: event.ce_type,
                 telemetry.ATTR_TENANT: event.tenant,
+                telemetry.ATTR_OPERATION_ID: event.operation_id,
                 telemetry.ATTR_PUBLISH_ID: str(publish_id),
                 telemetry.ATTR_PUBLISH_ATTEMPT: row.attempts,
             },
@@ -509,6 +519,7 @@ class Relay:
                     publish_id=str(publish_id),
                     source=self.config.source,
                     trace=row.trace,
+                    enqueued_at=row.enqueued_at,
                 )
                 await publisher.publish(message, confirm_timeout_s=self.config.publish_timeout_s)
             except PublishFailed as exc:
@@ -529,7 +540,7 @@ class Relay:
                 return
             span.set_attribute(telemetry.ATTR_RELAY_OUTCOME, "published")
         self.stats.published += 1
-        observe.published(event.occurred_at)
+        observe.published(row.enqueued_at)
         outcomes.append(Settlement(row.id, OutboxState.PUBLISHED, publish_id=publish_id))
 
     def _failed(self, row: OutboxRow, exc: PublishFailed) -> Settlement:

@@ -77,7 +77,8 @@ SET lease_token = $2,
 FROM eligible
 WHERE o.id = eligible.id
 RETURNING o.id, o.event_id, o.tenant, o.operation_id, o.type, o.version,
-          o.authority_epoch, o.digest, o.body, o.trace, o.occurred_at, o.attempts, o.returns
+          o.authority_epoch, o.digest, o.body, o.trace, o.occurred_at, o.enqueued_at,
+          o.attempts, o.returns
 """
 
 # Settle a claimed batch under lease $1: per row its new state, reason, publish id and

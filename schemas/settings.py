@@ -16,6 +16,17 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 #: The longest duration a setting takes (about a century): a longer one overflows the
 #: database's timestamps (`now() - interval`) after the process said it was ready.
 MAX_DURATION_S = 100 * 365 * 24 * 3600.0
+
+
+def duration_ok(value: object, *, positive: bool = False) -> bool:
+    """Whether ``value`` is seconds every duration of accord's can hold: a number, >= 0 (> 0
+    when ``positive``) and at most MAX_DURATION_S. A NaN, an infinity or 1e12 s passes a
+    bare ``>= 0`` and fails later, in the database (out-of-range timestamps)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return (value > 0 if positive else value >= 0) and value <= MAX_DURATION_S
+
+
 #: The longest lease a claim takes (jobs.store.valid_lease).
 MAX_LEASE_S = 86_400.0
 #: A broker name prefix: what RabbitMQ takes in every name built from it, with room for the

@@ -19,9 +19,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as msg
 from opentelemetry.trace import Link, SpanContext
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 TRACER_NAME = "accord"
 SYSTEM = "rabbitmq"
@@ -114,10 +115,16 @@ def exporting() -> bool:
     return not isinstance(provider, _NOT_TRACING) and not getattr(provider, METRICS_ONLY, False)
 
 
+# W3C Trace Context alone: what the wire carries (traceparent, tracestate). The global
+# propagator also writes the caller's baggage, which an outbox row would keep (perhaps
+# personal data) and nothing would send.
+_W3C = TraceContextTextMapPropagator()
+
+
 def current_context_headers() -> dict[str, str]:
     """The current span's W3C ``traceparent``/``tracestate`` (empty when not tracing)."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _W3C.inject(carrier)
     return carrier
 
 
@@ -127,7 +134,7 @@ def span_headers(span: trace.Span) -> dict[str, str]:
     if not span.is_recording() or not span.get_span_context().trace_flags.sampled:
         return {}
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    _W3C.inject(carrier, context=trace.set_span_in_context(span))
     return carrier
 
 
@@ -145,7 +152,7 @@ def span_context_from(carrier: Mapping[str, str] | None) -> SpanContext | None:
     """The remote span context in a stored or received carrier, if any is valid."""
     if not carrier:
         return None
-    ctx = propagate.extract(dict(carrier))
+    ctx = _W3C.extract(dict(carrier))
     span_context = trace.get_current_span(ctx).get_span_context()
     return span_context if span_context.is_valid else None
 

@@ -3,7 +3,8 @@
 Producing: the body is the domain JSON; attributes travel as ``ce-`` headers
 (``ce-id`` = event id, also ``message_id``; ``ce-type`` = the versioned type, also the
 routing key; ``ce-time`` = enqueue time; extensions ``tenantid``, ``operationid``,
-``authepoch`` as a decimal string, ``opdigest``), plus ``publish-id`` and W3C
+``authepoch`` as a decimal string, ``opdigest``, and ``occurredat``, the event's own
+``occurred_at`` when the enqueue time is given apart from it), plus ``publish-id`` and W3C
 ``traceparent``/``tracestate``. Reading accepts the ``ce-``, ``cloudEvents_`` and
 ``cloudEvents:`` prefixes, parses JSON strictly (no duplicate keys, no NaN) and raises
 MalformedMessage with a ``problem`` naming what is wrong; it never guesses.
@@ -36,13 +37,15 @@ CONTENT_TYPE = "application/json"
 SPECVERSION = "1.0"
 DEFAULT_SOURCE = "/accord"
 PREFIXES = ("ce-", "cloudevents_", "cloudevents:")
-# time: the replay window is judged by it; filled from the consumer's clock, an event would
-# look new at every redelivery once its inbox row was pruned.
+# time: the replay window is judged by it (the enqueue time: a producer's backfilled or
+# future-dated occurred_at travels as occurredat, judged by nobody); filled from the
+# consumer's clock, an event would look new at every redelivery once its inbox row was pruned.
 REQUIRED = (
     "id", "type", "source", "specversion", "time", "tenantid", "operationid", "authepoch",
 )  # fmt: skip
 # Headers read without a CloudEvents prefix (besides the attributes).
 PLAIN = ("publish-id", "traceparent", "tracestate")
+_TRACE = ("traceparent", "tracestate")
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")  # below 2**63: PostgreSQL's bigint
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -73,6 +76,9 @@ class Inbound:
     digest: str | None
     publish_id: str | None
     trace: dict[str, str] = field(default_factory=dict)
+    #: ``ce-time``, the enqueue time the replay window judges; ``event.occurred_at`` is
+    #: ``occurredat`` when the producer sent it, else this same time.
+    enqueued_at: datetime | None = None
 
 
 def to_amqp(
@@ -83,26 +89,35 @@ def to_amqp(
     publish_id: str,
     source: str = DEFAULT_SOURCE,
     trace: Mapping[str, str] | None = None,
+    enqueued_at: datetime | None = None,
 ) -> WireMessage:
-    """Map an event (and its already-encoded body) to binary-mode AMQP headers."""
+    """Map an event (and its already-encoded body) to binary-mode AMQP headers. ``ce-time``
+    is ``enqueued_at`` (the outbox row's, by the producer's database clock) with the
+    event's ``occurred_at`` as ``occurredat``; without it, ``occurred_at`` is the time."""
     headers = {
         "ce-specversion": SPECVERSION,
         "ce-id": str(event.event_id),
         "ce-type": event.ce_type,
         "ce-source": source,
-        "ce-time": event.occurred_at.isoformat().replace("+00:00", "Z"),
+        "ce-time": _time(enqueued_at or event.occurred_at),
         "ce-tenantid": event.tenant,
         "ce-operationid": event.operation_id,
         "ce-authepoch": str(event.authority_epoch),
         "ce-opdigest": digest,
         "publish-id": publish_id,
     }
+    if enqueued_at is not None:
+        headers["ce-occurredat"] = _time(event.occurred_at)
     for key in ("traceparent", "tracestate"):
         if trace and trace.get(key):
             headers[key] = trace[key]
     return WireMessage(
         body=body, headers=headers, message_id=str(event.event_id), routing_key=event.ce_type
     )
+
+
+def _time(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
 
 
 def _text(name: str, value: Any) -> str:
@@ -134,15 +149,35 @@ def attributes(headers: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _plain(headers: Mapping[str, Any]) -> dict[str, str]:
-    """The unprefixed headers accord reads (PLAIN), by lower-cased name, once each."""
+    """The unprefixed headers accord reads (PLAIN), by lower-cased name, once each. The
+    trace context is advice, never a reason to refuse an event (W3C Trace Context: an
+    invalid header is ignored and a new trace starts): one that is not text, or comes twice,
+    is dropped, not an error."""
     found: dict[str, str] = {}
+    dropped: set[str] = set()
     for raw_name, value in headers.items():
         name = raw_name.lower() if isinstance(raw_name, str) else None
-        if name in PLAIN:
+        if name in _TRACE:
+            text = _lenient_text(value)
+            if text is None or name in found or name in dropped:
+                found.pop(name, None)
+                dropped.add(name)
+            else:
+                found[name] = text
+        elif name in PLAIN:
             if name in found:
                 raise MalformedMessage(problem="duplicate_header", header=name)
             found[name] = _text(name, value)
     return found
+
+
+def _lenient_text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
 
 
 def _canonical_uuid(name: str, text: str, problem: str) -> uuid.UUID:
@@ -236,6 +271,8 @@ def from_amqp(
     event_id = _canonical_uuid("id", attrs["id"], "bad_attribute")
     payload = parse_body(body)
     try:
+        enqueued_at = parse_time(attrs["time"])
+        occurred = attrs.get("occurredat")
         event = Event(
             tenant=attrs["tenantid"],
             operation_id=attrs["operationid"],
@@ -244,10 +281,12 @@ def from_amqp(
             authority_epoch=int(attrs["authepoch"]),
             payload=payload,
             event_id=event_id,
-            occurred_at=parse_time(attrs["time"]),
+            occurred_at=enqueued_at if occurred is None else parse_time(occurred),
         )
     except (ValueError, ValidationError) as exc:
         raise MalformedMessage(problem="bad_attribute", detail=type(exc).__name__) from None
     check_tenant(payload, event.tenant)
     trace: dict[str, str] = {k: plain[k] for k in ("traceparent", "tracestate") if k in plain}
-    return Inbound(event=event, digest=digest, publish_id=publish_id, trace=trace)
+    return Inbound(
+        event=event, digest=digest, publish_id=publish_id, trace=trace, enqueued_at=enqueued_at
+    )

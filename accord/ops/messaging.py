@@ -84,13 +84,14 @@ class MessagingMetrics:
 
 def _labels(attrs: Mapping[str, Any], span: ReadableSpan) -> dict[str, Any]:
     """The kept attributes, and ``error.type`` for a failed operation: the span's own (a
-    retried publish or delivery has no error status), else an error status's description."""
+    retried publish or delivery has no error status), else ``_OTHER`` for an error status
+    (never its description: free text, perhaps an exception's, is no label value)."""
     labels = {k: attrs[k] for k in _KEPT if isinstance(attrs.get(k), str)}
     error = attrs.get(telemetry.ATTR_ERROR_TYPE)
     if isinstance(error, str):
         labels[telemetry.ATTR_ERROR_TYPE] = error
     elif span.status.status_code is StatusCode.ERROR:
-        labels[telemetry.ATTR_ERROR_TYPE] = span.status.description or "_OTHER"
+        labels[telemetry.ATTR_ERROR_TYPE] = "_OTHER"
     return labels
 
 

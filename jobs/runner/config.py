@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from accord.jobs import retention
 from accord.jobs.runner.context import JobContext
 from accord.schemas.errors import ConfigError
+from accord.schemas.settings import duration_ok
 
 #: A job handler: does the work of one claimed job through its context.
 Handler = Callable[[JobContext], Awaitable[None]]
@@ -71,6 +72,9 @@ class WorkerConfig:
             )
         if self.rescue_every_s is not None and not 0 < self.rescue_every_s < math.inf:
             raise ConfigError("rescue_every_s must be positive or None")
-        if self.prune_every_s is not None and not self.prune_every_s > 0:
+        if self.prune_every_s is not None and not duration_ok(self.prune_every_s, positive=True):
             raise ConfigError("prune_every_s must be positive or None")
+        # Checked here, not at the first prune: a value the database cannot take stopped the
+        # worker from its prune loop (DatetimeFieldOverflowError), long after its start.
+        retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)
         retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)

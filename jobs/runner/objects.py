@@ -311,7 +311,7 @@ def collect_garbage(store: ObjectStore, referenced: Set[str], older_than_s: floa
     have put them for a publish that has not committed yet. The clock is the file system's
     (object mtimes), compared with this host's wall clock.
     """
-    if older_than_s < 0:
+    if not older_than_s >= 0:  # NaN too: every unreferenced object, however young
         raise ValueError("older_than_s must be >= 0")
     cutoff = time.time() - older_than_s
     deleted: list[str] = []

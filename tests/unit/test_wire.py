@@ -63,6 +63,30 @@ def test_round_trip_keeps_event_digest_publish_id_and_trace() -> None:
     assert inbound.trace == {"traceparent": TRACEPARENT}
 
 
+def test_the_time_is_the_enqueue_time_and_the_event_keeps_its_own_date() -> None:
+    """DESIGN §3: ``ce-time`` is the enqueue time, which the replay window judges; the
+    event's own ``occurred_at`` (here a month earlier) travels as ``occurredat``."""
+    e = event()
+    enqueued = e.occurred_at + timedelta(days=30)
+    message = to_amqp(e, encode_payload(e), digest="d" * 64, publish_id=PUBLISH_ID,
+                      enqueued_at=enqueued)  # fmt: skip
+    assert message.headers["ce-time"] == "2026-02-01T03:04:05.678901Z"
+    assert message.headers["ce-occurredat"] == "2026-01-02T03:04:05.678901Z"
+    inbound = from_amqp(message.body, message.headers, message.content_type)
+    assert inbound.event == e and inbound.enqueued_at == enqueued
+    ce = from_binary(
+        RabbitMQMessage(message.headers, "application/json", message.body), JSONFormat(), CloudEvent
+    )
+    assert ce.get_time() == enqueued
+    assert ce.get_extension("occurredat") == "2026-01-02T03:04:05.678901Z"
+    # Control: a message with no occurredat (a producer before it, or any other) is dated
+    # by its time, as before.
+    plain = to_amqp(e, encode_payload(e), digest="d" * 64, publish_id=PUBLISH_ID)
+    assert "ce-occurredat" not in plain.headers
+    inbound = from_amqp(plain.body, plain.headers, plain.content_type)
+    assert inbound.event.occurred_at == inbound.enqueued_at == e.occurred_at
+
+
 def test_our_message_reads_with_the_sdk() -> None:
     e = event()
     body, headers = wire_headers(e)
@@ -145,6 +169,7 @@ GOOD_BODY, _ = wire_headers()
         (GOOD_BODY, broken({"cloudEvents_id": "x"}), "application/json", "duplicate_header"),
         (GOOD_BODY, broken({"ce-id": "not-a-uuid"}), "application/json", "bad_attribute"),
         (GOOD_BODY, broken({"ce-time": "yesterday"}), "application/json", "bad_attribute"),
+        (GOOD_BODY, broken({"ce-occurredat": "2026-01-02"}), "application/json", "bad_attribute"),
         (GOOD_BODY, broken({"ce-tenantid": "has space"}), "application/json", "bad_attribute"),
         (b"{not json", broken({}), "application/json", "malformed_json"),
         (b"\xff\xfe", broken({}), "application/json", "malformed_json"),
@@ -164,6 +189,7 @@ GOOD_BODY, _ = wire_headers()
         "two-prefixes",
         "bad-id",
         "bad-time",
+        "bad-occurredat",
         "bad-tenant",
         "bad-json",
         "body-not-utf8",
@@ -337,3 +363,28 @@ def test_values_json_accepts_but_accord_refuses_are_invalid_events(raw: bytes, f
     with pytest.raises(InvalidEvent) as info:  # ... whose values are refused before any model
         demo_catalog().validate(inbound.event, producing=False)
     assert info.value.fields["field"] == field
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"traceparent": 12345},
+        {"traceparent": b"\xff\xfe"},
+        {"tracestate": ["a=1"]},
+        {"Traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+    ],
+    ids=["not-text", "not-utf8", "a-list", "twice"],
+)
+def test_a_trace_header_that_cannot_be_read_is_dropped_never_refusing_the_event(
+    odd: dict[str, Any],
+) -> None:
+    """W3C Trace Context: an invalid trace header is ignored (a new trace starts). It is
+    never a reason to dead-letter a sound event. Control: a readable one is kept."""
+    e = event()
+    body, headers = wire_headers(e)
+    inbound = from_amqp(body, headers)
+    assert inbound.trace == {"traceparent": TRACEPARENT}
+    name = next(iter(odd)).lower()
+    inbound = from_amqp(body, {**headers, **odd})
+    assert inbound.event == e
+    assert name not in inbound.trace

@@ -16,16 +16,19 @@ from typing import Any
 import asyncpg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import StatusCode, Tracer
 
 from accord import observe
-from accord.consumers import Consumer, Handlers
+from accord.consumers import ConnectionLost, Consumer, Handlers, TransientFailure
 from accord.consumers.batch import BatchProcessor
 from accord.logs import JsonFormatter
+from accord.schemas import telemetry
 from accord.schemas.events import Event
 from tests.integration.consumers.support import CATALOG, report
-from tests.integration.consumers.test_refusals import DOCS, delivered, with_doc
+from tests.integration.consumers.test_refusals import DOCS, delivered, doc_handlers, with_doc
 
 CONSUMER = "report"
 
@@ -152,3 +155,73 @@ async def test_a_conflict_is_counted_as_one_and_its_log_line_names_its_trace(
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     poisoned = [line for line in lines if line["message"].startswith("poison reason=conflict")]
     assert len(poisoned) == 1 and len(poisoned[0].get("trace_id", "")) == 32
+
+
+def exported() -> tuple[Tracer, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test"), exporter
+
+
+async def test_a_retried_delivery_is_no_error_and_its_exception_text_stays_out_of_the_trace(
+    pg: asyncpg.Connection,
+) -> None:
+    """DESIGN §10: an error status only for a terminal outcome. A handler's transient failure
+    is retried: its span says why by ``error.type`` (a type name), never by the exception's
+    text, which may quote data and would become a metric label."""
+    await pg.execute(DOCS)
+    spans, exporter = exported()
+    secret = "provider busy for alice@example.com"
+    batch = processor(doc_handlers([TransientFailure(secret)]), spans)
+    retried, refused = delivered(with_doc('{"n": 1}'), 1), delivered(with_doc("not json"), 2)
+    await batch.process(pg, [retried])
+    await batch.process(pg, [refused])  # control: a poisoned delivery is an error, by reason
+    assert (retried.settled, refused.settled) == (["requeue"], ["reject"])
+    first, second = exporter.get_finished_spans()
+    assert first.status.status_code is StatusCode.UNSET
+    assert first.attributes is not None
+    assert first.attributes[telemetry.ATTR_ERROR_TYPE] == "TransientFailure"
+    assert [e.name for e in first.events] == []
+    assert secret not in repr((first.status.description, first.attributes))
+    assert second.status.status_code is StatusCode.ERROR
+    assert second.status.description == "data_exception"
+
+
+async def test_a_batch_that_loses_its_connection_marks_each_unsettled_span(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """A batch that ends unsettled (its connection lost) is redelivered: none of its spans may
+    read as a successful consume. Control: the same batch on a live connection."""
+    await pg.execute(DOCS)
+    handlers = Handlers(CONSUMER)
+    kill: list[bool] = []
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        if kill:
+            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        await tx.execute("INSERT INTO public.docs VALUES ($1, '{}')", event.operation_id)
+
+    for dies in (False, True):
+        kill[:] = [True] if dies else []
+        spans, exporter = exported()
+        batch = processor(handlers, spans)
+        messages = [delivered(with_doc("{}"), tag) for tag in (1, 2)]
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            if dies:
+                with pytest.raises(ConnectionLost):
+                    await batch.process(conn, messages)  # type: ignore[arg-type]
+            else:
+                await batch.process(conn, messages)  # type: ignore[arg-type]
+        finally:
+            await conn.close()
+        ended = [s.attributes or {} for s in exporter.get_finished_spans()]
+        if dies:
+            assert [m.settled for m in messages] == [[], []]
+            assert [a.get(telemetry.ATTR_ERROR_TYPE) for a in ended] == ["connection_lost"] * 2
+        else:
+            assert [m.settled for m in messages] == [[], ["ack-multiple"]]
+            assert [a.get(telemetry.ATTR_ERROR_TYPE) for a in ended] == [None, None]
+            assert [a.get(telemetry.ATTR_INBOX_OUTCOME) for a in ended] == ["new", "new"]

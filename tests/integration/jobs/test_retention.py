@@ -216,9 +216,34 @@ async def test_the_database_refuses_a_retention_inside_a_declared_replay_horizon
 
 
 def test_a_replay_window_that_cannot_work_is_refused_at_the_boundary() -> None:
-    for window in (0.0, -1.0, float("inf"), float("nan")):
+    for window in (0.0, -1.0, float("inf"), float("nan"), 1e12):
         with pytest.raises(ConfigError, match="replay window"):
             Consumer(WORKFLOW, CATALOG, window)
+
+
+async def test_a_declared_window_past_a_century_is_refused_by_the_database(jobs: Jobs) -> None:
+    """0051: a window of 1e12 s, declared by a process or by hand, made every reserve of the
+    consumer fail (22008), its inbox prune fail and jobs.prune refuse every retention."""
+    declare = "SELECT consumers.declare_window($1, $2, $3)"
+    await jobs.pool.execute(declare, "ledger", 10 * 365 * DAY, PRUNE_MARGIN_S)  # control
+    with pytest.raises(asyncpg.CheckViolationError, match="replay_windows_bounded"):
+        await jobs.pool.execute(declare, WORKFLOW, 1e12, PRUNE_MARGIN_S)
+    decade = 10 * 365 * DAY + PRUNE_MARGIN_S
+    assert await prune(jobs.pool, retention_s=decade, audit_retention_s=decade) == Pruned()
+
+
+async def test_functions_that_turn_sequential_scans_off_turn_jit_off_too(jobs: Jobs) -> None:
+    """0051: enable_seqscan = off costs a plan past jit_above_cost, and jobs.prune compiled
+    its plans at every call (about 170 ms on an empty database, 1 ms without JIT), its
+    batch's row locks held. Every function that sets the one sets the other."""
+    configs = await jobs.pool.fetch(
+        """SELECT p.oid::regprocedure::text AS name, p.proconfig FROM pg_proc p
+           JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname IN ('jobs', 'relay', 'consumers', 'ops')
+             AND 'enable_seqscan=off' = ANY (p.proconfig)"""
+    )
+    assert "jobs.prune(double precision,double precision,integer)" in {r["name"] for r in configs}
+    assert [r["name"] for r in configs if "jit=off" not in r["proconfig"]] == []
 
 
 async def test_past_retention_a_job_leaves_with_its_key_effects_traces_and_results(

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from opentelemetry import trace
+from opentelemetry import baggage, context, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -255,6 +255,21 @@ async def test_enqueue_stores_the_create_span_context(pg: asyncpg.Connection) ->
         format(caller.trace_id, "032x"),
         format(span.context.span_id, "016x"),
     ]
+
+
+async def test_the_caller_s_baggage_is_not_kept_with_the_row(pg: asyncpg.Connection) -> None:
+    """The row keeps what the wire carries (W3C traceparent, tracestate), not the caller's
+    baggage: a user's e-mail in it would stay in the outbox for the retention, sent nowhere."""
+    memory_exporter()
+    with trace.get_tracer("test").start_as_current_span("handle request"):
+        token = context.attach(baggage.set_baggage("user.email", "alice@example.com"))
+        try:
+            async with pg.transaction():
+                await enqueue(pg, make_event(5))
+        finally:
+            context.detach(token)
+    stored = json.loads(await pg.fetchval("SELECT trace FROM relay.outbox"))
+    assert set(stored) == {"traceparent"}  # control: the context itself is kept
 
 
 async def test_enum_mirrors_the_check_constraint(pg: asyncpg.Connection) -> None:

@@ -231,6 +231,7 @@ async def test_publish_span_links_to_create_and_traceparent_travels(
     assert publish.attributes["messaging.destination.name"] == topo.exchange
     assert publish.attributes["messaging.rabbitmq.destination.routing_key"] == event.ce_type
     assert publish.attributes["messaging.message.id"] == str(event.event_id)
+    assert publish.attributes["accord.operation_id"] == event.operation_id
     message = await helpers.get_one(amqp_url, topo.queue("report"))
     traceparent = message.headers["traceparent"]
     assert isinstance(traceparent, str)
