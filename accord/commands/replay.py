@@ -16,7 +16,7 @@ from accord import runtime
 from accord.app import App
 from accord.commands import args
 from accord.commands.common import check_retention, require_app, served_tenants
-from accord.ops import Projection, parse_since, prune_ledger, replay, resolve_since
+from accord.ops import Projection, parse_since, prune_ledger, replay
 from accord.schemas import migrate
 from accord.schemas.db import connect
 from accord.schemas.settings import Settings
@@ -87,7 +87,7 @@ async def _main(
                 reader,
                 writer,
                 projection,
-                since=await resolve_since(writer, since),
+                since=since,  # a duration is read by the replay's snapshot clock
                 catalog=catalog,
                 retention_s=settings.relay_retention_s,
                 rebuild=rebuild,

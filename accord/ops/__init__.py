@@ -9,6 +9,7 @@ from accord.ops.errors import (
     OpsError,
     ProjectionPrincipalLost,
     RebuildIncomplete,
+    ReplayHandlerFailed,
     ReplayWindowExceeded,
     UnknownProjection,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ProjectionPrincipalLost",
     "RebuildIncomplete",
     "Refusal",
+    "ReplayHandlerFailed",
     "ReplaySummary",
     "ReplayWindowExceeded",
     "StatusCollector",

@@ -40,11 +40,21 @@ class ReplayWindowExceeded(OpsError):
 
 class RebuildIncomplete(OpsError):
     """A rebuild empties the projection and applies the retained events again: rows made by
-    events it would not apply (pruned by the relay, or older than --since) would be gone for
-    good. Nothing was changed. Replay without --rebuild (events applied on top of the
-    projection), or start --since at the oldest retained event."""
+    events it would not apply (pruned by the relay, older than --since, or of tenants the
+    rebuild does not serve) would be gone for good. Nothing was changed. Replay without
+    --rebuild (events applied on top of the projection), start --since at the oldest
+    retained event, or rebuild with every tenant."""
 
     reason = "rebuild_incomplete"
+
+
+class ReplayHandlerFailed(OpsError):
+    """A projection handler raised while replaying (its own error, named by type only: its
+    text may quote the event). Its batch was rolled back; batches before it were committed,
+    so after a rebuild's reset the projection holds only part of its rows until a rebuild
+    succeeds. The run stays unfinished in ops.replay_runs. Fix the handler and run again."""
+
+    reason = "replay_handler_failed"
 
 
 class ProjectionPrincipalLost(OpsError):

@@ -38,10 +38,12 @@ from accord.ops.errors import (
     InvalidSince,
     ProjectionPrincipalLost,
     RebuildIncomplete,
+    ReplayHandlerFailed,
     ReplayWindowExceeded,
 )
 from accord.ops.projections import Projection
 from accord.schemas import wire
+from accord.schemas.db import DB_CONNECTION_LOST
 from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
 from accord.schemas.events import Catalog, Event
 from accord.schemas.settings import MAX_DURATION_S
@@ -142,7 +144,7 @@ async def replay(
     writer: Any,
     projection: Projection,
     *,
-    since: datetime,
+    since: datetime | float,
     catalog: Catalog,
     retention_s: float,
     rebuild: bool = False,
@@ -153,7 +155,8 @@ async def replay(
     batch's transaction, under the projection's rebuild guard (the live consumer waits for
     that transaction); it needs every event that made a row (RebuildIncomplete otherwise:
     the relay pruned events, or ``since`` is later than the oldest retained one). Raises
-    ReplayWindowExceeded if ``since`` predates the retention window; ProjectionPrincipalLost
+    ReplayWindowExceeded if ``since`` predates the retention window (``since`` in seconds: that
+    long before the snapshot's clock, read with the window's start); ProjectionPrincipalLost
     (batch rolled back) if a handler left the principal."""
     pending: list[Mapping[str, Any]] = []
     reset = rebuild
@@ -166,24 +169,27 @@ async def replay(
         async with reader.transaction(isolation="repeatable_read", readonly=True):
             # The window is judged in the snapshot the events are read from: a prune committed
             # between the check and the read cannot take an event the check promised.
-            retained_from: datetime = await reader.fetchval(sql.RETAINED_FROM, retention_s)
-            if since < retained_from:
+            ago = None if isinstance(since, datetime) else float(since)
+            window = await reader.fetchrow(sql.WINDOW, retention_s, ago)
+            retained_from: datetime = window["retained_from"]
+            start: datetime = since if isinstance(since, datetime) else window["since"]
+            if start < retained_from:
                 raise ReplayWindowExceeded(
-                    since=since.isoformat(), retained_from=retained_from.isoformat()
+                    since=start.isoformat(), retained_from=retained_from.isoformat()
                 )
             # What the relay did prune, whatever retention this process was given.
             pruned: datetime | None = await reader.fetchval(sql.PRUNED_THROUGH)
-            if pruned is not None and since <= pruned:
+            if pruned is not None and start <= pruned:
                 raise ReplayWindowExceeded(
-                    since=since.isoformat(), pruned_through=pruned.isoformat()
+                    since=start.isoformat(), pruned_through=pruned.isoformat()
                 )
             if rebuild:
-                await _require_every_event(reader, projection, since, pruned)
-            run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, since)
-            summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=since)
+                await _require_every_event(reader, projection, start, pruned)
+            run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, start)
+            summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=start)
             async for record in reader.cursor(
                 sql.RETAINED_EVENTS,
-                since,
+                start,
                 projection.event_types,
                 projection.tenant_filter,
                 prefetch=batch,
@@ -212,6 +218,21 @@ async def _require_every_event(
             "the relay has pruned published events: the rows they made would not come back",
             pruned_through=pruned.isoformat(),
         )
+    if projection.tenant_filter:
+        # The reset empties every tenant's rows (its statements know no tenant): a rebuild
+        # of some tenants would leave the others' rows that the live consumer made gone, and
+        # it would not make them again (its inbox holds those events as applied).
+        others = await reader.fetch(
+            sql.OTHER_TENANTS, projection.workflow, projection.tenant_filter
+        )
+        if others:
+            raise RebuildIncomplete(
+                "the reset empties every tenant's rows and only the given tenants' events"
+                " would be applied again: rebuild with the tenants the projection's consumer"
+                " serves (--tenant '*' for every tenant)",
+                tenants=projection.tenant_filter,
+                other_tenants=[r["tenant"] for r in others],
+            )
     oldest = await reader.fetchval(
         sql.OLDEST_RETAINED, projection.event_types, projection.tenant_filter
     )
@@ -252,6 +273,18 @@ async def _apply(
                     await handler(writer, event)
             except asyncpg.InsufficientPrivilegeError as exc:
                 refusals.append(_refusal(record, event, exc))
+            except DB_CONNECTION_LOST:
+                raise  # the connection's, not the handler's
+            except Exception as exc:
+                raise ReplayHandlerFailed(
+                    workflow=projection.workflow,
+                    run_id=summary.run_id,
+                    outbox_id=record["id"],
+                    tenant=event.tenant,
+                    operation_id=event.operation_id,
+                    error=type(exc).__name__,
+                    sqlstate=getattr(exc, "sqlstate", None),
+                ) from exc
             else:
                 applied += 1
         role = await writer.fetchval(sql.CURRENT_ROLE)

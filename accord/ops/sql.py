@@ -162,7 +162,13 @@ AGO = "SELECT now() - make_interval(secs => $1::float8)"
 # The start of the retention window ($1 = relay_retention_s) as the first statement of the
 # replay's snapshot: clock_timestamp() is read after the snapshot was taken, so every prune
 # that snapshot misses (published_at < its own now() - $1) removed only rows older than it.
-RETAINED_FROM = "SELECT clock_timestamp() - make_interval(secs => $1::float8)"
+# And a --since given as a duration ($2 s; NULL: a timestamp was given) by the same reading:
+# read earlier, "7d" with a 7-day retention fell a few microseconds before the window.
+WINDOW = """
+SELECT c - make_interval(secs => $1::float8) AS retained_from,
+       c - make_interval(secs => $2::float8) AS since
+FROM (SELECT clock_timestamp() AS c) AS reading
+"""
 
 # The latest enqueue time of an event the relay pruned (migration 0044), or NULL: none.
 PRUNED_THROUGH = "SELECT through FROM relay.pruned"
@@ -178,6 +184,15 @@ OLDEST_RETAINED = """
 SELECT min(enqueued_at) FROM relay.outbox
 WHERE state <> 'held' AND (type || '.v' || version::text) = ANY ($1::text[])
   AND (cardinality($2::text[]) = 0 OR tenant = ANY ($2::text[]))
+"""
+
+# Tenants other than those in $2 whose events projection $1's live consumer applied (its
+# inbox rows; a few, to name them): a rebuild applying only $2's events would empty the rows
+# theirs made, and that consumer would never make them again (its inbox holds them applied).
+OTHER_TENANTS = """
+SELECT DISTINCT tenant FROM consumers.inbox
+WHERE consumer = $1 AND tenant <> ALL ($2::text[])
+ORDER BY tenant LIMIT 5
 """
 
 # Retained events of the versioned types in $2, of the tenants in $3 (empty: every tenant),

@@ -236,6 +236,7 @@ EXPECTED: dict[str, set[str]] = {
         "OpsError",
         "Projection",
         "ProjectionPrincipalLost",
+        "ReplayHandlerFailed",
         "RebuildIncomplete",
         "Refusal",
         "ReplaySummary",

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from accord.consumers import ConsumerRuntime, Handlers, RuntimeConfig
+from accord.consumers import Consumer, ConsumerRuntime, Delivery, Handlers, RuntimeConfig, reserve
 from accord.consumers import sql as consumer_sql
 from accord.demo.app import PROJECTION as REPORT_PROJECTION
 from accord.demo.app import app as demo_app
@@ -26,6 +26,7 @@ from accord.ops import (
     Projection,
     ProjectionPrincipalLost,
     RebuildIncomplete,
+    ReplayHandlerFailed,
     ReplayWindowExceeded,
     UnknownProjection,
     collect_status,
@@ -300,6 +301,30 @@ async def test_a_handler_that_leaves_the_principal_is_caught(
     assert summary.applied == 3
 
 
+async def test_a_handler_s_own_failure_is_a_typed_refusal_naming_the_event_not_its_text(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A handler bug while replaying: ReplayHandlerFailed naming the event and the error's
+    type, never its text (which may quote the event); its batch rolled back; the run left
+    unfinished. Before: a raw traceback with the text, exit 1 ("events refused"). Control:
+    the honest projection replays the same events."""
+    batch = [published(n) for n in range(3)]
+    await mark_published(pg, batch)
+
+    async def bug(tx: Any, event: Event) -> None:
+        raise RuntimeError(f"handler bug quoting {event.payload['provider_receipt']}")
+
+    with pytest.raises(ReplayHandlerFailed) as failed:
+        await do_replay(pg_dsn, greedy(bug, every=2))
+    assert failed.value.fields["error"] == "RuntimeError"
+    assert failed.value.fields["operation_id"] == "pub-0"
+    assert "rc0" not in str(failed.value)
+    assert await pg.fetchval("SELECT count(*) FROM demo_projection.published_reports") == 0
+    assert await pg.fetchval("SELECT count(*) FROM ops.replay_runs WHERE finished_at IS NULL") == 1
+    summary = await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION))
+    assert summary.applied == 3
+
+
 async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.Connection) -> None:
     await mark_published(pg, [published(1)])
     # Control: inside the window.
@@ -448,6 +473,53 @@ async def test_a_replay_applies_only_the_tenants_the_projection_serves(
     refused = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h",
                       "--tenant", "acme,globex")  # fmt: skip
     assert refused.returncode == 2 and "ConfigError" in refused.stderr
+
+
+async def test_a_rebuild_of_some_tenants_is_refused_when_the_live_consumer_served_others(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """The reset empties every tenant's rows. A rebuild of acme alone, where the live
+    consumer applied globex's events too (its inbox holds them), would leave globex's rows
+    gone for good: that consumer would take their redeliveries for duplicates. Refused,
+    nothing changed (before: globex's rows deleted, exit 0). Control: every tenant."""
+    batch = [published(n, tenant="acme" if n % 2 else "globex") for n in range(4)]
+    await mark_published(pg, batch)
+    live = Consumer(REPORT_PROJECTION, CATALOG, 7 * 86400.0)
+    async with pg.transaction():  # the live consumer's inbox: it applied all four
+        for event in batch:
+            assert await reserve(pg, live, event, Delivery())
+    everyone = demo_app.projection_of(REPORT_PROJECTION, ("*",))
+    await do_replay(pg_dsn, everyone, rebuild=True)  # control: the rows it made
+    rows = [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)]
+    assert {r[0] for r in rows} == {"acme", "globex"}
+    acme = demo_app.projection_of(REPORT_PROJECTION, ("acme",))
+    with pytest.raises(RebuildIncomplete) as refused:
+        await do_replay(pg_dsn, acme, rebuild=True)
+    assert refused.value.fields["other_tenants"] == ["globex"]
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "1h",
+                   "--rebuild", "--tenant", "acme")  # fmt: skip
+    assert done.returncode == 2 and "other_tenants" in done.stderr, done.stderr
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
+    summary = await do_replay(pg_dsn, acme)  # without --rebuild: on top, nothing emptied
+    assert (summary.events, summary.applied) == (2, 2)
+    assert [tuple(r) for r in await pg.fetch(PROJECTION_ROWS)] == rows
+
+
+async def test_a_since_as_long_as_the_retention_is_the_window_s_start(
+    pg: asyncpg.Connection, pg_dsn: str
+) -> None:
+    """``--since 7d`` with the relay's 7-day retention (the defaults) replays the whole
+    window: the duration is read by the snapshot's clock with the window's start (read by
+    another statement first, it fell microseconds before and was refused every time).
+    Control: a microsecond more is still refused."""
+    await mark_published(pg, [published(n) for n in range(2)])
+    projection = demo_app.projection_of(REPORT_PROJECTION)
+    summary = await do_replay(pg_dsn, projection, since=3600.0, retention_s=3600.0)
+    assert (summary.events, summary.applied) == (2, 2)
+    with pytest.raises(ReplayWindowExceeded):
+        await do_replay(pg_dsn, projection, since=3600.000001, retention_s=3600.0)
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "7d")
+    assert done.returncode == 0, done.stderr
 
 
 # -- a rebuild beside the live consumer ---------------------------------------------------
