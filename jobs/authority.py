@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,7 +36,7 @@ import asyncpg
 from accord import observe
 from accord.jobs import repair_sql
 from accord.jobs.errors import AuthorityRefused, LedgerUnavailable, RestoreDetected
-from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
+from accord.jobs.ledger import Ledger, LedgerEntry, LedgerRecord, LedgerWhy
 from accord.schemas.backoff import Reconnect
 from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, Tx, require_transaction
 
@@ -125,11 +126,12 @@ async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestor
     """Compare every tenant's database epoch with the ledger. Each behind it is frozen, its
     queued and running work held, and a detection opened (each in its own short transaction;
     idempotent). A database ahead of the ledger is recorded in the ledger as ``observed``.
-    Returns the detections this pass made or refreshed. Raises LedgerUnavailable."""
-    entries = await ledger.read()
+    Returns the detections this pass made or refreshed. Raises LedgerUnavailable, also for a
+    ledger that holds less of a tenant than an earlier check saw in it (0052: a missing file,
+    a wrong path, an older copy), before anything is written to it."""
+    entries, db = await _ledger_and_tenants(pool, ledger)
     restores: list[TenantRestore] = []
     async with pool.acquire() as conn:
-        db = {row["tenant"]: row for row in await conn.fetch(repair_sql.TENANTS)}
         for tenant, entry in sorted(entries.items()):
             seen = db.get(tenant)
             if seen is not None and seen["epoch"] >= entry.epoch:
@@ -155,7 +157,59 @@ async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestor
     ]
     if observed:
         await ledger.append(*observed)
+    held = {t: e.epoch for t, e in entries.items()} | {r.tenant: r.epoch for r in observed}
+    raised = sorted(
+        (t, epoch)
+        for t, epoch in held.items()
+        if t in db and (db[t]["ledger_epoch"] is None or epoch > db[t]["ledger_epoch"])
+    )
+    if raised:
+        tenants, epochs = zip(*raised, strict=True)
+        await pool.execute(repair_sql.LEDGER_SEEN, list(tenants), list(epochs))
     return restores
+
+
+async def _ledger_and_tenants(
+    pool: asyncpg.Pool, ledger: Ledger
+) -> tuple[dict[str, LedgerEntry], dict[str, asyncpg.Record]]:
+    """The ledger's entries and the database's tenant rows, refusing (LedgerUnavailable) a
+    ledger holding less of a tenant than a check saw in it before. Read again once first: a
+    check that read the ledger just before another process appended and recorded what it
+    appended is behind by that much, not a wrong ledger (appends are durable before the
+    database records them)."""
+    entries, db, behind = await _read_both(pool, ledger)
+    if behind:
+        entries, db, behind = await _read_both(pool, ledger)
+    if behind:
+        raise LedgerUnavailable(
+            detail="the ledger holds less of these tenants than a check found in it before:"
+            " not this deployment's ledger (check ACCORD_LEDGER_PATH or ACCORD_LEDGER_PG_DSN),"
+            " or it lost records (restore it); nothing trusted",
+            tenants=sorted(behind),
+            seen_epochs=[behind[t] for t in sorted(behind)],
+            where=_where(ledger),
+        )
+    return entries, db
+
+
+async def _read_both(
+    pool: asyncpg.Pool, ledger: Ledger
+) -> tuple[dict[str, LedgerEntry], dict[str, asyncpg.Record], dict[str, int]]:
+    entries = await ledger.read()
+    async with pool.acquire() as conn:
+        db = {row["tenant"]: row for row in await conn.fetch(repair_sql.TENANTS)}
+    behind = {
+        t: row["ledger_epoch"]
+        for t, row in db.items()
+        if row["ledger_epoch"] is not None
+        and (t not in entries or entries[t].epoch < row["ledger_epoch"])
+    }
+    return entries, db, behind
+
+
+def _where(ledger: Ledger) -> str:
+    path = getattr(ledger, "path", None)
+    return str(path.resolve()) if isinstance(path, Path) else type(ledger).__name__
 
 
 async def open_restores(pool: asyncpg.Pool) -> list[TenantRestore]:

@@ -44,15 +44,25 @@ async def open_work(tx: Tx, workflow: str) -> dict[str, int]:
 
 
 async def register(
-    tx: Tx, workflow: str, owner: str, *, effects_enabled: bool, who: str = "jobs.registry"
+    tx: Tx,
+    workflow: str,
+    owner: str,
+    *,
+    effects_enabled: bool | None,
+    who: str = "jobs.registry",
 ) -> Registration:
     """Runs in the caller's transaction; never commits. Registers ``owner`` for ``workflow``
-    (idempotent; sets the effects flag) and writes a ``jobs.registration_audit`` row naming
-    ``who`` and what the registration was before. Raises WorkflowNotDrained if another owner
-    holds a class with open work: use ``transfer`` for that.
+    (idempotent; sets the effects flag, or with None keeps a registered class's and leaves
+    a new one's disabled) and writes a ``jobs.registration_audit`` row naming ``who`` and
+    what the registration was before. Raises WorkflowNotDrained if another owner holds a
+    class with open work: use ``transfer`` for that.
     """
     require_transaction(tx)
     before = await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow)
+    if effects_enabled is None:
+        # Re-asserting the owner must not turn effects off under running work: its jobs
+        # would park effects_disabled, each refused attempt spent.
+        effects_enabled = bool(before is not None and before["effects_enabled"])
     await tx.execute(sql.REGISTER, workflow, owner, effects_enabled)
     current = Registration.from_record(await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow))
     if current.owner != owner:

@@ -10,8 +10,11 @@ AUTHORITY_LOCK = "SELECT epoch, frozen, open_restore FROM jobs.authority_lock($1
 # Set tenant $1's epoch to $2 (must advance) and its restriction to $3; NULL or a refusal.
 AUTHORITY_SET = "SELECT jobs.authority_set($1, $2, $3)"
 
-# Every tenant's authority row.
-TENANTS = "SELECT tenant, epoch, frozen FROM jobs.tenants ORDER BY tenant"
+# Every tenant's authority row, with the highest epoch a check saw in the ledger (0052).
+TENANTS = "SELECT tenant, epoch, frozen, ledger_epoch FROM jobs.tenants ORDER BY tenant"
+
+# Record ledger epochs $2 of tenants $1 that a check found or wrote (only ever raised).
+LEDGER_SEEN = "SELECT jobs.ledger_seen($1::text[], $2::bigint[])"
 
 # If tenant $1's epoch is behind ledger epoch $2: freeze it, hold its work, record it.
 AUTHORITY_HOLD = (

@@ -506,6 +506,33 @@ BEGIN
 END $$;
 
 --
+-- Name: ledger_seen(text[], bigint[]); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_rows integer;
+BEGIN
+    -- Only ever up: a check that read the ledger before another process's append records
+    -- nothing lower than that one did.
+    UPDATE jobs.tenants t SET ledger_epoch = g.epoch
+    FROM unnest(p_tenants, p_epochs) AS g(tenant, epoch)
+    WHERE g.tenant = t.tenant AND g.epoch >= 1
+      AND (t.ledger_epoch IS NULL OR g.epoch > t.ledger_epoch);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END $$;
+
+--
+-- Name: FUNCTION ledger_seen(p_tenants text[], p_epochs bigint[]); Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) IS 'Record the ledger epochs a restore check found or wrote, per tenant, only ever raising jobs.tenants.ledger_epoch; the rows raised (0052)';
+
+--
 -- Name: next_state(bigint, integer, integer, boolean); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -1625,9 +1652,17 @@ CREATE TABLE jobs.tenants (
     epoch bigint DEFAULT 1 NOT NULL,
     frozen boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    ledger_epoch bigint,
     CONSTRAINT tenants_epoch_check CHECK ((epoch >= 1)),
+    CONSTRAINT tenants_ledger_epoch_check CHECK ((ledger_epoch >= 1)),
     CONSTRAINT tenants_tenant_check CHECK ((tenant <> ''::text))
 );
+
+--
+-- Name: COLUMN tenants.ledger_epoch; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON COLUMN jobs.tenants.ledger_epoch IS 'The highest epoch a restore check found or wrote in the authority ledger for this tenant; a ledger holding less is refused (0052)';
 
 --
 -- Name: workflows; Type: TABLE; Schema: jobs; Owner: -
@@ -2231,6 +2266,14 @@ REVOKE ALL ON FUNCTION jobs.fence_check(p_job_id bigint, p_tenant text, p_workfl
 
 REVOKE ALL ON FUNCTION jobs.finish_effect(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_key text, p_outcome text, p_receipt text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.finish_effect(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_key text, p_outcome text, p_receipt text) TO accord_worker;
+
+--
+-- Name: FUNCTION ledger_seen(p_tenants text[], p_epochs bigint[]); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) TO accord_worker;
+GRANT ALL ON FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) TO accord_repair;
 
 --
 -- Name: FUNCTION next_state(p_job_id bigint, p_attempts integer, p_max_attempts integer, p_retry boolean); Type: ACL; Schema: jobs; Owner: -

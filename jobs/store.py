@@ -380,9 +380,15 @@ class Store:
     # -- registration -----------------------------------------------------------------------
 
     async def register_workflow(
-        self, workflow: str, owner: str, *, effects_enabled: bool = False, who: str = "jobs.Store"
+        self,
+        workflow: str,
+        owner: str,
+        *,
+        effects_enabled: bool | None = None,
+        who: str = "jobs.Store",
     ) -> Registration:
-        """Registers ``owner`` as the one queue owner of ``workflow``, audited (jobs.registry)."""
+        """Registers ``owner`` as the one queue owner of ``workflow``, audited (jobs.registry);
+        ``effects_enabled`` None keeps a registered class's flag (a new class: disabled)."""
         async with self._connection() as conn, conn.transaction():
             return await registry.register(
                 conn, workflow, owner, effects_enabled=effects_enabled, who=who

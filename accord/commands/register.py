@@ -1,5 +1,8 @@
 """`accord register --workflow CLASS --owner NAME [--effects enabled|disabled]`.
 
+Without ``--effects`` a registered class keeps its flag (a new one starts disabled): before
+2026-12-05 the default turned effects off for a running class re-registered to its owner.
+
 The integration checkpoint: names the one queue owner of a workflow class and whether its
 jobs may begin external effects, as an explicit act of the migrating (administrative) role,
 with a row in ``jobs.registration_audit``. A worker refuses to start for a class that is not
@@ -37,8 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--effects",
         choices=("enabled", "disabled"),
-        default="disabled",
-        help="may its jobs begin external effects (default: %(default)s)",
+        default=None,
+        help="may its jobs begin external effects (default: unchanged for a registered class,"
+        " disabled for a new one)",
     )
     parser.add_argument(
         "--who",
@@ -66,7 +70,10 @@ async def _main(
     try:
         await migrate.require_current(conn, chains)
         done = await Store(conn).register_workflow(
-            args.workflow, args.owner, effects_enabled=args.effects == "enabled", who=who
+            args.workflow,
+            args.owner,
+            effects_enabled=None if args.effects is None else args.effects == "enabled",
+            who=who,
         )
     finally:
         await conn.close()

@@ -158,6 +158,31 @@ async def replay(
     ReplayWindowExceeded if ``since`` predates the retention window (``since`` in seconds: that
     long before the snapshot's clock, read with the window's start); ProjectionPrincipalLost
     (batch rolled back) if a handler left the principal."""
+    held: list[int] = []  # its run, while it runs (HOLD_RUN)
+    try:
+        return await _replay(
+            reader, writer, projection, since=since, catalog=catalog, retention_s=retention_s,
+            rebuild=rebuild, batch=batch, held=held,
+        )  # fmt: skip
+    finally:
+        for run_id in held:  # a lost connection released it already
+            with contextlib.suppress(*DB_CONNECTION_LOST, asyncpg.PostgresError):
+                await writer.execute(sql.RELEASE_RUN, run_id)
+
+
+async def _replay(
+    reader: Any,
+    writer: Any,
+    projection: Projection,
+    *,
+    since: datetime | float,
+    catalog: Catalog,
+    retention_s: float,
+    rebuild: bool,
+    batch: int,
+    held: list[int],
+) -> ReplaySummary:
+
     pending: list[Mapping[str, Any]] = []
     reset = rebuild
     # A rebuild's first batch (the reset with it) commits in the transaction that took the
@@ -186,6 +211,8 @@ async def replay(
             if rebuild:
                 await _require_every_event(reader, projection, start, pruned)
             run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, start)
+            await writer.execute(sql.HOLD_RUN, run_id)  # kept from another replay's prune
+            held.append(run_id)
             summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=start)
             async for record in reader.cursor(
                 sql.RETAINED_EVENTS,

@@ -48,6 +48,7 @@ BEGIN
     WHERE f.id IN (
         SELECT x.id FROM ops.replay_runs r JOIN ops.replay_refusals x ON x.run_id = r.run_id
         WHERE coalesce(r.finished_at, r.started_at) < v_cutoff
+          AND (r.finished_at IS NOT NULL OR NOT ops.replay_running(r.run_id))
         ORDER BY r.run_id
         LIMIT p_limit
     );
@@ -56,6 +57,7 @@ BEGIN
     WHERE r.run_id IN (
         SELECT e.run_id FROM ops.replay_runs e
         WHERE coalesce(e.finished_at, e.started_at) < v_cutoff
+          AND (e.finished_at IS NOT NULL OR NOT ops.replay_running(e.run_id))
           AND NOT EXISTS (SELECT 1 FROM ops.replay_refusals x WHERE x.run_id = e.run_id)
         ORDER BY e.run_id
         LIMIT p_limit
@@ -68,7 +70,7 @@ END $$;
 -- Name: FUNCTION prune_replay(p_retention_s double precision, p_limit integer); Type: COMMENT; Schema: ops; Owner: -
 --
 
-COMMENT ON FUNCTION ops.prune_replay(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of the replay ledger older than the retention (0041): refusals of expired runs, then expired runs left with none; (runs, refusals)';
+COMMENT ON FUNCTION ops.prune_replay(p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of the replay ledger older than the retention (0041): refusals of expired runs, then expired runs left with none; never a run in progress (0053); (runs, refusals)';
 
 --
 -- Name: replay_refusal_count(); Type: FUNCTION; Schema: ops; Owner: -
@@ -84,6 +86,26 @@ BEGIN
     ON CONFLICT (workflow, reason) DO UPDATE SET refusals = t.refusals + 1;
     RETURN NULL;
 END $$;
+
+--
+-- Name: replay_running(bigint); Type: FUNCTION; Schema: ops; Owner: -
+--
+
+CREATE FUNCTION ops.replay_running(p_run_id bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.classid = 1919250030::oid AND l.objid = (p_run_id & 2147483647)::oid)
+$$;
+
+--
+-- Name: FUNCTION replay_running(p_run_id bigint); Type: COMMENT; Schema: ops; Owner: -
+--
+
+COMMENT ON FUNCTION ops.replay_running(p_run_id bigint) IS 'Whether a replay holds run p_run_id''s lock (accord.ops.sql.HOLD_RUN): it is in progress (0053)';
 
 SET default_tablespace = '';
 

@@ -223,6 +223,12 @@ PRUNE_REPLAY = "SELECT runs, refusals FROM ops.prune_replay($1, $2)"
 # Open a replay run; returns its id.
 START_RUN = "INSERT INTO ops.replay_runs (workflow, since) VALUES ($1, $2) RETURNING run_id"
 
+# A replay's hold on its run $1 while it runs (a session advisory lock: it outlives the
+# batches' transactions and ends with the connection): ops.prune_replay keeps a run whose
+# lock is held (ops.replay_running, migration 0053). RELEASE_RUN when it finishes.
+HOLD_RUN = "SELECT pg_advisory_lock(1919250030, ($1::bigint & 2147483647)::int)"
+RELEASE_RUN = "SELECT pg_advisory_unlock(1919250030, ($1::bigint & 2147483647)::int)"
+
 # Close replay run $1 with its counts.
 FINISH_RUN = """
 UPDATE ops.replay_runs

@@ -39,6 +39,17 @@ async def test_effects_are_off_unless_registered_on(jobs: Jobs) -> None:
     assert again == reg
 
 
+async def test_registering_again_without_the_flag_keeps_effects_as_they_are(jobs: Jobs) -> None:
+    """Re-asserting a class's owner must not turn its effects off under running work (its
+    jobs would park effects_disabled, each refused attempt spent). Control: an explicit
+    flag still sets them."""
+    on = await jobs.store.register_workflow("tools", "svc", effects_enabled=True)
+    assert (await jobs.store.register_workflow("tools", "svc")).effects_enabled
+    off = await jobs.store.register_workflow("tools", "svc", effects_enabled=False)
+    assert on.effects_enabled and not off.effects_enabled
+    assert not (await jobs.store.register_workflow("tools", "svc")).effects_enabled
+
+
 async def test_owner_change_needs_a_drained_class(jobs: Jobs) -> None:
     await jobs.store.register_workflow("w2", "old")
     await jobs.store.register_workflow("w2", "new")  # control: nothing open, allowed

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -341,6 +342,33 @@ async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.C
     assert "ReplayWindowExceeded" in too_old.stderr
     with pytest.raises(UnknownProjection):
         demo_app.projection_of("report")
+
+
+async def test_a_run_in_progress_is_kept_however_long_ago_it_began(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A replay holds its run (HOLD_RUN) until it finishes: another replay's prune of the
+    ledger keeps it and its refusals, however long ago it began (0053; before, a run begun
+    before the retention was removed under the replay, whose next refusal then failed on
+    its foreign key). Control: the same run once its replay let go of it."""
+    replaying = await asyncpg.connect(pg_dsn)
+    try:
+        run_id = await replaying.fetchval(replay_sql.START_RUN, REPORT_PROJECTION, BASE)
+        await replaying.execute(replay_sql.HOLD_RUN, run_id)
+        await pg.execute(
+            "UPDATE ops.replay_runs SET started_at = now() - interval '100 days' WHERE run_id = $1",
+            run_id,
+        )
+        assert await prune_ledger(pg, retention_s=86400.0) == (0, 0)
+        await replaying.execute(  # the replay goes on: its refusal is recorded
+            replay_sql.RECORD_REFUSAL, run_id, REPORT_PROJECTION, "acme", "op", uuid.uuid4(),
+            "report.published.v1", 1, "insufficient_privilege", "42501", "refused",
+        )  # fmt: skip
+        assert await prune_ledger(pg, retention_s=86400.0) == (0, 0)
+        await replaying.execute(replay_sql.RELEASE_RUN, run_id)
+        assert await prune_ledger(pg, retention_s=86400.0) == (1, 1)
+    finally:
+        await replaying.close()
 
 
 async def test_the_replay_ledger_is_bounded_and_its_counter_never_goes_back(

@@ -149,6 +149,10 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
     job is refused at begin_effect (nothing dispatched, no effect record) and parked, and
     `accord status` says the work waits for that."""
     env = _env(rig.pg_dsn, tmp_path, rig.provider.url)
+    again = await _accord(
+        env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER, "--who", "test-operator"
+    )  # fmt: skip
+    assert b"effects=enabled" in again.stdout, again.stderr  # no --effects: kept as it was
     done = await _accord(
         env, "register", "--workflow", "report", "--owner", DEFAULT_OWNER,
         "--effects", "disabled", "--who", "test-operator",

@@ -1,0 +1,73 @@
+"""A ledger that holds less of a tenant than a check found in it before is refused (0052):
+a missing file (a wrong ACCORD_LEDGER_PATH, or its relative default run from another
+directory), an older copy. Before, a missing file read as an empty ledger: the check
+reported no restore while the real ledger was ahead of the database, and wrote a new ledger
+at the wrong path. A database restored from before its ledger is still a restore."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from accord.jobs import FileLedger, LedgerRecord, LedgerUnavailable, LedgerWhy, check_restore
+from accord.jobs.authority import rotate
+from tests.integration.authority.conftest import TENANT, Principals
+
+
+async def seen(p: Principals) -> int | None:
+    epoch: int | None = await p.owner.fetchval(
+        "SELECT ledger_epoch FROM jobs.tenants WHERE tenant = $1", TENANT
+    )
+    return epoch
+
+
+async def test_a_missing_ledger_is_refused_once_the_database_saw_one(
+    principals: Principals, ledger: FileLedger, tmp_path: Path
+) -> None:
+    p = principals
+    await p.submit("a")
+    assert await check_restore(p.worker, ledger) == []  # control: the real ledger
+    assert await seen(p) == 1
+    async with p.owner.acquire() as conn, conn.transaction():
+        await rotate(conn, ledger, TENANT, who="ops")
+    await check_restore(p.worker, ledger)
+    assert await seen(p) == 2
+    elsewhere = FileLedger(tmp_path / "elsewhere" / "authority.ledger")
+    for pool in (p.worker, p.repair):
+        with pytest.raises(LedgerUnavailable) as refused:
+            await check_restore(pool, elsewhere)
+        assert refused.value.fields["tenants"] == [TENANT]
+        assert refused.value.fields["seen_epochs"] == [2]
+    assert not elsewhere.path.exists()  # nothing written to a ledger not trusted
+    assert await check_restore(p.worker, ledger) == []  # the real one still passes
+
+
+async def test_an_older_copy_of_the_ledger_is_refused(
+    principals: Principals, ledger: FileLedger, tmp_path: Path
+) -> None:
+    p = principals
+    await p.submit("a")
+    await check_restore(p.worker, ledger)
+    copy = tmp_path / "copy.ledger"
+    shutil.copy(ledger.path, copy)  # the ledger at epoch 1
+    async with p.owner.acquire() as conn, conn.transaction():
+        await rotate(conn, ledger, TENANT, who="ops")
+    await check_restore(p.worker, ledger)
+    with pytest.raises(LedgerUnavailable):
+        await check_restore(p.worker, FileLedger(copy))
+
+
+async def test_a_database_restored_from_before_is_still_a_restore_not_a_refusal(
+    principals: Principals, ledger: FileLedger
+) -> None:
+    p = principals
+    await p.submit("a")
+    await check_restore(p.worker, ledger)
+    # The database as a snapshot from before: epoch and what it had seen in the ledger,
+    # while the ledger went on to epoch 3.
+    await ledger.append(LedgerRecord(tenant=TENANT, epoch=3, frozen=False, why=LedgerWhy.ROTATE))
+    [restore] = await check_restore(p.worker, ledger)
+    assert (restore.db_epoch, restore.ledger_epoch) == (1, 3)
+    assert await seen(p) == 3
