@@ -191,7 +191,10 @@ ORDER BY e.begun_at, e.effect_key, e.seq
 """
 
 # The stored trace context of each job $1 (the span that submitted it), for the spans only.
-JOB_TRACES = "SELECT job_id, trace FROM jobs.jobs WHERE job_id = ANY($1::bigint[])"
+JOB_TRACES = (
+    "SELECT job_id, trace, attempt_trace, last_error FROM jobs.jobs"
+    " WHERE job_id = ANY($1::bigint[])"
+)
 
 # The stored trace context of effect ($2 key, $3 seq) of job $1: the span that ran it.
 EFFECT_TRACE = (

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from opentelemetry.trace import Status, StatusCode
 
 from accord.jobs import fence, publish, registry, sql
 from accord.jobs.connections import Held, Mapped, Session, Spares
@@ -339,6 +340,11 @@ class Store:
         whose epoch was rotated) to queued, poison or unknown, each with generation + 1."""
         async with self._connection() as conn:
             rows = await conn.fetch(sql.RESCUE, limit, *self._backoff)
+            # A job rescued to the queue shows it at its next attempt (EVENT_RESCUED); one
+            # rescued to unknown or poison has no next attempt: its trace says so here.
+            stopped = [r for r in rows if r["state"] in _RESCUED_TO_A_STOP]
+            if stopped and telemetry.exporting():
+                await _trace_rescue(conn, stopped)
         return RescueReport(tuple(Rescued.from_record(row) for row in rows))
 
     async def cancel(self, job_id: int, *, reason: str) -> Cancellation:
@@ -442,6 +448,37 @@ class Store:
         async with self._connection() as conn, conn.transaction(readonly=True):
             row = await conn.fetchrow(sql.PROBE)
         return Health(database_now=row["database_now"], workflows=row["workflows"])
+
+
+# The states rescue leaves a job in that no attempt follows on its own.
+_RESCUED_TO_A_STOP = (JobState.UNKNOWN.value, JobState.POISON.value)
+
+
+async def _trace_rescue(conn: Any, rows: list[Any]) -> None:
+    """A ``rescue job`` span in each job's trace (a child of the span that submitted it,
+    linked to the attempt whose lease ran out), with an error status: the job waits for a
+    person (unknown: reconciliation) or is poison."""
+    traces = {r["job_id"]: r for r in await conn.fetch(sql.JOB_TRACES, [r["job_id"] for r in rows])}
+    for row in rows:
+        stored = traces.get(row["job_id"])
+        carrier = telemetry.carrier_from_json(stored["trace"] if stored is not None else None)
+        attempt = telemetry.carrier_from_json(
+            stored["attempt_trace"] if stored is not None else None
+        )
+        span = telemetry.tracer().start_span(
+            "rescue job",
+            context=telemetry.parent_from(carrier),
+            links=telemetry.links_from(attempt, "attempt"),
+            attributes={
+                telemetry.ATTR_JOB_ID: row["job_id"],
+                telemetry.ATTR_GENERATION: row["generation"],
+                telemetry.ATTR_JOB_STATE: row["state"],
+                # lease_expired or epoch_rotated (jobs.rescue)
+                telemetry.ATTR_JOB_REASON: stored["last_error"] if stored is not None else "",
+            },
+        )
+        span.set_status(Status(StatusCode.ERROR, row["state"]))
+        span.end()
 
 
 async def _trace_cancel(conn: Any, job_id: int, reason: str, changed: bool) -> None:

@@ -4,6 +4,7 @@ dispatch, outcomes that never change, and what rescue, cancel and claim make of 
 from __future__ import annotations
 
 import pytest
+from opentelemetry.trace import StatusCode
 
 from accord.jobs import (
     EffectAlreadyBegun,
@@ -15,7 +16,9 @@ from accord.jobs import (
     FenceLost,
     JobState,
 )
+from accord.schemas import telemetry
 from tests.integration.jobs.conftest import OWNER, WORKFLOW, Jobs
+from tests.integration.relay.test_enqueue import memory_exporter
 
 
 async def test_begin_records_pending_and_a_second_begin_is_refused(jobs: Jobs) -> None:
@@ -180,3 +183,27 @@ async def test_the_fence_fails_closed_on_a_null_argument(jobs: Jobs) -> None:
     for position, check in enumerate(checks, start=1):
         nulled = [None if i == position else a for i, a in enumerate(args)]
         assert await jobs.pool.fetchval(fence, *nulled) == check, position
+
+
+async def test_a_job_rescued_to_unknown_says_so_in_its_trace(jobs: Jobs) -> None:
+    """A job rescue leaves unknown (its worker died with an effect pending) has no next
+    attempt: a ``rescue job`` span in its trace says it stopped there, an error, linked to
+    the attempt whose lease ran out. Before, its trace ended at the consumer's ``process``,
+    with no error, while it waited for reconciliation. Control: one rescued to the queue
+    shows it at its next attempt instead (no span here)."""
+    exporter = memory_exporter()
+    stuck = await jobs.submit("stuck")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    await jobs.expire(stuck)
+    requeued = await jobs.submit("requeued")
+    await jobs.claim_one()
+    await jobs.expire(requeued)
+    exporter.clear()
+    report = await jobs.store.rescue()
+    assert (report.ids(JobState.UNKNOWN), report.ids(JobState.QUEUED)) == ([stuck], [requeued])
+    spans = [s for s in exporter.get_finished_spans() if s.name == "rescue job"]
+    assert [(s.attributes or {}).get(telemetry.ATTR_JOB_ID) for s in spans] == [stuck]
+    (span,) = spans
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})[telemetry.ATTR_JOB_REASON] == "lease_expired"
