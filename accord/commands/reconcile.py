@@ -13,6 +13,9 @@ it (`accord repair resume`, audited, the provider's answer as evidence): its nex
 the recorded receipt and publishes. What no lookup may answer, a person resolves with `accord
 repair resolve-effect`. Either way, effects unresolved for longer than
 ``effect_escalate_after_s`` are escalated, never resolved by time.
+
+Exit 0: the pass asked what it could and every provider asked answered; 1: a provider gave no
+answer (``why=lookup_unavailable``: run it again later); 2: refused (settings, database).
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def asking(provider: str, receipt_lookup: ReceiptLookup) -> reconcile.Lookup:
         try:
             receipt = await receipt_lookup(key)
         except Exception as exc:
-            log.warning("provider %s gave no answer for key %s: %s", provider, key, exc)
+            # The type only (accord.logs): a provider's error text may quote a request.
+            log.warning(
+                "provider %s gave no answer for key %s (%s)", provider, key, type(exc).__name__
+            )
             raise LookupUnavailable(job_id=effect.job_id, key=key) from exc
         if receipt is None:
             return reconcile.Answer(None, f"{provider}: key {key} never accepted")
@@ -210,4 +216,5 @@ async def _main(args: argparse.Namespace, settings: Settings, app: App) -> int:
         f"reconcile: resolved={len(report.resolved)} resumed={len(report.resumed)}"
         f" left={len(report.left)} escalated={len(report.escalated)}"
     )
-    return 0
+    # 1: a provider gave no answer this pass (try again later; a scheduler can tell).
+    return 1 if any(why is reconcile.Left.LOOKUP_UNAVAILABLE for _, why in report.left) else 0

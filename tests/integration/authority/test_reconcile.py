@@ -23,6 +23,7 @@ from accord.jobs.runner.effects import idempotency_key
 from tests.integration.authority.conftest import Principals
 
 KEY = "deliver"
+DEMO_KEY = "provider.create_report"  # the demo's report_provider owns it, with a lookup
 BODY = {"report": "q3"}
 
 
@@ -32,9 +33,9 @@ async def provider(tmp_path: Path) -> AsyncIterator[ProviderClient]:
         yield ProviderClient(server.url, timeout_s=5.0)
 
 
-async def gave_up(p: Principals, lease: Lease) -> None:
+async def gave_up(p: Principals, lease: Lease, key: str = KEY) -> None:
     """The runner's ending for an ambiguous call: outcome unknown, the job given up."""
-    await p.store.finish_effect(lease, KEY, EffectState.UNKNOWN)
+    await p.store.finish_effect(lease, key, EffectState.UNKNOWN)
     assert await p.store.fail(lease, "effect outcome unknown", retry=False) is JobState.UNKNOWN
 
 
@@ -128,6 +129,35 @@ async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_
         report = await reconcile.reconcile(conn, gone, who="r", escalate_after_s=3600, settle_s=0)
     assert report.resolved == ()
     assert [(e.job_id, why) for e, why in report.left] == [(lease.job_id, Left.LOOKUP_UNAVAILABLE)]
+    assert await p.state(lease.job_id) == "unknown"
+
+
+async def test_a_provider_that_gives_no_answer_exits_1_naming_only_the_error_s_type(
+    principals: Principals, ledger_env: dict[str, str]
+) -> None:
+    """`accord reconcile` against a provider nobody answers for: the effect stays unknown
+    (why=lookup_unavailable) and the pass exits 1, so a scheduler can tell it from a pass
+    where every provider asked answered (exit 0, the test below); the log names the error's
+    type, not its text."""
+    p = principals
+    await p.submit("a")
+    lease = await p.claim_one()
+    await p.store.begin_effect(lease, DEMO_KEY, "intent")
+    await gave_up(p, lease, DEMO_KEY)
+    done = await anyio.run_process(
+        [sys.executable, "-m", "accord", "reconcile", "--settle-s", "0"],
+        env={
+            **ledger_env,
+            "ACCORD_APP": "accord.demo:app",
+            "ACCORD_PG_DSN": p.dsn,
+            "ACCORD_DEMO_PROVIDER_URL": "http://127.0.0.1:9",
+        },  # fmt: skip
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert f"left job={lease.job_id} key={DEMO_KEY} seq=1 why=lookup_unavailable" in out
+    assert "gave no answer" in err and "OSError" not in err  # its text named the cause
     assert await p.state(lease.job_id) == "unknown"
 
 
