@@ -151,7 +151,7 @@ async def test_a_provider_that_gives_no_answer_exits_1_naming_only_the_error_s_t
             "ACCORD_APP": "accord.demo:app",
             "ACCORD_PG_DSN": p.dsn,
             "ACCORD_DEMO_PROVIDER_URL": "http://127.0.0.1:9",
-        },  # fmt: skip
+        },
         check=False,
     )
     assert done.returncode == 1, done.stderr
