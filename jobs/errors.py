@@ -192,7 +192,8 @@ class WorkflowOwnedElsewhere(RegistrationError):
 
 
 class WorkflowNotDrained(RegistrationError):
-    """The workflow class still has queued, running or unknown work; transfer it explicitly."""
+    """The workflow class still has queued, running, unknown or held work; transfer it
+    explicitly (jobs.registry.transfer)."""
 
     reason = "workflow_not_drained"
 
