@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -47,7 +48,7 @@ from accord.jobs.models import (
 )
 from accord.jobs.publish import BatchPublished, Result
 from accord.schemas import telemetry
-from accord.schemas.db import Tx, require_transaction
+from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction
 from accord.schemas.errors import ConfigError
 from accord.schemas.settings import MAX_LEASE_S
 
@@ -56,6 +57,8 @@ Callback = Callable[[Tx], Awaitable[None]]
 
 #: How long a keeping store keeps an unused connection before the pool gets it back.
 KEPT_IDLE_S = 60.0
+
+log = logging.getLogger("jobs")
 
 
 def valid_lease(lease_s: object) -> bool:
@@ -344,7 +347,8 @@ class Store:
             # rescued to unknown or poison has no next attempt: its trace says so here.
             stopped = [r for r in rows if r["state"] in _RESCUED_TO_A_STOP]
             if stopped and telemetry.exporting():
-                await _trace_rescue(conn, stopped)
+                with _after_commit("rescue"):
+                    await _trace_rescue(conn, stopped)
         return RescueReport(tuple(Rescued.from_record(row) for row in rows))
 
     async def cancel(self, job_id: int, *, reason: str) -> Cancellation:
@@ -353,7 +357,8 @@ class Store:
         async with self._connection() as conn:
             row = await conn.fetchrow(sql.CANCEL, job_id, reason)
             if row is not None and telemetry.exporting():
-                await _trace_cancel(conn, job_id, reason, bool(row["changed"]))
+                with _after_commit("cancel"):
+                    await _trace_cancel(conn, job_id, reason, bool(row["changed"]))
         if row is None:
             raise JobNotFound(job_id=job_id)
         return Cancellation(
@@ -448,6 +453,16 @@ class Store:
         async with self._connection() as conn, conn.transaction(readonly=True):
             row = await conn.fetchrow(sql.PROBE)
         return Health(database_now=row["database_now"], workflows=row["workflows"])
+
+
+@contextlib.contextmanager
+def _after_commit(what: str) -> Iterator[None]:
+    """A span written after ``what`` committed: a database error reading its context is
+    logged, never raised (the caller would take the committed change for a failed one)."""
+    try:
+        yield
+    except (*DB_CONNECTION_LOST, asyncpg.PostgresError) as exc:
+        log.warning("%s committed; its span was not written (%s)", what, type(exc).__name__)
 
 
 # The states rescue leaves a job in that no attempt follows on its own.

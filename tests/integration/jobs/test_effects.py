@@ -3,6 +3,9 @@ dispatch, outcomes that never change, and what rescue, cancel and claim make of 
 
 from __future__ import annotations
 
+from typing import Any
+
+import asyncpg
 import pytest
 from opentelemetry.trace import StatusCode
 
@@ -15,7 +18,9 @@ from accord.jobs import (
     EffectsUnresolved,
     FenceLost,
     JobState,
+    Store,
 )
+from accord.jobs import sql as jobs_sql
 from accord.schemas import telemetry
 from tests.integration.jobs.conftest import OWNER, WORKFLOW, Jobs
 from tests.integration.relay.test_enqueue import memory_exporter
@@ -207,3 +212,43 @@ async def test_a_job_rescued_to_unknown_says_so_in_its_trace(jobs: Jobs) -> None
     (span,) = spans
     assert span.status.status_code is StatusCode.ERROR
     assert (span.attributes or {})[telemetry.ATTR_JOB_REASON] == "lease_expired"
+
+
+class LosesTraceReads:
+    """A real connection whose read of a job's trace context fails as a lost connection
+    would, after the statement before it committed (fault injection; the SQL is real)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        if query == jobs_sql.JOB_TRACES:
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed")
+        return await self._conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        if query == jobs_sql.JOB_TRACES:
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed")
+        return await self._conn.fetchrow(query, *args)
+
+
+async def test_a_committed_cancel_or_rescue_is_reported_done_when_its_span_is_lost(
+    jobs: Jobs,
+) -> None:
+    """Their spans are written after they committed: a lost read of the trace context is
+    logged, never raised (the caller would take the committed change for a failed one)."""
+    memory_exporter()
+    stuck = await jobs.submit("stuck")
+    lease = await jobs.claim_one()
+    await jobs.store.begin_effect(lease, "k", "i")
+    await jobs.expire(stuck)
+    queued = await jobs.submit("queued")
+    async with jobs.pool.acquire() as conn:
+        store = Store(LosesTraceReads(conn))
+        report = await store.rescue()
+        assert report.ids(JobState.UNKNOWN) == [stuck]
+        canceled = await store.cancel(queued, reason="not wanted")
+    assert canceled.changed and canceled.state is JobState.CANCELED
