@@ -81,6 +81,7 @@ async def _change(
     # or not yet: no change of any kind here, since one epoch more would bring it level with
     # the ledger and hide the restore from every later check. A repair principal resolves it.
     entry = (await ledger.read()).get(tenant)
+    await require_ledger_holds(tx, ledger, tenant, entry)
     if row["open_restore"] or (entry is not None and entry.epoch > row["epoch"]):
         raise AuthorityRefused(reason="restore_unresolved", tenant=tenant)
     epoch = int(row["epoch"]) + 1
@@ -164,9 +165,34 @@ async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestor
         if t in db and (db[t]["ledger_epoch"] is None or epoch > db[t]["ledger_epoch"])
     )
     if raised:
+        # Durable first: recorded from a frame a power cut could still tear, the record
+        # would refuse the ledger for ever after.
+        await ledger.sync()
         tenants, epochs = zip(*raised, strict=True)
         await pool.execute(repair_sql.LEDGER_SEEN, list(tenants), list(epochs))
     return restores
+
+
+async def require_ledger_holds(
+    tx: Tx, ledger: Ledger, tenant: str, entry: LedgerEntry | None
+) -> None:
+    """Raise LedgerUnavailable unless the ledger's ``entry`` for ``tenant`` holds what a check
+    saw in it (0052): a change is never written to a ledger the check would refuse. Call
+    with the tenant's row locked (jobs.authority_lock): no check records under it meanwhile."""
+    seen = await tx.fetchval(repair_sql.LEDGER_EPOCH, tenant)
+    if seen is not None and (entry is None or entry.epoch < seen):
+        raise _behind(ledger, {tenant: seen})
+
+
+def _behind(ledger: Ledger, behind: Mapping[str, int]) -> LedgerUnavailable:
+    return LedgerUnavailable(
+        detail="the ledger holds less of these tenants than a check found in it before:"
+        " not this deployment's ledger (check ACCORD_LEDGER_PATH or ACCORD_LEDGER_PG_DSN),"
+        " or it lost records (restore it); nothing trusted",
+        tenants=sorted(behind),
+        seen_epochs=[behind[t] for t in sorted(behind)],
+        where=_where(ledger),
+    )
 
 
 async def _ledger_and_tenants(
@@ -181,14 +207,7 @@ async def _ledger_and_tenants(
     if behind:
         entries, db, behind = await _read_both(pool, ledger)
     if behind:
-        raise LedgerUnavailable(
-            detail="the ledger holds less of these tenants than a check found in it before:"
-            " not this deployment's ledger (check ACCORD_LEDGER_PATH or ACCORD_LEDGER_PG_DSN),"
-            " or it lost records (restore it); nothing trusted",
-            tenants=sorted(behind),
-            seen_epochs=[behind[t] for t in sorted(behind)],
-            where=_where(ledger),
-        )
+        raise _behind(ledger, behind)
     return entries, db
 
 

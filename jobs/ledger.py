@@ -135,6 +135,11 @@ class Ledger(Protocol):
         """Make ``records`` durable, in order, before returning. Raises LedgerUnavailable."""
         ...
 
+    async def sync(self) -> None:
+        """Make every record this handle has read durable (another writer's append may be
+        readable before its own fsync returns). Raises LedgerUnavailable."""
+        ...
+
 
 @dataclass(slots=True)
 class _Known:
@@ -180,6 +185,26 @@ class FileLedger:
 
     async def append(self, *records: LedgerRecord) -> None:
         await anyio.to_thread.run_sync(self.append_sync, *records)
+
+    async def sync(self) -> None:
+        await anyio.to_thread.run_sync(self.sync_sync)
+
+    def sync_sync(self) -> None:
+        """fsync the ledger file (any descriptor of it flushes its data): a frame another
+        writer appended is readable before that writer's own fsync returns, and what a check
+        records as seen must survive a power cut (a torn unacknowledged tail is not a record)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # nothing read, nothing to keep
+        except OSError as exc:
+            raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise LedgerUnavailable(path=str(self.path), detail=str(exc)) from exc
+        finally:
+            os.close(fd)
 
     def records(self) -> list[LedgerRecord]:
         """Every verified record, in append order, read whole (blocking; a torn tail is not a
@@ -342,6 +367,9 @@ class PgLedger:
         self._known = _PG_NOTHING_READ
         self._seen = _Seen("the ledger database")
 
+    async def sync(self) -> None:
+        """Nothing: a read sees committed records only, durable by then."""
+
     async def ensure(self) -> None:
         """Create the ledger's schema and table if missing (idempotent)."""
         conn = await connect(self._dsn)
@@ -410,9 +438,8 @@ class _Seen:
     process: rolled back, replaced by an older copy, truncated or deleted. It is refused
     (LedgerUnavailable, which ends the authority watch and so the process, one line naming
     it), never taken as a new ledger: a database restored to match it would pass every
-    later check. A restarted process, with no memory of what was read, takes it as it is
-    (a lost ledger looks like a new one: docs/authority.md): the protection lasts until a
-    person has seen that line."""
+    later check. A restarted process refuses it too, by what the database saw in the
+    ledger (jobs.tenants.ledger_epoch, migration 0052; jobs.authority)."""
 
     def __init__(self, where: str) -> None:
         self._where = where
@@ -427,8 +454,8 @@ class _Seen:
         if back:
             raise LedgerUnavailable(
                 "the ledger went back: it lacks records this process read before (rolled"
-                " back, replaced by an older copy, truncated or deleted); restore it, or"
-                " restart the process to take it as it is",
+                " back, replaced by an older copy, truncated or deleted); restore it"
+                " (docs/authority.md: a ledger no copy of which survives)",
                 where=self._where,
                 tenants=back[:10],
             )

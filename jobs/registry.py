@@ -59,12 +59,13 @@ async def register(
     """
     require_transaction(tx)
     before = await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow)
-    if effects_enabled is None:
-        # Re-asserting the owner must not turn effects off under running work: its jobs
-        # would park effects_disabled, each refused attempt spent.
-        effects_enabled = bool(before is not None and before["effects_enabled"])
-    await tx.execute(sql.REGISTER, workflow, owner, effects_enabled)
+    await tx.execute(sql.REGISTER, workflow, owner, bool(effects_enabled))
     current = Registration.from_record(await tx.fetchrow(sql.REGISTRATION_FOR_UPDATE, workflow))
+    if effects_enabled is None:
+        # Re-asserting the owner must not turn effects off under running work (its jobs
+        # would park effects_disabled, each refused attempt spent): the flag of the row now
+        # locked, a concurrent first registration's included.
+        effects_enabled = current.effects_enabled
     if current.owner != owner:
         busy = await open_work(tx, workflow)
         if busy:

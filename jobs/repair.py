@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from accord.jobs import repair_sql
+from accord.jobs import authority, repair_sql
 from accord.jobs.errors import RepairRefused
 from accord.jobs.ledger import Ledger, LedgerRecord, LedgerWhy
 from accord.jobs.models import EffectState, JobState
@@ -190,6 +190,7 @@ async def advance_epoch(
     if not row["open_restore"]:
         raise RepairRefused(reason="no_restore", tenant=tenant)
     entry = (await ledger.read()).get(tenant)
+    await authority.require_ledger_holds(tx, ledger, tenant, entry)
     ledger_epoch = entry.epoch if entry is not None else 0
     frozen = entry.frozen if entry is not None else False
     epoch = max(int(row["epoch"]), ledger_epoch) + 1

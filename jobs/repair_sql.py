@@ -13,6 +13,9 @@ AUTHORITY_SET = "SELECT jobs.authority_set($1, $2, $3)"
 # Every tenant's authority row, with the highest epoch a check saw in the ledger (0052).
 TENANTS = "SELECT tenant, epoch, frozen, ledger_epoch FROM jobs.tenants ORDER BY tenant"
 
+# The highest epoch a check saw in the ledger for tenant $1 (0052), or NULL.
+LEDGER_EPOCH = "SELECT ledger_epoch FROM jobs.tenants WHERE tenant = $1"
+
 # Record ledger epochs $2 of tenants $1 that a check found or wrote (only ever raised).
 LEDGER_SEEN = "SELECT jobs.ledger_seen($1::text[], $2::bigint[])"
 

@@ -52,7 +52,9 @@ class ReplayHandlerFailed(OpsError):
     """A projection handler raised while replaying (its own error, named by type only: its
     text may quote the event). Its batch was rolled back; batches before it were committed,
     so after a rebuild's reset the projection holds only part of its rows until a rebuild
-    succeeds. The run stays unfinished in ops.replay_runs. Fix the handler and run again."""
+    succeeds (a failure in a rebuild's first batch rolls its reset and its run back too:
+    nothing changed, ``run_id`` None). The run stays unfinished in ops.replay_runs. Fix the
+    handler and run again."""
 
     reason = "replay_handler_failed"
 

@@ -305,7 +305,8 @@ async def _apply(
             except Exception as exc:
                 raise ReplayHandlerFailed(
                     workflow=projection.workflow,
-                    run_id=summary.run_id,
+                    # a rebuild's first batch commits with its run: rolled back together
+                    run_id=None if reset else summary.run_id,
                     outbox_id=record["id"],
                     tenant=event.tenant,
                     operation_id=event.operation_id,

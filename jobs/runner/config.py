@@ -74,7 +74,6 @@ class WorkerConfig:
             raise ConfigError("rescue_every_s must be positive or None")
         if self.prune_every_s is not None and not duration_ok(self.prune_every_s, positive=True):
             raise ConfigError("prune_every_s must be positive or None")
-        # Checked here, not at the first prune: a value the database cannot take stopped the
-        # worker from its prune loop (DatetimeFieldOverflowError), long after its start.
-        retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)
+        # At the start, not the first prune: a value the database cannot take (now bounded by
+        # retention.check) stopped the worker from its prune loop long after its start.
         retention.check(self.prune_retention_s, self.prune_audit_retention_s, self.prune_batch)

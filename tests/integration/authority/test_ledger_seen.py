@@ -71,3 +71,51 @@ async def test_a_database_restored_from_before_is_still_a_restore_not_a_refusal(
     [restore] = await check_restore(p.worker, ledger)
     assert (restore.db_epoch, restore.ledger_epoch) == (1, 3)
     assert await seen(p) == 3
+
+
+async def test_a_change_is_never_written_to_a_ledger_the_check_would_refuse(
+    principals: Principals, ledger: FileLedger, tmp_path: Path
+) -> None:
+    """Rotate, restrict, lift and the repair role's advance lock the tenant's row, then
+    compare the ledger with what checks saw in it: a wrong ledger gets nothing written."""
+    p = principals
+    await p.submit("a")
+    await check_restore(p.worker, ledger)
+    elsewhere = FileLedger(tmp_path / "elsewhere.ledger")
+    with pytest.raises(LedgerUnavailable):
+        async with p.owner.acquire() as conn, conn.transaction():
+            await rotate(conn, elsewhere, TENANT, who="ops")
+    assert not elsewhere.path.exists()
+    async with p.owner.acquire() as conn, conn.transaction():  # control: the real ledger
+        assert await rotate(conn, ledger, TENANT, who="ops") == 2
+
+
+class Syncs(FileLedger):
+    """A file ledger noting when it was made durable and when the database recorded what
+    was read from it (by the order of calls: sync, then jobs.ledger_seen)."""
+
+    def __init__(self, path: Path, calls: list[str]) -> None:
+        super().__init__(path)
+        self.calls = calls
+
+    async def sync(self) -> None:
+        self.calls.append("sync")
+        await super().sync()
+
+
+async def test_what_a_check_records_it_made_durable_first(
+    principals: Principals, tmp_path: Path
+) -> None:
+    """A frame another writer appended is readable before that writer's fsync returns; a
+    power cut could then tear it, and a check that had recorded its epoch would refuse the
+    ledger for ever. The check fsyncs the ledger before it records. Control: nothing to
+    record, nothing synced."""
+    p = principals
+    await p.submit("a")
+    calls: list[str] = []
+    ledger = Syncs(tmp_path / "authority.ledger", calls)
+    await check_restore(p.worker, ledger)
+    assert calls == ["sync"] and await seen(p) == 1
+    calls.clear()
+    await check_restore(p.worker, ledger)
+    assert calls == []
