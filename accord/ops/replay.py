@@ -247,16 +247,16 @@ async def _require_every_event(
         )
     if projection.tenant_filter:
         # The reset empties every tenant's rows (its statements know no tenant): a rebuild
-        # of some tenants would leave the others' rows that the live consumer made gone, and
-        # it would not make them again (its inbox holds those events as applied).
+        # of some tenants would leave the others' rows gone, and their live consumer would
+        # not make them again (its inbox holds those events as applied).
         others = await reader.fetch(
-            sql.OTHER_TENANTS, projection.workflow, projection.tenant_filter
+            sql.OTHER_TENANTS, projection.event_types, projection.tenant_filter
         )
         if others:
             raise RebuildIncomplete(
                 "the reset empties every tenant's rows and only the given tenants' events"
-                " would be applied again: rebuild with the tenants the projection's consumer"
-                " serves (--tenant '*' for every tenant)",
+                " would be applied again: rebuild with every tenant (--tenant '*'), or"
+                " replay these tenants without --rebuild (on top of the projection)",
                 tenants=projection.tenant_filter,
                 other_tenants=[r["tenant"] for r in others],
             )

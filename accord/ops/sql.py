@@ -186,12 +186,14 @@ WHERE state <> 'held' AND (type || '.v' || version::text) = ANY ($1::text[])
   AND (cardinality($2::text[]) = 0 OR tenant = ANY ($2::text[]))
 """
 
-# Tenants other than those in $2 whose events projection $1's live consumer applied (its
-# inbox rows; a few, to name them): a rebuild applying only $2's events would empty the rows
-# theirs made, and that consumer would never make them again (its inbox holds them applied).
+# Tenants other than those in $2 with retained events of the versioned types in $1 (a few,
+# to name them): a rebuild applying only $2's events would empty the rows theirs made. A
+# rebuild runs only while the relay has pruned nothing, so the outbox holds every such event
+# (the live consumer's inbox does not: it is pruned after the inbox's own window).
 OTHER_TENANTS = """
-SELECT DISTINCT tenant FROM consumers.inbox
-WHERE consumer = $1 AND tenant <> ALL ($2::text[])
+SELECT DISTINCT tenant FROM relay.outbox
+WHERE state <> 'held' AND (type || '.v' || version::text) = ANY ($1::text[])
+  AND tenant <> ALL ($2::text[])
 ORDER BY tenant LIMIT 5
 """
 
