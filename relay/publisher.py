@@ -13,6 +13,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import aio_pika
@@ -69,9 +70,16 @@ class AmqpPublisher:
         self._channel = channel
         self._exchange = exchange
         self._connection = connection
+        # The publishes in flight by message id (see publish), and how many wait for each.
+        self._same_id: dict[str, _SameId] = {}
+        # A publish timed out: the broker may have stopped reading without blocking the
+        # connection (a frozen node, flow control). Broken from then on, so the relay ends
+        # this session and reconnects with its backoff, its connect the liveness probe; on
+        # the same session, each row's retry wrote one more copy the broker routed later.
+        self._stalled = False
 
     def broken(self) -> bool:
-        return self._channel.is_closed
+        return self._stalled or self._channel.is_closed
 
     async def writable(self) -> None:
         # aiormq keeps the broker's connection.blocked / unblocked: ready() waits for the
@@ -81,6 +89,34 @@ class AmqpPublisher:
             await transport.connection.ready()
 
     async def publish(self, message: WireMessage, *, confirm_timeout_s: float) -> None:
+        """Never two publishes of one message id unconfirmed on this channel at once: aiormq
+        matches a ``basic.return`` to its publish by message id, so two rows with the same
+        event id (two tenants may share one) had their outcomes crossed, and an unroutable
+        one was marked published. A second waits for the first within its own deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + confirm_timeout_s
+        same = self._same_id.setdefault(message.message_id, _SameId())
+        same.users += 1
+        try:
+            try:
+                await asyncio.wait_for(same.lock.acquire(), confirm_timeout_s)
+            except TimeoutError as exc:
+                raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
+            try:
+                left = deadline - loop.time()
+                if left <= 0:  # the whole deadline went waiting: nothing was sent
+                    raise PublishTimeout(timeout_s=confirm_timeout_s)
+                await self._publish(message, left, confirm_timeout_s)
+            finally:
+                same.lock.release()
+        finally:
+            same.users -= 1
+            if not same.users:
+                del self._same_id[message.message_id]
+
+    async def _publish(
+        self, message: WireMessage, timeout_s: float, confirm_timeout_s: float
+    ) -> None:
         amqp_message = aio_pika.Message(
             message.body,
             headers=dict(message.headers),
@@ -90,7 +126,7 @@ class AmqpPublisher:
         )
         try:
             await self._exchange.publish(
-                amqp_message, message.routing_key, mandatory=True, timeout=confirm_timeout_s
+                amqp_message, message.routing_key, mandatory=True, timeout=timeout_s
             )
         except aiormq.exceptions.PublishError as exc:
             frame = exc.frame
@@ -98,6 +134,7 @@ class AmqpPublisher:
         except aiormq.exceptions.DeliveryError as exc:
             raise Nacked() from exc
         except TimeoutError as exc:
+            self._stalled = True
             raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             raise _precondition(exc, len(message.body)) from exc
@@ -124,6 +161,14 @@ class AmqpPublisher:
             if self._channel.is_closed and task is not None and not task.cancelling():
                 raise ConnectionLost(detail="channel closed") from exc
             raise
+
+
+@dataclass(slots=True)
+class _SameId:
+    """The publishes of one message id: one unconfirmed at a time on a channel."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 def _precondition(exc: aiormq.exceptions.ChannelPreconditionFailed, size: int) -> Exception:

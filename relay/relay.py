@@ -170,6 +170,7 @@ class Relay:
         self._publisher = publisher or (lambda: amqp_publisher(config.amqp_url, config.exchange))
         # One event per sleeping loop: ``wake()`` sets one of them, ``stop()`` every one.
         self._waiters: set[anyio.Event] = set()
+        self._stop_waiters: set[anyio.Event] = set()  # backoffs: a stop ends them, no NOTIFY
         self._missed = False  # a wake-up came while no loop slept: the next one claims at once
         self._lingering = 0  # loops woken and lingering: their claims are still to come
         self._polling = 0  # loops waiting a linger to poll again, while awake
@@ -197,7 +198,7 @@ class Relay:
         """Ask the relay to finish its current batch and return; ``now``: cancel at once (rows
         in flight stay leased until their lease expires, then are published again)."""
         self._stopping = True
-        for waiter in self._waiters:
+        for waiter in (*self._waiters, *self._stop_waiters):
             waiter.set()
         if now and self._run_scope is not None:
             self._run_scope.cancel()
@@ -244,14 +245,14 @@ class Relay:
                         for index in range(self.config.loops):
                             tg.start_soon(self._worker, publisher, index)
             except DB_RETRY_LATER as exc:
-                await self._sleep(self._lost(exc, reconnect))
+                await self._backoff(self._lost(exc, reconnect))
             except ExchangeMissing as exc:
                 # Deleted under the running relay (a start without it is refused): its rows
                 # wait, /readyz names the exchange, and a later session finds it declared.
-                await self._sleep(self._lost(str(exc), reconnect))
+                await self._backoff(self._lost(str(exc), reconnect))
             else:
                 if not self._stopping:  # the channel broke: reconnect the broker side
-                    await self._sleep(self._lost("broker channel closed", reconnect))
+                    await self._backoff(self._lost("broker channel closed", reconnect))
 
     def _lost(self, cause: BaseException | str, reconnect: Reconnect) -> float:
         """Count and log a lost service; returns the backoff. The publish loop then waits
@@ -268,14 +269,14 @@ class Relay:
             try:
                 conn = await connect(self.config.pg_dsn, **self._pg_args)
             except DB_RETRY_LATER as exc:
-                await self._sleep(self._lost(exc, reconnect))
+                await self._backoff(self._lost(exc, reconnect))
                 continue
             try:
                 reconnect.up()
                 self.publishing.set()
                 await self._drain(conn, publisher, prunes=index == 0)
             except DB_RETRY_LATER as exc:
-                await self._sleep(self._lost(exc, reconnect))
+                await self._backoff(self._lost(exc, reconnect))
             finally:
                 await _close(conn)
 
@@ -386,6 +387,19 @@ class Relay:
         self._awake_until = float("-inf")
         if promised is not None:
             await conn.execute(sql.WITHDRAW_AWAKE, promised)
+
+    async def _backoff(self, seconds: float) -> None:
+        """A lost service's backoff: only a stop ends it early. A NOTIFY is no reason to try
+        the service again: woken like a poll, the relay reconnected once per producer commit
+        (830 connections in 10 s of a broker outage at 100 commits/s, against 4)."""
+        waiter = anyio.Event()
+        self._stop_waiters.add(waiter)
+        try:
+            if not self._stopping:
+                with anyio.move_on_after(seconds):
+                    await waiter.wait()
+        finally:
+            self._stop_waiters.discard(waiter)
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a wake-up (not the timer, not a stop) ended it."""

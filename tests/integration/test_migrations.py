@@ -348,3 +348,41 @@ async def test_0041_carries_the_refusals_recorded_before_it_into_the_totals(
         assert await conn.fetchval(totals) == 3
     finally:
         await conn.close()
+
+
+async def test_0051_brings_a_window_past_a_century_back_with_its_promises(
+    empty_pg_dsn: str,
+) -> None:
+    """A database at 0050 where a process declared a 1e12 s window, then a day (a lowering,
+    which promised the 1e12 s horizon until the year 33715): every reserve and inbox prune of
+    that consumer failed (22008). 0051 brings the window and the promise within bounds; the
+    consumer's inbox prune and a new declaration work again. Control: a sane window stays."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=50)
+        declare = "SELECT consumers.declare_window($1, $2, 300)"
+        await conn.execute(declare, "sane", 7 * 86400.0)
+        await conn.execute(declare, "huge", 1e12)
+        await conn.execute(declare, "huge", 86400.0)
+        # What the inbox prune and jobs.prune compute from the horizon:
+        horizon = (
+            "SELECT now() - make_interval(secs => h.horizon_s) FROM consumers.replay_horizons h"
+            " WHERE h.consumer = $1"
+        )
+        with pytest.raises(asyncpg.DatetimeFieldOverflowError):
+            await conn.fetchval(horizon, "huge")
+        await migrate.migrate(conn)
+        assert await conn.fetchval(horizon, "huge") is not None
+        windows = dict(
+            await conn.fetch("SELECT consumer, replay_window_s FROM consumers.replay_windows")
+        )
+        assert windows == {"sane": 7 * 86400.0, "huge": 86400.0}
+        assert (
+            await conn.fetchval("SELECT max(horizon_s) FROM consumers.replay_promises")
+            == 6307200000
+        )
+        await conn.execute(declare, "huge", 2 * 86400.0)  # declarations work again
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(declare, "huge", 1e12)
+    finally:
+        await conn.close()

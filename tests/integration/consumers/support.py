@@ -215,12 +215,22 @@ async def counts(conn: asyncpg.Connection) -> dict[str, int]:
 
 
 class CuttableProxy:
-    """A loopback TCP proxy to the broker whose connections a test can cut at will."""
+    """A loopback TCP proxy to the broker whose connections a test can cut at will, or hold
+    (nothing forwarded either way, as from a broker that stopped reading) and release."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.port = 0
         self._streams: list[Any] = []
+        self._held: anyio.Event | None = None
+
+    def hold(self) -> None:
+        self._held = self._held or anyio.Event()
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.set()
 
     async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
@@ -236,10 +246,11 @@ class CuttableProxy:
             tg.start_soon(self._pipe, client, upstream, tg.cancel_scope)
             tg.start_soon(self._pipe, upstream, client, tg.cancel_scope)
 
-    @staticmethod
-    async def _pipe(source: Any, sink: Any, scope: Any) -> None:
+    async def _pipe(self, source: Any, sink: Any, scope: Any) -> None:
         try:
             async for chunk in source:
+                if self._held is not None:
+                    await self._held.wait()
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
