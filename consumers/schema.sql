@@ -246,6 +246,7 @@ CREATE TABLE consumers.replay_promises (
     consumer text NOT NULL,
     horizon_s double precision NOT NULL,
     until timestamp with time zone NOT NULL,
+    CONSTRAINT replay_promises_bounded CHECK ((horizon_s <= ('6307200000'::bigint)::double precision)),
     CONSTRAINT replay_promises_horizon_s_check CHECK (((horizon_s > (0)::double precision) AND (horizon_s < 'Infinity'::double precision)))
 );
 
@@ -266,6 +267,7 @@ CREATE TABLE consumers.replay_windows (
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
     declared_by text DEFAULT SESSION_USER NOT NULL,
     admit_from timestamp with time zone,
+    CONSTRAINT replay_windows_bounded CHECK (((replay_window_s <= ('3153600000'::bigint)::double precision) AND (margin_s <= ('3153600000'::bigint)::double precision))),
     CONSTRAINT replay_windows_margin_s_check CHECK (((margin_s >= (0)::double precision) AND (margin_s < 'Infinity'::double precision))),
     CONSTRAINT replay_windows_replay_window_s_check CHECK (((replay_window_s > (0)::double precision) AND (replay_window_s < 'Infinity'::double precision)))
 );
@@ -335,13 +337,6 @@ ALTER TABLE ONLY consumers.poison
 
 ALTER TABLE ONLY consumers.replay_promises
     ADD CONSTRAINT replay_promises_pkey PRIMARY KEY (consumer, horizon_s);
-
---
--- Name: replay_windows replay_windows_bounded; Type: CHECK CONSTRAINT; Schema: consumers; Owner: -
---
-
-ALTER TABLE consumers.replay_windows
-    ADD CONSTRAINT replay_windows_bounded CHECK (((replay_window_s <= ('3153600000'::bigint)::double precision) AND (margin_s <= ('3153600000'::bigint)::double precision))) NOT VALID;
 
 --
 -- Name: replay_windows replay_windows_pkey; Type: CONSTRAINT; Schema: consumers; Owner: -

@@ -98,6 +98,8 @@ CREATE FUNCTION ops.replay_running(p_run_id bigint) RETURNS boolean
     SELECT EXISTS (
         SELECT 1 FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.database = (SELECT d.oid FROM pg_database d
+                            WHERE d.datname = current_database())
           AND l.classid = 1919250030::oid AND l.objid = (p_run_id & 2147483647)::oid)
 $$;
 
@@ -105,7 +107,7 @@ $$;
 -- Name: FUNCTION replay_running(p_run_id bigint); Type: COMMENT; Schema: ops; Owner: -
 --
 
-COMMENT ON FUNCTION ops.replay_running(p_run_id bigint) IS 'Whether a replay holds run p_run_id''s lock (accord.ops.sql.HOLD_RUN): it is in progress (0053)';
+COMMENT ON FUNCTION ops.replay_running(p_run_id bigint) IS 'Whether a replay holds run p_run_id''s lock (accord.ops.sql.HOLD_RUN) in this database: it is in progress (0053)';
 
 SET default_tablespace = '';
 

@@ -4,14 +4,27 @@
 --   reserve of that consumer fail (22008, timestamp out of range: poisoned as
 --   data_exception), its inbox prune fail, and jobs.prune refuse every worker's retention.
 --   A window and its margin are now at most 100 years (schemas.settings.MAX_DURATION_S, as
---   the settings and Consumer say). NOT VALID: a row declared before is checked when a
---   declaration replaces it (an UPDATE).
+--   the settings and Consumer say), and a promise a lowering declaration keeps (the horizon
+--   it replaced, until when) at most two: declared before, such a window is brought to a
+--   century with its promises (left as it was, the next declaration lowered from it and
+--   promised its horizon until the year 33715).
 -- * The functions that SET enable_seqscan = off have plans costed past jit_above_cost by
 --   the disabled scans' penalty: jobs.prune compiled its plans on every call (about 170 ms
 --   against 1 ms without, on an empty database), with its batch's row locks held.
+UPDATE consumers.replay_windows
+SET replay_window_s = LEAST(replay_window_s, 3153600000), margin_s = LEAST(margin_s, 3153600000)
+WHERE replay_window_s > 3153600000 OR margin_s > 3153600000;
+
+UPDATE consumers.replay_promises
+SET horizon_s = 6307200000, until = LEAST(until, now() + interval '6307200000 seconds')
+WHERE horizon_s > 6307200000;
+
 ALTER TABLE consumers.replay_windows
     ADD CONSTRAINT replay_windows_bounded
-    CHECK (replay_window_s <= 3153600000 AND margin_s <= 3153600000) NOT VALID;
+    CHECK (replay_window_s <= 3153600000 AND margin_s <= 3153600000);
+
+ALTER TABLE consumers.replay_promises
+    ADD CONSTRAINT replay_promises_bounded CHECK (horizon_s <= 6307200000);
 
 ALTER FUNCTION jobs.prune(double precision, double precision, integer) SET jit = off;
 ALTER FUNCTION jobs.claim(text, text, double precision, integer) SET jit = off;
