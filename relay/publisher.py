@@ -98,10 +98,13 @@ class AmqpPublisher:
         same = self._same_id.setdefault(message.message_id, _SameId())
         same.users += 1
         try:
-            try:
-                await asyncio.wait_for(same.lock.acquire(), confirm_timeout_s)
-            except TimeoutError as exc:
-                raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
+            if same.users == 1:  # alone: the lock is free (no task for wait_for per publish)
+                await same.lock.acquire()
+            else:
+                try:
+                    await asyncio.wait_for(same.lock.acquire(), confirm_timeout_s)
+                except TimeoutError as exc:
+                    raise PublishTimeout(timeout_s=confirm_timeout_s) from exc
             try:
                 left = deadline - loop.time()
                 if left <= 0:  # the whole deadline went waiting: nothing was sent
