@@ -521,13 +521,25 @@ class Worker:
         """Fenced ``fail(retry=...)``: the jobs module requeues it (retry), poisons it after
         its attempts, fails it (no retry), or makes it unknown when an effect forbids running
         it again."""
+        tries = 0
+
+        async def give_up() -> JobState:
+            nonlocal tries
+            tries += 1
+            try:
+                return await store.fail(ctx.lease, reason, retry=retry)
+            except FenceLost as exc:
+                # Refused as no longer running after a try whose answer was lost: that try
+                # may have committed (counted fence_lost, its state unknown, before).
+                if tries > 1 and exc.fields.get("failed_check") == "state":
+                    state = await write_back.given_up_before(store, ctx.lease, reason)
+                    if state is not None:
+                        return state
+                raise
+
         try:
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                state = await write_back.again(
-                    lambda: store.fail(ctx.lease, reason, retry=retry),
-                    what="give-up",
-                    lease=ctx.lease,
-                )
+                state = await write_back.again(give_up, what="give-up", lease=ctx.lease)
                 return self._finished(ctx, ending, state, reason)
         except FenceLost as exc:
             return self._finished(ctx, Ending.FENCE_LOST, None, str(exc.fields.get("failed_check")))

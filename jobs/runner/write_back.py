@@ -88,6 +88,20 @@ async def published_before(store: Store, lease: Lease) -> bool:
     return job.state is JobState.SUCCEEDED and job.generation == lease.generation
 
 
+async def given_up_before(store: Store, lease: Lease, reason: str) -> JobState | None:
+    """The state this attempt's give-up left the job in, when a try whose answer was lost
+    committed it; else None. At this lease's generation only this attempt's ``fail`` ends
+    the run and writes its reason (rescue, cancel and repair move the generation on)."""
+    job = await _job(store, lease)
+    if (
+        job.generation == lease.generation
+        and job.state is not JobState.RUNNING
+        and job.last_error == reason
+    ):
+        return job.state
+    return None
+
+
 async def recorded_before(store: Store, lease: Lease, key: str, seq: int, state: str) -> bool:
     """Whether this attempt's record ``(key, seq)`` holds ``state``: a finish refused as
     not pending after one whose answer was lost committed."""

@@ -202,6 +202,27 @@ async def test_an_outcome_committed_before_its_answer_was_lost_is_told_by_its_re
     assert not await write_back.recorded_before(rig.store, other, "pay", seq, "succeeded")
 
 
+async def test_a_give_up_committed_before_its_answer_was_lost_is_told_by_its_job(
+    rig: Rig,
+) -> None:
+    """A give-up (``fail``) whose answer is lost after its commit: the next try is refused
+    as no longer running; the job at this lease's generation, not running, with this
+    give-up's reason is its doing, and its state is the attempt's ending (before, counted
+    fence_lost with no state). Control: another reason, or a later generation (rescue,
+    cancel), is not taken for it."""
+    await rig.store.register_workflow("gave", DEFAULT_OWNER)
+    await rig.submit_job("op-gave", "gave")
+    [lease] = await rig.store.claim("gave", DEFAULT_OWNER, lease_s=30)
+    assert await rig.store.fail(lease, "handler_error", retry=False) is JobState.FAILED
+    with pytest.raises(FenceLost) as refused:
+        await rig.store.fail(lease, "handler_error", retry=False)  # the try after a lost answer
+    assert refused.value.fields["failed_check"] == "state"
+    assert await write_back.given_up_before(rig.store, lease, "handler_error") is JobState.FAILED
+    assert await write_back.given_up_before(rig.store, lease, "timeout") is None
+    later = dataclasses.replace(lease, generation=lease.generation + 1)
+    assert await write_back.given_up_before(rig.store, later, "handler_error") is None
+
+
 async def test_a_read_only_server_delays_the_heartbeat_and_the_worker_goes_on(
     rig: Rig, pg_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
