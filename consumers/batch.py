@@ -65,6 +65,7 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
 # While a rebuild holds a projection's guard, its consumer tries again after this, doubling.
 GUARD_WAIT_S, GUARD_WAIT_MAX_S = 0.05, 1.0
+BUSY_WAIT_MAX_S = 5.0  # a server read-only or out of resources: a failover takes seconds
 
 
 @dataclass(slots=True)
@@ -215,11 +216,18 @@ class BatchProcessor:
         while True:
             try:
                 return await self._apply(conn, [i for i in ready if i.permanent is None])
-            except verdicts.GuardHeld:
+            except (verdicts.GuardHeld, verdicts.ServerBusy) as held:
                 for item in ready:
                     item.outcome, item.transient = None, None
+                cap = GUARD_WAIT_MAX_S
+                if isinstance(held, verdicts.ServerBusy):
+                    # The same for a server that takes no work now (read-only, out of
+                    # resources): no message's fault, none charged a delivery.
+                    cap = BUSY_WAIT_MAX_S
+                    log.warning("database busy (%s): batch of %d waits %.2fs", held,
+                                len(ready), wait)  # fmt: skip
                 await self.guard_wait(wait)
-                wait = min(2 * wait, GUARD_WAIT_MAX_S)
+                wait = min(2 * wait, cap)
 
     async def _apply(self, conn: Any, ready: list[Item]) -> int:
         """Fast path: the batch in one transaction. On any failure, again per savepoint;

@@ -36,7 +36,7 @@ from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
 from accord.schemas import broker, telemetry, topology
 from accord.schemas.backoff import BackoffPolicy, Reconnect
-from accord.schemas.db import DB_RETRY_LATER, MAX_PRUNE_BATCH, create_pool
+from accord.schemas.db import DB_CONNECTION_LOST, DB_RETRY_LATER, MAX_PRUNE_BATCH, create_pool
 from accord.schemas.errors import BrokerAccessRefused, ConfigError, RetentionTooShort
 from accord.schemas.events import Catalog
 from accord.schemas.settings import duration_ok
@@ -266,20 +266,31 @@ class ConsumerRuntime:
         self.sessions += 1
         with contextlib.ExitStack() as streams:
             lanes = [await self._lane(connection, streams) for _ in range(cfg.concurrency)]
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch, connection, [lane.channel for lane in lanes])
-                tg.start_soon(self._prune_loop, pool)
-                async with anyio.create_task_group() as workers:
-                    for lane in lanes:
-                        workers.start_soon(self._work, pool, lane)
-                        await lane.start()
-                    self.consuming.set()
-                    await self._stopping.wait()
-                    log.info("draining %s", self._queue_name)
-                    workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
-                    for lane in lanes:
-                        await lane.stop()
-                tg.cancel_scope.cancel()
+            try:
+                await self._lanes(pool, connection, lanes)
+            finally:
+                await _cancel_all(lanes)
+
+    async def _lanes(
+        self, pool: Any, connection: aio_pika.abc.AbstractConnection, lanes: list[_Lane]
+    ) -> None:
+        """The lanes' workers, the connection's watch and the pruner, until a stop drains
+        them (or a failure ends the connection)."""
+        cfg = self.config
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, connection, [lane.channel for lane in lanes])
+            tg.start_soon(self._prune_loop, pool)
+            async with anyio.create_task_group() as workers:
+                for lane in lanes:
+                    workers.start_soon(self._work, pool, lane)
+                    await lane.start()
+                self.consuming.set()
+                await self._stopping.wait()
+                log.info("draining %s", self._queue_name)
+                workers.cancel_scope.deadline = anyio.current_time() + cfg.drain_timeout_s
+                for lane in lanes:
+                    await lane.stop()
+            tg.cancel_scope.cancel()
 
     async def _lane(
         self, connection: aio_pika.abc.AbstractConnection, streams: contextlib.ExitStack
@@ -370,29 +381,43 @@ class ConsumerRuntime:
         """Each interval, bounded batches of the inbox and delivery log (and of poison
         records, given a retention) until one comes back short. A poison retention the
         database refuses (another process of this consumer declared a longer window) is
-        logged and its pruning skipped for that round; the inbox's goes on."""
+        logged and its pruning skipped for that round; the inbox's goes on. A round the
+        database cannot serve now (a lock it waited for too long, a read-only or busy server)
+        is logged and tried again at the next interval: it ended the whole consumer
+        connection, every message in flight charged a delivery (a CREATE INDEX on the poison
+        table: 28 reconnects in 30 s). A lost connection still ends it."""
         cfg = self.config
         while True:
             observe.beat("consumer.prune", within_s=cfg.prune_interval_s)
-            async with pool.acquire() as conn:
-                while True:
-                    async with conn.transaction():
-                        counts = await inbox.prune(conn, self._consumer, limit=cfg.prune_batch)
-                    poison = 0
-                    if cfg.poison_retention_s is not None:
-                        try:
-                            async with conn.transaction():
-                                poison = await inbox.prune_poison(
-                                    conn,
-                                    self._consumer.name,
-                                    retention_s=cfg.poison_retention_s,
-                                    limit=cfg.prune_batch,
-                                )
-                        except RetentionTooShort as exc:
-                            log.error("poison records not pruned: %s", exc)
-                    if max(*counts, poison) < cfg.prune_batch:
-                        break
+            try:
+                await self._prune_round(pool)
+            except DB_CONNECTION_LOST:
+                raise
+            except DB_RETRY_LATER as exc:
+                log.warning("inbox not pruned this round (%s); next in %gs",
+                            type(exc).__name__, cfg.prune_interval_s)  # fmt: skip
             await anyio.sleep(cfg.prune_interval_s)
+
+    async def _prune_round(self, pool: Any) -> None:
+        cfg = self.config
+        async with pool.acquire() as conn:
+            while True:
+                async with conn.transaction():
+                    counts = await inbox.prune(conn, self._consumer, limit=cfg.prune_batch)
+                poison = 0
+                if cfg.poison_retention_s is not None:
+                    try:
+                        async with conn.transaction():
+                            poison = await inbox.prune_poison(
+                                conn,
+                                self._consumer.name,
+                                retention_s=cfg.poison_retention_s,
+                                limit=cfg.prune_batch,
+                            )
+                    except RetentionTooShort as exc:
+                        log.error("poison records not pruned: %s", exc)
+                if max(*counts, poison) < cfg.prune_batch:
+                    return
 
 
 @dataclass
@@ -436,10 +461,26 @@ class _Lane:
 
     async def stop(self) -> None:
         """Stop consuming; the worker finishes what its stream holds, then ends."""
-        if self.tag is not None:
-            await self.queue.cancel(self.tag)
+        await self.cancel()
         self.send.close()
         self.arrived.set()  # a lingering batch ends now
+
+    async def cancel(self) -> None:
+        """Cancel this lane's consumer (once): the broker delivers it nothing more."""
+        tag, self.tag = self.tag, None
+        if tag is not None and not self.channel.is_closed:
+            await self.queue.cancel(tag)
+
+
+async def _cancel_all(lanes: Sequence[_Lane]) -> None:
+    """Every lane's consumer cancelled before the connection closes, whatever ended it:
+    closed with consumers on, the messages one lane's closing channel returned went to a
+    sibling lane's still open, which dropped them, each return counted against the delivery
+    limit (a lost database connection cost a message up to as many deliveries as lanes)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+        for lane in lanes:
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError, OSError):
+                await lane.cancel()
 
 
 def _leaves(exc: BaseException) -> Sequence[BaseException]:

@@ -67,13 +67,27 @@ class GuardHeld(Exception):
     """A rebuild holds the projection's guard: the batch waits (BatchProcessor)."""
 
 
+class ServerBusy(Exception):
+    """The server takes no message's work now, whatever the message: read-only (25006: a
+    standby, a primary stepping down) or short of resources (class 53). The batch waits and
+    is applied again (BatchProcessor), as for a rebuild's guard: charged to each message as
+    its own failure, a read-only window of seconds requeued every message at once until the
+    broker's delivery limit dead-lettered sound ones, with no record."""
+
+
+_SERVER_BUSY = (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientResourcesError)
+
+
 def raise_if_lost(conn: Any, exc: BaseException) -> None:
     """A failure that ended the connection is a lost connection, not a message's fault: the
     batch's messages go back untouched with the channel, none counted as a retry. Read as
     the message's own failure, every message of the batch would be requeued as a retry, and
     a few such returns could poison a sound message as retries_exhausted. A rebuild holding
-    the guard is no message's fault either (GuardHeld, waited out by the batch)."""
-    if isinstance(exc, GuardHeld):
+    the guard, and a server that takes no work now (read-only, out of resources), are no
+    message's fault either (GuardHeld, ServerBusy: waited out by the batch)."""
+    if isinstance(exc, GuardHeld | ServerBusy):
         raise exc
+    if isinstance(exc, _SERVER_BUSY) and not conn.is_closed():
+        raise ServerBusy(type(exc).__name__) from exc
     if conn.is_closed() or isinstance(exc, DB_SESSION_ENDED):
         raise ConnectionLost(service="postgresql", error=type(exc).__name__) from exc

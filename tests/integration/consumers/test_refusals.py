@@ -152,6 +152,45 @@ async def test_an_event_dated_far_ahead_is_poisoned_in_future_and_the_batch_goes
     assert stored == {events[0].operation_id, events[2].operation_id}
 
 
+async def test_a_read_only_server_holds_the_batch_and_charges_no_message(
+    pg: asyncpg.Connection,
+) -> None:
+    """A server that takes no writes for a while (25006: a standby, a primary stepping down)
+    is no message's fault: the batch waits and is applied again, nothing requeued or
+    poisoned. Before, every message was requeued at once, again and again, until the
+    broker's delivery limit dead-lettered sound ones with no record. Control below: a
+    deadlock or a handler's own transient failure is still requeued."""
+    await pg.execute(DOCS)
+    refusals = [3]
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def store(tx: Any, event: Event) -> None:
+        if refusals[0]:
+            refusals[0] -= 1
+            await tx.execute("SET LOCAL transaction_read_only = on")
+        await tx.execute(
+            "INSERT INTO public.docs (operation_id, doc) VALUES ($1, $2::jsonb)",
+            event.operation_id,
+            event.payload["doc"],
+        )
+
+    events = [with_doc('{"n": 1}'), with_doc('{"n": 2}')]
+    messages = [delivered(e, tag) for tag, e in enumerate(events, start=1)]
+    waits: list[float] = []
+    batch = processor(handlers)
+
+    async def wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    batch.guard_wait = wait
+    await batch.process(pg, messages)  # type: ignore[arg-type]
+    assert [m.settled for m in messages] == [[], ["ack-multiple"]]
+    assert (batch.stats.new, batch.stats.retried, batch.stats.poisoned) == (2, 0, 0)
+    assert len(waits) == 3 and refusals == [0]
+    assert await pg.fetchval("SELECT count(*) FROM public.docs") == 2
+
+
 async def test_transient_database_failures_are_still_retried(pg: asyncpg.Connection) -> None:
     """Control: a serialization failure, a deadlock and a non-database error are requeued,
     not poisoned, while a valid message in the same batch is applied."""
