@@ -392,25 +392,22 @@ class Relay:
         """A lost service's backoff: only a stop ends it early. A NOTIFY is no reason to try
         the service again: woken like a poll, the relay reconnected once per producer commit
         (830 connections in 10 s of a broker outage at 100 commits/s, against 4)."""
-        waiter = anyio.Event()
-        self._stop_waiters.add(waiter)
-        try:
-            if not self._stopping:
-                with anyio.move_on_after(seconds):
-                    await waiter.wait()
-        finally:
-            self._stop_waiters.discard(waiter)
+        await self._wait(seconds, self._stop_waiters)
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a wake-up (not the timer, not a stop) ended it."""
+        return await self._wait(seconds, self._waiters)
+
+    async def _wait(self, seconds: float, waiters: set[anyio.Event]) -> bool:
+        """Up to ``seconds``, or until ``stop()`` or what else sets an event of ``waiters``."""
         waiter = anyio.Event()
-        self._waiters.add(waiter)
+        waiters.add(waiter)
         try:
             if not self._stopping:
                 with anyio.move_on_after(seconds):
                     await waiter.wait()
         finally:
-            self._waiters.discard(waiter)
+            waiters.discard(waiter)
         return waiter.is_set() and not self._stopping
 
     async def prune_once(self, conn: asyncpg.Connection) -> int:
