@@ -95,7 +95,9 @@ class AmqpPublisher:
         one was marked published. A second waits for the first within its own deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + confirm_timeout_s
-        same = self._same_id.setdefault(message.message_id, _SameId())
+        same = self._same_id.get(message.message_id)
+        if same is None:  # (setdefault would build a lock for every publish)
+            same = self._same_id[message.message_id] = _SameId()
         same.users += 1
         try:
             if same.users == 1:  # alone: the lock is free (no task for wait_for per publish)

@@ -158,80 +158,68 @@ async def replay(
     ReplayWindowExceeded if ``since`` predates the retention window (``since`` in seconds: that
     long before the snapshot's clock, read with the window's start); ProjectionPrincipalLost
     (batch rolled back) if a handler left the principal."""
-    held: list[int] = []  # its run, while it runs (HOLD_RUN)
-    try:
-        return await _replay(
-            reader, writer, projection, since=since, catalog=catalog, retention_s=retention_s,
-            rebuild=rebuild, batch=batch, held=held,
-        )  # fmt: skip
-    finally:
-        for run_id in held:  # a lost connection released it already
-            with contextlib.suppress(*DB_CONNECTION_LOST, asyncpg.PostgresError):
-                await writer.execute(sql.RELEASE_RUN, run_id)
-
-
-async def _replay(
-    reader: Any,
-    writer: Any,
-    projection: Projection,
-    *,
-    since: datetime | float,
-    catalog: Catalog,
-    retention_s: float,
-    rebuild: bool,
-    batch: int,
-    held: list[int],
-) -> ReplaySummary:
-
     pending: list[Mapping[str, Any]] = []
-    reset = rebuild
-    # A rebuild's first batch (the reset with it) commits in the transaction that took the
-    # guard before the snapshot (closing the stack commits it; an error rolls it back).
-    async with contextlib.AsyncExitStack() as guard:
-        if rebuild:
-            await guard.enter_async_context(writer.transaction())
-            await writer.execute(sql.REBUILD_GUARD, projection.workflow)
-        async with reader.transaction(isolation="repeatable_read", readonly=True):
-            # The window is judged in the snapshot the events are read from: a prune committed
-            # between the check and the read cannot take an event the check promised.
-            ago = None if isinstance(since, datetime) else float(since)
-            window = await reader.fetchrow(sql.WINDOW, retention_s, ago)
-            retained_from: datetime = window["retained_from"]
-            start: datetime = since if isinstance(since, datetime) else window["since"]
-            if start < retained_from:
-                raise ReplayWindowExceeded(
-                    since=start.isoformat(), retained_from=retained_from.isoformat()
-                )
-            # What the relay did prune, whatever retention this process was given.
-            pruned: datetime | None = await reader.fetchval(sql.PRUNED_THROUGH)
-            if pruned is not None and start <= pruned:
-                raise ReplayWindowExceeded(
-                    since=start.isoformat(), pruned_through=pruned.isoformat()
-                )
+    # The run held (HOLD_RUN) until it finished or failed: released last, after the
+    # batches' transactions ended (in an aborted one it could not be).
+    async with contextlib.AsyncExitStack() as running:
+        reset = rebuild
+        # A rebuild's first batch (the reset with it) commits in the transaction that took the
+        # guard before the snapshot (closing the stack commits it; an error rolls it back).
+        async with contextlib.AsyncExitStack() as guard:
             if rebuild:
-                await _require_every_event(reader, projection, start, pruned)
-            run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, start)
-            await writer.execute(sql.HOLD_RUN, run_id)  # kept from another replay's prune
-            held.append(run_id)
-            summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=start)
-            async for record in reader.cursor(
-                sql.RETAINED_EVENTS,
-                start,
-                projection.event_types,
-                projection.tenant_filter,
-                prefetch=batch,
-            ):
-                pending.append(record)
-                if len(pending) >= batch:
-                    await _apply(writer, projection, catalog, pending, summary, reset=reset)
-                    pending, reset = [], False
-                    await guard.aclose()
-        if pending or reset:
-            await _apply(writer, projection, catalog, pending, summary, reset=reset)
-    await writer.execute(
-        sql.FINISH_RUN, run_id, summary.events, summary.applied, summary.refused, summary.skipped
-    )
+                await guard.enter_async_context(writer.transaction())
+                await writer.execute(sql.REBUILD_GUARD, projection.workflow)
+            async with reader.transaction(isolation="repeatable_read", readonly=True):
+                # The window is judged in the snapshot the events are read from: a prune committed
+                # between the check and the read cannot take an event the check promised.
+                ago = None if isinstance(since, datetime) else float(since)
+                window = await reader.fetchrow(sql.WINDOW, retention_s, ago)
+                retained_from: datetime = window["retained_from"]
+                start: datetime = since if isinstance(since, datetime) else window["since"]
+                if start < retained_from:
+                    raise ReplayWindowExceeded(
+                        since=start.isoformat(), retained_from=retained_from.isoformat()
+                    )
+                # What the relay did prune, whatever retention this process was given.
+                pruned: datetime | None = await reader.fetchval(sql.PRUNED_THROUGH)
+                if pruned is not None and start <= pruned:
+                    raise ReplayWindowExceeded(
+                        since=start.isoformat(), pruned_through=pruned.isoformat()
+                    )
+                if rebuild:
+                    await _require_every_event(reader, projection, start, pruned)
+                run_id: int = await writer.fetchval(sql.START_RUN, projection.workflow, start)
+                await writer.execute(sql.HOLD_RUN, run_id)  # kept from another replay's prune
+                running.push_async_callback(_release_run, writer, run_id)
+                summary = ReplaySummary(run_id=run_id, workflow=projection.workflow, since=start)
+                async for record in reader.cursor(
+                    sql.RETAINED_EVENTS,
+                    start,
+                    projection.event_types,
+                    projection.tenant_filter,
+                    prefetch=batch,
+                ):
+                    pending.append(record)
+                    if len(pending) >= batch:
+                        await _apply(writer, projection, catalog, pending, summary, reset=reset)
+                        pending, reset = [], False
+                        await guard.aclose()
+            if pending or reset:
+                await _apply(writer, projection, catalog, pending, summary, reset=reset)
+        await writer.execute(
+            sql.FINISH_RUN,
+            run_id,
+            summary.events,
+            summary.applied,
+            summary.refused,
+            summary.skipped,
+        )
     return summary
+
+
+async def _release_run(writer: Any, run_id: int) -> None:
+    with contextlib.suppress(*DB_CONNECTION_LOST, asyncpg.PostgresError):
+        await writer.execute(sql.RELEASE_RUN, run_id)  # a lost connection released it
 
 
 async def _require_every_event(
