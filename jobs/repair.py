@@ -51,6 +51,15 @@ class EffectResolved:
 
 
 @dataclass(frozen=True, slots=True)
+class EvidenceAcknowledged:
+    """A journal evidence note (a begin a restore left without a record) acknowledged."""
+
+    evidence_id: int
+    job_id: int
+    audit_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class EpochAdvanced:
     """A tenant's epoch advanced past the ledger by a repair principal."""
 
@@ -168,6 +177,21 @@ async def resume(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
     row = await tx.fetchrow(repair_sql.RESUME, job_id, who, evidence)
     _refused(row["status"], job_id=job_id, state=row["job_state"])
     return Repaired(job_id, JobState(row["job_state"]), row["audit_id"])
+
+
+async def acknowledge_evidence(
+    tx: Tx, evidence_id: int, *, who: str, evidence: str
+) -> EvidenceAcknowledged:
+    """Runs in the caller's transaction; never commits. A journal evidence note (0054: a begin
+    a worker's journal holds that this database has no record of, noted at the worker's start
+    and shown by `accord status`) is acknowledged: its worker's journal drops the begin at its
+    next rotation. Acknowledge only once what it is evidence of is resolved (the provider asked
+    by its idempotency key). Raises RepairRefused (missing, already_acknowledged,
+    no_principal, no_evidence)."""
+    require_transaction(tx)
+    row = await tx.fetchrow(repair_sql.ACKNOWLEDGE_EVIDENCE, evidence_id, who, evidence)
+    _refused(row["status"], evidence_id=evidence_id)
+    return EvidenceAcknowledged(evidence_id, row["job_id"], row["audit_id"])
 
 
 async def advance_epoch(

@@ -47,6 +47,12 @@ REQUEUE_POISON = "SELECT status, job_state, audit_id FROM jobs.repair_requeue_po
 # Resume unknown job $1 (every effect outcome known) as principal $2 with evidence $3.
 RESUME = "SELECT status, job_state, audit_id FROM jobs.repair_resume($1, $2, $3)"
 
+# Acknowledge journal evidence note $1 (jobs.journal_evidence, 0054) as principal $2 with
+# evidence $3: the worker's journal may then drop that begin.
+ACKNOWLEDGE_EVIDENCE = (
+    "SELECT status, job_id, audit_id FROM jobs.repair_acknowledge_evidence($1, $2, $3)"
+)
+
 # Advance tenant $1's epoch to $2, past ledger epoch $3, as principal $4 with evidence $5.
 ADVANCE_EPOCH = (
     "SELECT status, epoch, audit_id FROM jobs.repair_advance_epoch($1, $2, $3, $4, $5, $6)"

@@ -549,6 +549,39 @@ CREATE FUNCTION jobs.next_state(p_job_id bigint, p_attempts integer, p_max_attem
 $$;
 
 --
+-- Name: note_journal_evidence(text, text[], bigint[], text[], integer[], uuid[], text[]); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]) RETURNS TABLE(evidence_id bigint, job_id bigint, effect_key text, seq integer, attempt_id uuid, acknowledged boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO jobs.journal_evidence (job_id, effect_key, seq, attempt_id, tenant, runner_id,
+                                       idempotency_key)
+    SELECT b.job_id, b.effect_key, b.seq, b.attempt_id, b.tenant, p_runner, b.idem
+    FROM unnest(p_tenants, p_job_ids, p_keys, p_seqs, p_attempts, p_idempotency_keys)
+         AS b(tenant, job_id, effect_key, seq, attempt_id, idem)
+    WHERE NOT EXISTS (SELECT 1 FROM jobs.effects e
+                      WHERE e.job_id = b.job_id AND e.effect_key = b.effect_key
+                        AND e.seq = b.seq AND e.attempt_id = b.attempt_id)
+    ORDER BY b.job_id, b.effect_key, b.seq, b.attempt_id
+    ON CONFLICT ON CONSTRAINT journal_evidence_begin_unique DO NOTHING;
+    RETURN QUERY
+    SELECT v.evidence_id, v.job_id, v.effect_key, v.seq, v.attempt_id,
+           v.acknowledged_at IS NOT NULL
+    FROM unnest(p_job_ids, p_keys, p_seqs, p_attempts) AS b(job_id, effect_key, seq, attempt_id)
+    JOIN jobs.journal_evidence v USING (job_id, effect_key, seq, attempt_id);
+END $$;
+
+--
+-- Name: FUNCTION note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]); Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON FUNCTION jobs.note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]) IS 'Note the journaled begins whose attempt began no effect row in this database (a restore''s evidence), idempotently; every given begin with a note, and whether it was acknowledged (0054)';
+
+--
 -- Name: note_trace(bigint, uuid, text, integer, jsonb); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
@@ -800,6 +833,48 @@ BEGIN
     RETURNING j.lease_expires_at INTO v_until;
     RETURN QUERY SELECT CASE WHEN v_until IS NULL THEN 'row_count' END, v_until;
 END $$;
+
+--
+-- Name: repair_acknowledge_evidence(bigint, text, text); Type: FUNCTION; Schema: jobs; Owner: -
+--
+
+CREATE FUNCTION jobs.repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text) RETURNS TABLE(status text, job_id bigint, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v jobs.journal_evidence%ROWTYPE;
+    v_refusal text := jobs.repair_refusal(p_who, p_evidence);
+    v_audit bigint;
+BEGIN
+    IF v_refusal IS NULL THEN
+        SELECT * INTO v FROM jobs.journal_evidence x WHERE x.evidence_id = p_evidence_id
+        FOR UPDATE;
+        v_refusal := CASE
+            WHEN v.evidence_id IS NULL THEN 'missing'
+            WHEN v.acknowledged_at IS NOT NULL THEN 'already_acknowledged'
+        END;
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT v_refusal, v.job_id, NULL::bigint;
+        RETURN;
+    END IF;
+    v_audit := jobs.repair_audit_row(
+        'acknowledge_evidence', p_who, v.tenant, v.job_id, v.effect_key, v.seq, 'acknowledged',
+        p_evidence, jsonb_build_object('evidence_id', v.evidence_id,
+                                       'attempt_id', v.attempt_id, 'runner_id', v.runner_id,
+                                       'idempotency_key', v.idempotency_key));
+    UPDATE jobs.journal_evidence x SET acknowledged_at = now(), audit_id = v_audit
+    WHERE x.evidence_id = p_evidence_id;
+    RETURN QUERY SELECT NULL::text, v.job_id, v_audit;
+END $$;
+
+--
+-- Name: FUNCTION repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text); Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON FUNCTION jobs.repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text) IS 'Acknowledge a noted journal begin (jobs.journal_evidence) with a principal and evidence, audited; the journal may then drop it (0054)';
 
 --
 -- Name: repair_advance_epoch(text, bigint, bigint, boolean, text, text); Type: FUNCTION; Schema: jobs; Owner: -
@@ -1511,6 +1586,45 @@ ALTER TABLE jobs.jobs ALTER COLUMN job_id ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 --
+-- Name: journal_evidence; Type: TABLE; Schema: jobs; Owner: -
+--
+
+CREATE TABLE jobs.journal_evidence (
+    evidence_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    effect_key text NOT NULL,
+    seq integer NOT NULL,
+    attempt_id uuid NOT NULL,
+    tenant text NOT NULL,
+    runner_id text NOT NULL,
+    idempotency_key text,
+    found_at timestamp with time zone DEFAULT now() NOT NULL,
+    acknowledged_at timestamp with time zone,
+    audit_id bigint,
+    CONSTRAINT journal_evidence_acknowledged_check CHECK (((acknowledged_at IS NULL) = (audit_id IS NULL))),
+    CONSTRAINT journal_evidence_seq_check CHECK ((seq >= 1))
+);
+
+--
+-- Name: TABLE journal_evidence; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON TABLE jobs.journal_evidence IS 'Journaled effect begins a worker start found that the database holds no record of (a restore''s doing); the journal keeps each until a person acknowledges it (0054)';
+
+--
+-- Name: journal_evidence_evidence_id_seq; Type: SEQUENCE; Schema: jobs; Owner: -
+--
+
+ALTER TABLE jobs.journal_evidence ALTER COLUMN evidence_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME jobs.journal_evidence_evidence_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: operations; Type: TABLE; Schema: jobs; Owner: -
 --
 
@@ -1613,7 +1727,7 @@ CREATE TABLE jobs.repair_audit (
     outcome text NOT NULL,
     evidence text NOT NULL,
     detail jsonb DEFAULT '{}'::jsonb NOT NULL,
-    CONSTRAINT repair_audit_action_check CHECK ((action = ANY (ARRAY['resolve_effect'::text, 'release_hold'::text, 'requeue_poison'::text, 'resume'::text, 'advance_epoch'::text]))),
+    CONSTRAINT repair_audit_action_check CHECK ((action = ANY (ARRAY['resolve_effect'::text, 'release_hold'::text, 'requeue_poison'::text, 'resume'::text, 'advance_epoch'::text, 'acknowledge_evidence'::text]))),
     CONSTRAINT repair_audit_evidence_check CHECK ((evidence <> ''::text)),
     CONSTRAINT repair_audit_who_check CHECK ((who <> ''::text))
 );
@@ -1886,6 +2000,20 @@ ALTER TABLE ONLY jobs.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (job_id);
 
 --
+-- Name: journal_evidence journal_evidence_begin_unique; Type: CONSTRAINT; Schema: jobs; Owner: -
+--
+
+ALTER TABLE ONLY jobs.journal_evidence
+    ADD CONSTRAINT journal_evidence_begin_unique UNIQUE (job_id, effect_key, seq, attempt_id);
+
+--
+-- Name: journal_evidence journal_evidence_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
+--
+
+ALTER TABLE ONLY jobs.journal_evidence
+    ADD CONSTRAINT journal_evidence_pkey PRIMARY KEY (evidence_id);
+
+--
 -- Name: operations operations_job_key; Type: CONSTRAINT; Schema: jobs; Owner: -
 --
 
@@ -2006,6 +2134,12 @@ CREATE INDEX jobs_running_idx ON jobs.jobs USING btree (lease_expires_at) WHERE 
 --
 
 CREATE INDEX jobs_tenant_frozen_idx ON jobs.jobs USING btree (tenant) WHERE tenant_frozen;
+
+--
+-- Name: journal_evidence_open_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX journal_evidence_open_idx ON jobs.journal_evidence USING btree (evidence_id) WHERE (acknowledged_at IS NULL);
 
 --
 -- Name: registration_audit_at_idx; Type: INDEX; Schema: jobs; Owner: -
@@ -2282,6 +2416,13 @@ GRANT ALL ON FUNCTION jobs.ledger_seen(p_tenants text[], p_epochs bigint[]) TO a
 REVOKE ALL ON FUNCTION jobs.next_state(p_job_id bigint, p_attempts integer, p_max_attempts integer, p_retry boolean) FROM PUBLIC;
 
 --
+-- Name: FUNCTION note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.note_journal_evidence(p_runner text, p_tenants text[], p_job_ids bigint[], p_keys text[], p_seqs integer[], p_attempts uuid[], p_idempotency_keys text[]) TO accord_worker;
+
+--
 -- Name: FUNCTION note_trace(p_job_id bigint, p_attempt_id uuid, p_effect_key text, p_seq integer, p_trace jsonb); Type: ACL; Schema: jobs; Owner: -
 --
 
@@ -2314,6 +2455,13 @@ GRANT ALL ON FUNCTION jobs.record_result(p_job_id bigint, p_tenant text, p_workf
 
 REVOKE ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_lease_s double precision) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobs.renew(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_lease_s double precision) TO accord_worker;
+
+--
+-- Name: FUNCTION repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text); Type: ACL; Schema: jobs; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobs.repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.repair_acknowledge_evidence(p_evidence_id bigint, p_who text, p_evidence text) TO accord_repair;
 
 --
 -- Name: FUNCTION repair_advance_epoch(p_tenant text, p_new_epoch bigint, p_ledger_epoch bigint, p_frozen boolean, p_who text, p_evidence text); Type: ACL; Schema: jobs; Owner: -
@@ -2476,6 +2624,13 @@ GRANT SELECT ON TABLE jobs.effects TO accord_repair;
 
 GRANT SELECT ON TABLE jobs.jobs TO accord_worker;
 GRANT SELECT ON TABLE jobs.jobs TO accord_repair;
+
+--
+-- Name: TABLE journal_evidence; Type: ACL; Schema: jobs; Owner: -
+--
+
+GRANT SELECT ON TABLE jobs.journal_evidence TO accord_worker;
+GRANT SELECT ON TABLE jobs.journal_evidence TO accord_repair;
 
 --
 -- Name: TABLE operations; Type: ACL; Schema: jobs; Owner: -

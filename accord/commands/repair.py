@@ -12,6 +12,7 @@ epoch past the ledger, each audited, and nothing else.
     accord repair requeue-poison --job J --evidence REF --who NAME
     accord repair resume --job J --evidence REF --who NAME   (unknown, every effect resolved)
     accord repair advance-epoch --tenant T --evidence REF --who NAME
+    accord repair acknowledge-evidence --id N --evidence REF --who NAME   (a journal's note)
     accord repair restore-check          (exit 1 while a detected restore is open)
     accord repair audit (--job J | --tenant T)
 """
@@ -115,6 +116,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--tenant", type=args.text, required=True, help="the tenant whose epoch advances"
     )
     _principal(advance)
+    acknowledge = ops.add_parser(
+        "acknowledge-evidence",
+        help="let a worker's journal drop a begin a restore left without a record",
+        description="Acknowledge a journal evidence note (accord status: journal evidence; a"
+        " worker's start logs its id): a begin the worker's journal holds that the database has"
+        " no record of. Ask the provider by its idempotency key first; the journal keeps the"
+        " begin until this.",
+    )
+    acknowledge.add_argument(
+        "--id", type=args.job_id, required=True, help="the note's id (evidence=N in the log)"
+    )
+    _principal(acknowledge)
     ops.add_parser(
         "restore-check",
         help="compare the database with the ledger now",
@@ -200,6 +213,15 @@ async def _advance(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _acknowledge(args: argparse.Namespace, settings: Settings) -> int:
+    async def work(tx: Tx) -> repair.EvidenceAcknowledged:
+        return await repair.acknowledge_evidence(tx, args.id, who=args.who, evidence=args.evidence)
+
+    done: repair.EvidenceAcknowledged = await _in_transaction(settings, work)
+    print(f"acknowledged evidence={done.evidence_id} job={done.job_id} audit={done.audit_id}")
+    return 0
+
+
 async def _restore_check(args: argparse.Namespace, settings: Settings) -> int:
     await (await repair_connection(settings)).close()  # role and schema checks first
     dsn, kwargs = repair_connect_args(settings)
@@ -238,6 +260,7 @@ _OPS: dict[str, Callable[[argparse.Namespace, Settings], Awaitable[int]]] = {
     "requeue-poison": _job_repair(repair.requeue_poison, "requeued"),
     "resume": _job_repair(repair.resume, "resumed"),
     "advance-epoch": _advance,
+    "acknowledge-evidence": _acknowledge,
     "restore-check": _restore_check,
     "audit": _audit,
 }

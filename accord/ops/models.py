@@ -9,7 +9,7 @@ statement in ``accord.ops.sql`` can produce, and each reason belongs to one ``Wa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -187,6 +187,26 @@ class TenantAuthority:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalEvidence:
+    """A begin a worker's journal holds that the database has no record of (a restore's
+    doing, noted at the worker's start: 0054), unacknowledged: the journal keeps it until
+    `accord repair acknowledge-evidence --id` (after asking the provider by its key)."""
+
+    evidence_id: int
+    tenant: str
+    job_id: int
+    effect_key: str
+    seq: int
+    runner_id: str
+    idempotency_key: str | None
+    age_s: float
+
+    @classmethod
+    def from_record(cls, r: Record) -> JournalEvidence:
+        return cls(**{f.name: r[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
 class WorkflowClass:
     """A registered workflow class: owner, effects flag, and worker evidence (live leases)."""
 
@@ -356,6 +376,8 @@ class StatusReport:
     key_mismatches: tuple[KeyMismatch, ...]
     stranded: tuple[StrandedJob, ...]
     tenants: tuple[TenantAuthority, ...]
+    #: Unacknowledged notes of begins a restore left without a record (0054).
+    journal_evidence: tuple[JournalEvidence, ...]
     workflows: tuple[WorkflowClass, ...]
     relay: RelayFigures
     relay_held: tuple[HeldRows, ...]

@@ -121,6 +121,14 @@ WHERE w.effects_enabled AND j.state = 'queued' AND j.tenant_frozen = ANY (ARRAY[
 ORDER BY 1
 """
 
+# Begins a worker's journal holds that the database has no record of, not yet acknowledged
+# (0054: a restore's evidence), oldest first.
+JOURNAL_EVIDENCE = """
+SELECT evidence_id, tenant, job_id, effect_key, seq, runner_id, idempotency_key,
+       EXTRACT(EPOCH FROM now() - found_at)::float8 AS age_s
+FROM jobs.journal_evidence WHERE acknowledged_at IS NULL ORDER BY evidence_id
+"""
+
 # Each tenant's authority: epoch, frozen, and an open restore detection (the ledger's epoch the
 # database is behind; jobs.authority_restores, jobs/schema.sql). Held counts come from JOB_GROUPS.
 TENANTS = """

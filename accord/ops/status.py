@@ -26,6 +26,7 @@ from accord.ops.models import (
     FinishedGroup,
     HeldRows,
     JobGroup,
+    JournalEvidence,
     KeyMismatch,
     MiscountedJob,
     PoisonGroup,
@@ -111,6 +112,7 @@ async def _collect(
         tenants=await _rows(
             conn, lambda r: TenantAuthority.from_record(r, held.get(r["tenant"], 0)), sql.TENANTS
         ),
+        journal_evidence=await _rows(conn, JournalEvidence.from_record, sql.JOURNAL_EVIDENCE),
         workflows=await _rows(conn, WorkflowClass.from_record, sql.WORKFLOWS),
         relay=RelayFigures.from_record(await outbox.figures(conn)),
         relay_held=tuple(HeldRows.from_record(r) for r in await outbox.held_by_reason(conn)),
@@ -169,6 +171,7 @@ def to_json(report: StatusReport) -> dict[str, Any]:
             "inbox_conflicts": report.inbox_conflicts,
             "poison_messages": report.poison_messages,
             "escalated_effects": report.escalated_effects,
+            "journal_evidence": len(report.journal_evidence),
             "rescued": sum(g.rescued for g in report.jobs),
             "replay_refusals": sum(r.refusals for r in report.replay_refusals),
         },
@@ -249,6 +252,14 @@ def render_table(report: StatusReport) -> str:
     lines += _table(
         "tenants", ["tenant", "epoch", "frozen", "held", "restore_ledger_epoch"],
         [(t.tenant, t.epoch, t.frozen, t.held, t.restore_ledger_epoch) for t in r.tenants],
+    )  # fmt: skip
+    lines += _table(
+        "journal evidence: begins a worker's journal holds that this database has no record of"
+        " (a restore's doing); ask the provider by the key, then `accord repair"
+        " acknowledge-evidence --id N`",
+        ["id", "tenant", "job_id", "effect", "seq", "runner", "idempotency_key", "age_s"],
+        [(v.evidence_id, v.tenant, v.job_id, v.effect_key, v.seq, v.runner_id,
+          v.idempotency_key, v.age_s) for v in r.journal_evidence],
     )  # fmt: skip
     lines += _table(
         "workflow classes", ["workflow", "owner", "effects", "live_leases", "last_activity_s"],

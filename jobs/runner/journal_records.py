@@ -127,6 +127,9 @@ class UnrecordedEffect:
     begin: EffectBegin
     # The outcome the journal recorded after that begin, if any: local evidence, not authority.
     journal_outcome: EffectOutcome | None
+    # Its note in jobs.journal_evidence (0054) when its attempt began no row in the database
+    # (a restore's evidence, kept until a person acknowledges it), else None.
+    evidence_id: int | None = None
 
     @property
     def ref(self) -> EffectRef:

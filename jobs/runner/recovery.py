@@ -9,6 +9,7 @@ says it recorded is the only reason a journal record is ever left behind by a ro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -28,6 +29,7 @@ from accord.jobs.runner.journal import (
 )
 from accord.jobs.runner.journal_records import (
     Begun,
+    EffectRef,
     RecordType,
     UnrecordedEffect,
     unrecorded_effects,
@@ -73,16 +75,21 @@ def open_journal(
     return journal
 
 
-async def recorded_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
-    """Read-only, one query: of the begins ``begun``, those whose outcome the database holds
-    (state anything but pending) on the row their own attempt began. A begin whose attempt
-    is unknown, or whose row another attempt holds (a job id a restore rewound and a new job
-    took), is not recorded: it stays evidence."""
+async def settled_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
+    """Read-only, one query: of the begins ``begun``, those the journal may let go (see
+    ``sql.SETTLED_EFFECTS``). Recorded by the database (state anything but pending) on the row
+    their own attempt began; noted as a restore's evidence and acknowledged by a person
+    (0054); or of a job retention removed, never noted (0047: gone, at or below the highest job
+    id jobs.prune removed; a job with an effect leaves no other way, and only once every effect
+    of it is resolved). A begin whose attempt is unknown, whose row another attempt holds (a
+    job id a restore rewound and a new job took), or whose job is gone above that mark, stays
+    evidence; so does a noted one until acknowledged, even once a new job that took its id
+    was pruned."""
     known = [(entry, attempt) for entry in begun if (attempt := _uuid(entry.attempt_id))]
     if not known:
         return set()
     rows = await conn.fetch(
-        sql.RECORDED_EFFECTS,
+        sql.SETTLED_EFFECTS,
         [entry.ref.job_id for entry, _ in known],
         [entry.ref.effect_key for entry, _ in known],
         [entry.ref.seq for entry, _ in known],
@@ -96,18 +103,32 @@ async def recorded_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
     }
 
 
-async def settled_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
-    """Of the begins ``begun``, those the journal may let go: recorded by the database
-    (``recorded_effects``), or of a job retention removed (0047: gone, at or below the
-    highest job id jobs.prune removed; a job with an effect leaves no other way, and only
-    once every effect of it is resolved). A job gone above that, as a restore from before it
-    leaves it, and a job whose row holds no record of that begin, stay evidence."""
-    settled = await recorded_effects(conn, begun)
-    rest = sorted({entry.ref.job_id for entry in begun if entry not in settled})
-    if rest:
-        gone = {r["job_id"] for r in await conn.fetch(sql.PRUNED_JOBS, rest)}
-        settled |= {entry for entry in begun if entry.ref.job_id in gone}
-    return settled
+async def note_evidence(
+    conn: Any, runner_id: str, found: Sequence[UnrecordedEffect]
+) -> list[UnrecordedEffect]:
+    """Note in jobs.journal_evidence (0054) each of ``found`` whose attempt began no effect row
+    in this database (a restore's doing; a pending row of its own attempt is the database's
+    own record and is not noted), idempotently; ``found`` with each note's id."""
+    if not found:
+        return []
+    begins = [entry.begin for entry in found]
+    rows = await conn.fetch(
+        sql.NOTE_EVIDENCE,
+        runner_id,
+        [b.tenant for b in begins],
+        [b.job_id for b in begins],
+        [b.effect_key for b in begins],
+        [b.seq for b in begins],
+        [b.attempt_id for b in begins],
+        [b.idempotency_key for b in begins],
+    )
+    notes = {
+        (EffectRef(r["job_id"], r["effect_key"], r["seq"]), r["attempt_id"]): r["evidence_id"]
+        for r in rows
+    }
+    return [
+        dataclasses.replace(e, evidence_id=notes.get((e.ref, e.begin.attempt_id))) for e in found
+    ]
 
 
 def _uuid(attempt: str | None) -> uuid.UUID | None:
@@ -119,10 +140,12 @@ def _uuid(attempt: str | None) -> uuid.UUID | None:
 
 
 async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list[UnrecordedEffect]:
-    """Read-only: effects the journal says were begun whose outcome the database does not
-    hold (still pending, no row, a row of another attempt, the job gone though retention
-    never removed it), logged one by one and returned (``settled_effects`` says which the
-    database holds).
+    """Effects the journal says were begun whose outcome the database does not hold (still
+    pending, no row, a row of another attempt, the job gone though retention never removed
+    it), logged one by one and returned (``settled_effects`` says which the journal may let
+    go). Writes only the notes of a restore's evidence (``note_evidence``, 0054): each begin
+    its attempt began no row of, which the journal then keeps until a person acknowledges it
+    (`accord repair acknowledge-evidence --id N`, N logged here).
 
     A publish in the journal is not taken as proof: the database a worker starts on may be
     a restore from before it (before 0047 such a start let the begin go, the only evidence
@@ -145,12 +168,14 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
     # with unresolved work, not with the segment): a record of a recorded begin cannot be in
     # the answer, and one whose other fields are missing or malformed is still refused.
     candidates = [r for r in records if _unrecorded_candidate(r, recorded)]
-    found = unrecorded_effects(candidates, recorded)
+    found = await note_evidence(
+        conn, journal.scan.runner_id, unrecorded_effects(candidates, recorded)
+    )
     for entry in found:
         begin, outcome = entry.begin, entry.journal_outcome
         log.warning(
             "effect begun but its outcome is not in the database: tenant=%s job=%s key=%s"
-            " seq=%s attempt=%s idempotency_key=%s journal_outcome=%s receipt=%s",
+            " seq=%s attempt=%s idempotency_key=%s journal_outcome=%s receipt=%s evidence=%s",
             begin.tenant,
             begin.job_id,
             begin.effect_key,
@@ -159,6 +184,7 @@ async def report_unrecorded(conn: Any, journal: RunnerJournal | Journal) -> list
             begin.idempotency_key,
             None if outcome is None else outcome.outcome,
             None if outcome is None else outcome.receipt,
+            entry.evidence_id,
         )
     return found
 

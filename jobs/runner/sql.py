@@ -2,24 +2,33 @@
 
 Every write-back of a lease goes through :class:`jobs.Store` (the result manifest row too:
 ``Store.record_result``, fenced); the worker itself only reads effect records for its
-restart report.
+restart report, and notes there the begins a restore left without a record (0054).
 """
 
-# Of the begins $1..$4 (job ids, effect keys, seqs, the attempts that began them), those whose
-# outcome the database recorded (anything but pending) on the row that same attempt began: a
-# row of another attempt is another effect (job ids rewound by a restore can meet again).
-RECORDED_EFFECTS = """
-SELECT e.job_id, e.effect_key, e.seq, e.attempt_id
+# Of the begins $1..$4 (job ids, effect keys, seqs, the attempts that began them), those the
+# journal may let go. Recorded: the database holds an outcome (anything but pending) on the row
+# that same attempt began (a row of another attempt is another effect: job ids rewound by a
+# restore can meet again). Acknowledged: a start noted it as a restore's evidence (0054) and a
+# person acknowledged it. Pruned: never noted, and its job gone at or below the highest id
+# jobs.prune ever removed (0047); a job gone above it was never pruned here (a restore's doing),
+# and a noted begin is not let go by the mark (a new job may have taken its id and been pruned).
+SETTLED_EFFECTS = """
+SELECT b.job_id, b.effect_key, b.seq, b.attempt_id
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])
      AS b(job_id, effect_key, seq, attempt_id)
-JOIN jobs.effects e USING (job_id, effect_key, seq)
-WHERE e.attempt_id = b.attempt_id AND e.state <> 'pending'
+LEFT JOIN jobs.journal_evidence v USING (job_id, effect_key, seq, attempt_id)
+WHERE EXISTS (SELECT 1 FROM jobs.effects e
+              WHERE e.job_id = b.job_id AND e.effect_key = b.effect_key AND e.seq = b.seq
+                AND e.attempt_id = b.attempt_id AND e.state <> 'pending')
+   OR v.acknowledged_at IS NOT NULL
+   OR (v.evidence_id IS NULL
+       AND b.job_id <= (SELECT p.through_job_id FROM jobs.pruned p)
+       AND NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = b.job_id))
 """
 
-# Of the job ids in $1, those retention removed (0047): gone, at or below the highest id
-# jobs.prune ever removed. A job gone above it was never pruned here: a restore's doing.
-PRUNED_JOBS = """
-SELECT g.job_id FROM unnest($1::bigint[]) AS g(job_id)
-WHERE g.job_id <= (SELECT p.through_job_id FROM jobs.pruned p)
-  AND NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = g.job_id)
-"""
+# Note the unrecorded begins $2..$7 (tenants, job ids, keys, seqs, attempts, idempotency keys)
+# of runner $1 whose attempt began no effect row here (0054); each given begin that has a note.
+NOTE_EVIDENCE = (
+    "SELECT evidence_id, job_id, effect_key, seq, attempt_id, acknowledged"
+    " FROM jobs.note_journal_evidence($1, $2, $3, $4, $5, $6, $7)"
+)

@@ -69,6 +69,7 @@ async def test_repair_audit_actions_match_the_check(pg: asyncpg.Connection) -> N
     )
     assert set(re.findall(r"'([a-z_]+)'::text", definition)) == {
         "resolve_effect", "release_hold", "requeue_poison", "resume", "advance_epoch",
+        "acknowledge_evidence",
     }  # fmt: skip
 
 

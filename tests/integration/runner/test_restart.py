@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import uuid
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER
-from accord.jobs import EffectState, JobState
+from accord.jobs import EffectState, JobState, repair
 from accord.jobs import retention as jobs_retention
+from accord.jobs.errors import RepairRefused
 from accord.jobs.runner import (
     Begun,
     EffectBegin,
@@ -32,6 +35,7 @@ from accord.jobs.runner import (
     recovery,
     scan_journal,
 )
+from accord.ops.status import collect_status
 from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -467,3 +471,134 @@ async def test_an_effect_record_the_index_cannot_read_refuses_the_start(rig: Rig
                     await recovery.report_unrecorded(rig.pool, journal)
         finally:
             journal.close()
+
+
+async def _journal_evidence(rig: Rig) -> list[Any]:
+    async with rig.pool.acquire() as conn:
+        return list((await collect_status(conn, integrity=False, window=False)).journal_evidence)
+
+
+async def _prune_job(rig: Rig, job_id: int) -> None:
+    """Age ``job_id`` and its effects past a day and let retention remove it."""
+    async with rig.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guards
+        await conn.execute(
+            "UPDATE jobs.jobs SET updated_at = now() - interval '30 days' WHERE job_id = $1",
+            job_id,
+        )
+        await conn.execute(
+            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
+            " finished_at = now() - interval '30 days' WHERE job_id = $1",
+            job_id,
+        )
+    async with rig.pool.acquire() as conn, conn.transaction():
+        pruned = await jobs_retention.prune(
+            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
+        )
+    assert pruned.jobs == 1
+    assert await rig.pool.fetchval("SELECT through_job_id FROM jobs.pruned") >= job_id
+
+
+async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id(
+    rig: Rig,
+) -> None:
+    """0054. The journal holds an old attempt's begin of job J; a restore rewound the job ids
+    and a new job took J, ran its own effect and published. A start reports the old begin,
+    notes it (jobs.journal_evidence) and carries it. Retention then removes the new job J: the
+    prune mark covers J and no row has it, which reads as "its job was pruned". Before 0054 the
+    next rotation dropped the old begin, the only record that its call went out. A noted begin
+    now stays, reported at each start under the same note, until a person acknowledges the
+    note (the repair role, audited); the next rotation then drops it (control: a begin never
+    noted is let go by the prune mark: ``test_a_journaled_begin_is_let_go_only_...``)."""
+    await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
+    job_id = await rig.submit_job("op-new", "pay")
+    [lease] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
+    seq = await rig.store.begin_effect(lease, "pay", "intent")
+    await rig.store.finish_effect(lease, "pay", EffectState.SUCCEEDED, receipt="rcpt-new")
+    await rig.store.publish(lease)
+    ids = {"tenant": lease.tenant, "job_id": job_id, "generation": lease.generation}
+    effect = {"effect_key": "pay", "seq": seq}
+    old = EffectBegin(**ids, attempt_id=uuid.uuid4(), **effect, idempotency_key="idem-old")
+    new = {**ids, "attempt_id": lease.attempt_id}
+    records = [
+        old,
+        EffectOutcome(**ids, attempt_id=old.attempt_id, **effect, outcome=EffectState.SUCCEEDED),
+        EffectBegin(**new, **effect),
+        EffectOutcome(**new, **effect, outcome=EffectState.SUCCEEDED, receipt="rcpt-new"),
+        Publish(**new),
+    ]
+    theirs = Begun(EffectRef(job_id, "pay", seq), str(old.attempt_id))
+    with open_journal(rig.journal_path("w"), "w") as journal:
+        for record in records:
+            await journal.write(record)
+
+    async def start() -> list[Any]:
+        """A worker's start, as the worker role: report, note, seal."""
+        journal = open_journal(rig.journal_path("w"), "w")
+        try:
+            async with rig.pool.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL ROLE accord_worker")
+                found = await recovery.report_unrecorded(conn, journal)
+            await recovery.seal_at_start(journal, found)
+            assert journal.begun() == [e.begun for e in found]
+            return found
+        finally:
+            journal.close()
+
+    [first] = await start()
+    assert (first.begun, first.begin.idempotency_key) == (theirs, "idem-old")
+    assert first.evidence_id is not None
+    note = await rig.pool.fetchrow(
+        "SELECT tenant, runner_id, idempotency_key, acknowledged_at FROM jobs.journal_evidence"
+        " WHERE evidence_id = $1",
+        first.evidence_id,
+    )
+    assert tuple(note) == (lease.tenant, "w", "idem-old", None)
+    assert [(v.evidence_id, v.job_id, v.idempotency_key) for v in await _journal_evidence(rig)] == [
+        (first.evidence_id, job_id, "idem-old")
+    ]
+    await _prune_job(rig, job_id)  # the new job J, retention's to remove
+    # forbidden before 0054: the prune mark let the old begin go
+    [again] = await start()
+    assert (again.begun, again.evidence_id) == (theirs, first.evidence_id)
+    # a running rotation keeps it too
+    journal = open_journal(rig.journal_path("w"), "w")
+    try:
+        await recovery.rotate_journal(rig.pool, journal)
+        assert journal.begun() == [theirs]
+    finally:
+        journal.close()
+    # The worker role cannot acknowledge; the repair role can, once, with a principal.
+    async with rig.pool.acquire() as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with conn.transaction():
+                await conn.execute("SET LOCAL ROLE accord_worker")
+                await repair.acknowledge_evidence(conn, first.evidence_id, who="w", evidence="e")
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE accord_repair")
+            with pytest.raises(RepairRefused) as no_who:
+                await repair.acknowledge_evidence(conn, first.evidence_id, who=" ", evidence="e")
+    assert no_who.value.reason == "no_principal"
+    env = {**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": rig.pg_dsn}
+    ack = ["acknowledge-evidence", "--id", str(first.evidence_id), "--who", "alice"]
+    done = await anyio.run_process(
+        [sys.executable, "-m", "accord", "repair", *ack, "--evidence", "provider: sent once"],
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"acknowledged evidence={first.evidence_id} job={job_id}".encode() in done.stdout
+    again_cli = await anyio.run_process(
+        [sys.executable, "-m", "accord", "repair", *ack, "--evidence", "e"], env=env, check=False
+    )
+    assert again_cli.returncode != 0 and b"already_acknowledged" in again_cli.stderr
+    [audit] = await repair.audit(rig.pool, job_id=job_id)
+    assert (audit.action, audit.who, audit.db_role) == (
+        "acknowledge_evidence",
+        "alice",
+        "accord_repair",
+    )
+    assert await _journal_evidence(rig) == []
+    # acknowledged: let go at the next start, and nothing left to report after it
+    assert await start() == []
+    assert scan_journal(rig.journal_path("w")).records == ()
