@@ -15,6 +15,7 @@ errors of the contracts everyone shares::
     │       ├── BrokerLoginRefused    RabbitMQ refused the login or the vhost's permissions
     │       └── BrokerVhostRefused    the vhost does not exist, or the user may not use it
     ├── ServiceUnavailable        PostgreSQL or RabbitMQ did not answer (transient: retried)
+    │   ├── DatabaseReadOnly      PostgreSQL answers but takes no writes (a readiness reason)
     │   └── ConnectionLost        a connection went away while in use (relay.ConnectionLost,
     │                             the publish outcome, is one too)
     ├── MigrationError            the schema ledger and the code disagree
@@ -122,6 +123,14 @@ class ServiceUnavailable(AccordError):
     """A required service (PostgreSQL or RabbitMQ) did not answer."""
 
     reason = "service_unavailable"
+
+
+class DatabaseReadOnly(ServiceUnavailable):
+    """PostgreSQL answers but takes no writes (a standby, a primary stepping down, or
+    ``default_transaction_read_only``): point the DSN at the primary, or wait for the
+    failover to end."""
+
+    reason = "database_read_only"
 
 
 class ConnectionLost(ServiceUnavailable):

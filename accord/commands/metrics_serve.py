@@ -38,7 +38,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _main(dsn: str, port: int, addr: str) -> int:
     await migrate.require_current_at(dsn)
-    readiness = Readiness([checks.postgresql(dsn)])
+    readiness = Readiness([checks.postgresql(dsn, writable=False)])  # it reads only
     with serving(port, dsn=dsn, addr=addr, readiness=readiness) as server:
         install_span_metrics(server.messaging)
         # The ready line names the bound port; it also reaches stdout (accord.logs), so a

@@ -28,8 +28,13 @@ from accord.ops.health import Check
 from accord.relay.errors import BrokerBlocked
 from accord.schemas import broker, migrate
 from accord.schemas.db import connect
+from accord.schemas.errors import DatabaseReadOnly
 
 T = TypeVar("T")
+
+# Does a new transaction on this connection take writes? (the server's recovery, and the
+# transaction default a session, database or server setting gives it)
+READ_ONLY = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"
 
 #: How long closing a connection after a failed round may take.
 CLOSE_S = 1.0
@@ -110,11 +115,18 @@ def _database(db: str | Database) -> Database:
     return Database(db) if isinstance(db, str) else db
 
 
-def postgresql(db: str | Database, app_chains: Sequence[migrate.Chain] = ()) -> Check:
-    """PostgreSQL answers and its schema is current (SchemaBehind otherwise)."""
+def postgresql(
+    db: str | Database, app_chains: Sequence[migrate.Chain] = (), *, writable: bool = True
+) -> Check:
+    """PostgreSQL answers and its schema is current (SchemaBehind otherwise); with
+    ``writable`` (every process that writes), it takes writes too (DatabaseReadOnly: a
+    standby, a primary stepping down, ``default_transaction_read_only``). Before, a process
+    whose every write was refused read ready."""
 
     async def look(conn: asyncpg.Connection) -> None:
         await migrate.require_current(conn, app_chains)
+        if writable and await conn.fetchval(READ_ONLY):
+            raise DatabaseReadOnly()
 
     return "postgresql", KeptCheck(_database(db), look)
 

@@ -27,6 +27,7 @@ from accord.schemas.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 T = TypeVar("T")
+READ_ONLY = "default_transaction_read_only"
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
@@ -235,3 +236,34 @@ def test_a_relay_blocked_by_the_broker_is_not_ready(pg_dsn: str, amqp_url: str) 
     made.blocked = True
     with pytest.raises(BrokerBlocked):
         asyncio.run(named["publishing"]())
+
+
+async def writable(conn: asyncpg.Connection, statement: str) -> None:
+    """``statement`` on a connection whose database defaults to read-only."""
+    await conn.execute(f"SET {READ_ONLY} = off")
+    await conn.execute(statement)
+
+
+def test_a_database_that_takes_no_writes_is_not_ready_for_a_process_that_writes(
+    pg_dsn: str,
+) -> None:
+    """A server that answers but refuses every write (a standby, a primary stepping down, or
+    ``default_transaction_read_only``, as here on the test's own database) reads not ready
+    with its own reason, for the processes that write; `accord metrics-serve`'s check, which
+    only reads, stays ready (control, and the writer's check passes before: control). Before,
+    every process read ready while each of its writes was refused."""
+    writer = Readiness([checks.postgresql(pg_dsn)], every_s=3600, started=lambda: True)
+    reader = Readiness(
+        [checks.postgresql(pg_dsn, writable=False)], every_s=3600, started=lambda: True
+    )
+    try:
+        assert writer.check_once() == {} and reader.check_once() == {}
+        name = pg_dsn.rsplit("/", 1)[1]
+        on_db(pg_dsn, lambda c: c.execute(f'ALTER DATABASE "{name}" SET {READ_ONLY} = on'))
+        assert writer.check_once() == {"postgresql": "database_read_only:DatabaseReadOnly"}
+        assert reader.check_once() == {}
+        on_db(pg_dsn, lambda c: writable(c, f'ALTER DATABASE "{name}" RESET {READ_ONLY}'))
+        assert writer.check_once() == {}
+    finally:
+        writer.close()
+        reader.close()
