@@ -15,6 +15,7 @@ COMMANDS = (
     "repair",
     "reconcile",
     "replay",
+    "dead_letters",
     "metrics_serve",
     "gc_objects",
 )
