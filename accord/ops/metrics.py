@@ -12,6 +12,7 @@ the process's loop never delays a scrape. A database that does not answer turns 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +105,10 @@ def families(report: StatusReport) -> list[Metric]:
         _gauge("accord_tenant_restore_detected", "1 while a restore detection is open",
                ["tenant"], [(t.tenant, int(t.restore_ledger_epoch is not None))
                             for t in r.tenants]),
+        _gauge("accord_journal_evidence",
+               "Begins a worker's journal holds that the database has no record of (a"
+               " restore's evidence), not yet acknowledged", ["tenant"],
+               sorted(Counter(v.tenant for v in r.journal_evidence).items())),
         _gauge("accord_workflow_live_leases", "Unexpired leases (worker evidence)",
                ["workflow"], [(w.workflow, w.live_leases) for w in r.workflows]),
         _gauge("accord_workflow_effects_enabled", "1 when the class may run effects",

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import uuid
+from collections import Counter
 from typing import Any
 
 import anyio
@@ -35,6 +36,7 @@ from accord.jobs.runner import (
     recovery,
     scan_journal,
 )
+from accord.ops.metrics import families
 from accord.ops.status import collect_status
 from tests.integration.runner.conftest import Rig, running, wait_for
 
@@ -474,8 +476,13 @@ async def test_an_effect_record_the_index_cannot_read_refuses_the_start(rig: Rig
 
 
 async def _journal_evidence(rig: Rig) -> list[Any]:
+    """`accord status`'s journal evidence, checked against its /metrics gauge."""
     async with rig.pool.acquire() as conn:
-        return list((await collect_status(conn, integrity=False, window=False)).journal_evidence)
+        report = await collect_status(conn, integrity=False, window=False)
+    [gauge] = [f for f in families(report) if f.name == "accord_journal_evidence"]
+    by_tenant = {s.labels["tenant"]: s.value for s in gauge.samples}
+    assert by_tenant == dict(Counter(v.tenant for v in report.journal_evidence))
+    return list(report.journal_evidence)
 
 
 async def _prune_job(rig: Rig, job_id: int) -> None:
