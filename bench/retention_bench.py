@@ -63,6 +63,7 @@ TABLES = (
     "jobs.jobs",
     "jobs.effects",
     "jobs.results",
+    "jobs.pruned_attempts",  # tombstones: one per pruned attempt, one more retention (0054)
 )
 SIZES = """
 SELECT t AS name, (SELECT reltuples FROM pg_class WHERE oid = t::regclass)::bigint AS estimate,
@@ -151,7 +152,10 @@ async def prune_all(conn: asyncpg.Connection) -> dict[str, int]:
     }
     for name, (statement, args) in statements.items():
         while True:
-            done = int((await conn.execute(statement, RETENTION_S, BATCH, *args)).split()[-1])
+            if name == "outbox":  # it answers its count (SELECT count(*) FROM gone)
+                done = int(await conn.fetchval(statement, RETENTION_S, BATCH, *args))
+            else:  # a DELETE's command tag
+                done = int((await conn.execute(statement, RETENTION_S, BATCH, *args)).split()[-1])
             removed[name] += done
             if done < BATCH:
                 break

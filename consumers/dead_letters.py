@@ -12,8 +12,14 @@ Moving a message: published to the class's queue itself (the default exchange, b
 queue's name: no other class's queue gets a copy), persistent, mandatory, with publisher
 confirms, its body, message id and headers as they were but for the broker's dead-letter
 and delivery-count headers; then acknowledged in the poison queue. A crash between the two
-leaves a copy in both, which the inbox absorbs (at least once, never lost). A message a
-move skips, or one whose publish failed, is returned to the poison queue when the move ends.
+leaves a copy in both, which the inbox absorbs (at least once, never lost). A message a pass
+does not move (a look, another reason, a publish the broker refused) is put back the same way:
+a copy published to the poison queue's tail, its dead-letter headers kept, confirmed before
+its original is acknowledged (a failed copy: the original is returned instead). Nothing is
+held unacknowledged through a pass, and no return counts against a delivery limit (RabbitMQ 4
+gives quorum queues one by default, and the poison queue has no dead-letter exchange). A pass
+reads at most what the queue held when it began, oldest first: copies put back, and messages
+dead-lettered meanwhile, land behind those and are not read twice.
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ import aiormq
 from accord.schemas import broker, wire
 from accord.schemas.topology import MISMATCH, Topology, mismatch
 
-#: Headers the broker writes when it dead-letters or counts a message; a moved message
-#: starts afresh without them (its deliveries counted again from zero in the class's queue).
-BROKER_HEADERS = frozenset(
+#: Headers the broker writes when it dead-letters a message; a moved message starts afresh
+#: without them (its deliveries counted again from zero in the class's queue).
+DEATH_HEADERS = frozenset(
     {"x-death", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
-     "x-last-death-reason", "x-last-death-queue", "x-last-death-exchange",
-     "x-delivery-count"}
+     "x-last-death-reason", "x-last-death-queue", "x-last-death-exchange"}
 )  # fmt: skip
+#: Written by a quorum queue at each delivery: never copied.
+COUNT_HEADER = "x-delivery-count"
 
 #: The death reasons a move may select: the broker's delivery limit (no poison record), the
 #: consumer's own rejection (a poison record says why), or any.
@@ -55,7 +62,7 @@ class DeadLetter:
     event_type: str | None
     tenant: str | None
     operation_id: str | None
-    #: Why it was dead-lettered first (``delivery_limit``: the broker, no record;
+    #: Why it was dead-lettered last (``delivery_limit``: the broker, no record;
     #: ``rejected``: the consumer, after its poison record), and how many times in all.
     reason: str | None
     deaths: int
@@ -73,7 +80,7 @@ class DeadLetter:
             event_type=_attribute(headers, "type"),
             tenant=_attribute(headers, "tenantid"),
             operation_id=_attribute(headers, "operationid"),
-            reason=_text(headers.get("x-first-death-reason")),
+            reason=_last_reason(deaths) or _text(headers.get("x-first-death-reason")),
             deaths=_deaths(deaths),
             enqueued_at=_attribute(headers, "time"),
             body_size=len(message.body),
@@ -98,17 +105,17 @@ class Moved:
 
 
 async def look(amqp_url: str, topology: Topology, workflow: str, *, limit: int) -> Moved:
-    """Read up to ``limit`` messages of ``workflow``'s poison queue and put them all back
-    (a look moves nothing; each comes back with its delivery count raised by one)."""
+    """Read up to ``limit`` messages of ``workflow``'s poison queue and put them all back (a
+    look moves nothing; each copy goes to the queue's tail)."""
     return await _pass(amqp_url, topology, workflow, limit=limit, reason=None)
 
 
 async def move_back(
     amqp_url: str, topology: Topology, workflow: str, *, reason: str, limit: int
 ) -> Moved:
-    """Move up to ``limit`` of the messages ``workflow``'s poison queue held when the pass
-    began, those first dead-lettered for ``reason`` (one of REASONS), back to the class's
-    queue (see the module docstring); every other message read stays."""
+    """Read up to ``limit`` of the messages ``workflow``'s poison queue held when the pass
+    began, and move those last dead-lettered for ``reason`` (one of REASONS) back to the
+    class's queue (see the module docstring); every other message read is put back."""
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {REASONS}")
     return await _pass(amqp_url, topology, workflow, limit=limit, reason=reason)
@@ -126,39 +133,40 @@ async def _pass(
             raise mismatch(exc, queue=poison) from None
         held = int(declared.declaration_result.message_count or 0)
         done = Moved(queue, poison, held)
-        kept: list[aio_pika.abc.AbstractIncomingMessage] = []
-        try:
-            # Only what the queue held at the start: a message put back is not read twice.
-            for _ in range(min(held, limit)):
-                message = await declared.get(no_ack=False, fail=False, timeout=GET_TIMEOUT_S)
-                if message is None:
-                    break
-                letter = DeadLetter.of(message)
-                if reason is None or not letter.selected(reason):
-                    done.skipped.append(letter)
-                    kept.append(message)
-                    continue
-                problem = await _publish(channel, queue, message)
+        for _ in range(min(held, limit)):
+            message = await declared.get(no_ack=False, fail=False, timeout=GET_TIMEOUT_S)
+            if message is None:
+                break
+            letter = DeadLetter.of(message)
+            if reason is not None and letter.selected(reason):
+                problem = await _publish(channel, queue, message, fresh=True)
                 if problem is None:
                     await message.ack()
                     done.moved.append(letter)
-                else:
-                    done.failed.append((letter, problem))
-                    kept.append(message)
-        finally:
-            for message in kept:
-                with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
-                    await message.reject(requeue=True)
+                    continue
+                done.failed.append((letter, problem))
+            else:
+                done.skipped.append(letter)
+            if await _publish(channel, poison, message, fresh=False) is None:
+                await message.ack()
+            else:  # the copy was refused: the original goes back instead
+                await message.reject(requeue=True)
     return done
 
 
 async def _publish(
-    channel: aio_pika.abc.AbstractChannel, queue: str, message: aio_pika.abc.AbstractIncomingMessage
+    channel: aio_pika.abc.AbstractChannel,
+    queue: str,
+    message: aio_pika.abc.AbstractIncomingMessage,
+    *,
+    fresh: bool,
 ) -> str | None:
-    """Publish ``message`` afresh to ``queue`` and wait for the broker's confirm; None when
-    confirmed, else what went wrong (its type)."""
-    headers = {k: v for k, v in (message.headers or {}).items() if k not in BROKER_HEADERS}
-    fresh = aio_pika.Message(
+    """Publish a copy of ``message`` to ``queue`` (``fresh``: without its dead-letter
+    headers) and wait for the broker's confirm; None when confirmed, else what went wrong
+    (its type)."""
+    dropped = DEATH_HEADERS | {COUNT_HEADER} if fresh else {COUNT_HEADER}
+    headers = {k: v for k, v in (message.headers or {}).items() if k not in dropped}
+    copy = aio_pika.Message(
         message.body,
         headers=headers,
         content_type=message.content_type,
@@ -172,7 +180,7 @@ async def _publish(
     )
     try:
         await channel.default_exchange.publish(
-            fresh, queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S
+            copy, queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S
         )
     except (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError, TimeoutError) as exc:
         return type(exc).__name__
@@ -186,6 +194,13 @@ async def _channel(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractChannel]
         yield await connection.channel(publisher_confirms=True, on_return_raises=True)
     finally:
         await connection.close()
+
+
+def _last_reason(x_death: Any) -> str | None:
+    """The reason of the newest x-death entry (the broker puts the newest first)."""
+    if isinstance(x_death, list) and x_death and isinstance(x_death[0], Mapping):
+        return _text(x_death[0].get("reason"))
+    return None
 
 
 def _deaths(x_death: Any) -> int:

@@ -686,18 +686,19 @@ BEGIN
         SET CONSTRAINTS jobs.operations_job_fkey DEFERRED;
         DELETE FROM jobs.effect_escalations x WHERE x.job_id = ANY (v_ids);
         DELETE FROM jobs.effect_traces x WHERE x.job_id = ANY (v_ids);
-        DELETE FROM jobs.effects e WHERE e.job_id = ANY (v_ids);
-        GET DIAGNOSTICS v_effects = ROW_COUNT;
+        -- Each attempt whose effects go leaves a tombstone (0054): a journaled begin of that
+        -- attempt was resolved here, and its worker's journal may let it go.
+        WITH gone AS (
+            DELETE FROM jobs.effects e WHERE e.job_id = ANY (v_ids) RETURNING e.attempt_id
+        ), kept AS (
+            INSERT INTO jobs.pruned_attempts (attempt_id)
+            SELECT DISTINCT g.attempt_id FROM gone g
+            ON CONFLICT (attempt_id) DO NOTHING
+        ) SELECT count(*) INTO v_effects FROM gone;
         DELETE FROM jobs.results r WHERE r.job_id = ANY (v_ids);
         GET DIAGNOSTICS v_results = ROW_COUNT;
         DELETE FROM jobs.jobs j WHERE j.job_id = ANY (v_ids);
         GET DIAGNOSTICS v_jobs = ROW_COUNT;
-        -- How far retention went (0047): a worker's start takes a journaled begin whose job
-        -- is gone at or below it as resolved (pruned), one above it as a restore's evidence.
-        INSERT INTO jobs.pruned AS p (through_job_id)
-        SELECT max(x.id) FROM unnest(v_ids) AS x(id)
-        ON CONFLICT (one) DO UPDATE
-        SET through_job_id = GREATEST(p.through_job_id, EXCLUDED.through_job_id);
         DELETE FROM jobs.operations o WHERE o.job_id = ANY (v_ids);
     END IF;
     -- The audit tables share the batch's budget of p_limit rows (0042). Resolved restore
@@ -746,6 +747,27 @@ BEGIN
         RETURNING 1
     ) SELECT count(*) INTO v_rows FROM gone;
     v_audit := v_audit + v_rows;
+    -- Tombstones one more retention after their job went (a worker down longer than that
+    -- reports its begins of such attempts as evidence, for a person to acknowledge), and
+    -- acknowledged journal evidence past the audit retention (0054).
+    WITH doomed AS (
+        SELECT t.attempt_id FROM jobs.pruned_attempts t
+        WHERE t.pruned_at < v_cutoff
+        ORDER BY t.pruned_at
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ) DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id;
+    WITH doomed AS (
+        SELECT v.evidence_id FROM jobs.journal_evidence v
+        WHERE v.acknowledged_at < now() - make_interval(secs => p_audit_retention_s)
+        ORDER BY v.acknowledged_at
+        LIMIT p_limit - v_audit
+        FOR UPDATE OF v SKIP LOCKED
+    ), gone AS (
+        DELETE FROM jobs.journal_evidence v USING doomed d WHERE v.evidence_id = d.evidence_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_rows FROM gone;
+    v_audit := v_audit + v_rows;
     PERFORM set_config('accord.prune', '', true);
     -- Another schema's deferred foreign key to a removed job fails here, by name: the
     -- deferrable references to jobs.jobs are checked now, then set back to their declared
@@ -769,7 +791,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest), and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone), oldest first, recording the highest job id removed in jobs.pruned; counts per table (0031, 0042, 0047)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table (0031, 0042, 0054)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
@@ -860,9 +882,11 @@ BEGIN
         RETURN QUERY SELECT v_refusal, v.job_id, NULL::bigint;
         RETURN;
     END IF;
+    -- The note's job id is the journal's: after rewound ids another job of this database may
+    -- hold it, so the audit row names it in its detail only.
     v_audit := jobs.repair_audit_row(
-        'acknowledge_evidence', p_who, v.tenant, v.job_id, v.effect_key, v.seq, 'acknowledged',
-        p_evidence, jsonb_build_object('evidence_id', v.evidence_id,
+        'acknowledge_evidence', p_who, v.tenant, NULL, v.effect_key, v.seq, 'acknowledged',
+        p_evidence, jsonb_build_object('evidence_id', v.evidence_id, 'job_id', v.job_id,
                                        'attempt_id', v.attempt_id, 'runner_id', v.runner_id,
                                        'idempotency_key', v.idempotency_key));
     UPDATE jobs.journal_evidence x SET acknowledged_at = now(), audit_id = v_audit
@@ -1651,7 +1675,22 @@ CREATE TABLE jobs.pruned (
 -- Name: TABLE pruned; Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON TABLE jobs.pruned IS 'The highest job id jobs.prune removed: a journaled begin of a job gone at or below it was resolved (0047)';
+COMMENT ON TABLE jobs.pruned IS 'The highest job id jobs.prune removed before migration 0054 (frozen there: later removals leave jobs.pruned_attempts): a journaled begin, never noted as evidence, of a job gone at or below it was resolved (0047, 0054)';
+
+--
+-- Name: pruned_attempts; Type: TABLE; Schema: jobs; Owner: -
+--
+
+CREATE TABLE jobs.pruned_attempts (
+    attempt_id uuid NOT NULL,
+    pruned_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: TABLE pruned_attempts; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON TABLE jobs.pruned_attempts IS 'Attempts whose effect rows jobs.prune removed (resolved), kept one more jobs retention: a journaled begin of one may be let go (0054)';
 
 --
 -- Name: reconciliation; Type: VIEW; Schema: jobs; Owner: -
@@ -2028,6 +2067,13 @@ ALTER TABLE ONLY jobs.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant, workflow, operation_id);
 
 --
+-- Name: pruned_attempts pruned_attempts_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
+--
+
+ALTER TABLE ONLY jobs.pruned_attempts
+    ADD CONSTRAINT pruned_attempts_pkey PRIMARY KEY (attempt_id);
+
+--
 -- Name: pruned pruned_pkey; Type: CONSTRAINT; Schema: jobs; Owner: -
 --
 
@@ -2140,6 +2186,12 @@ CREATE INDEX jobs_tenant_frozen_idx ON jobs.jobs USING btree (tenant) WHERE tena
 --
 
 CREATE INDEX journal_evidence_open_idx ON jobs.journal_evidence USING btree (evidence_id) WHERE (acknowledged_at IS NULL);
+
+--
+-- Name: pruned_attempts_pruned_at_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX pruned_attempts_pruned_at_idx ON jobs.pruned_attempts USING btree (pruned_at);
 
 --
 -- Name: registration_audit_at_idx; Type: INDEX; Schema: jobs; Owner: -
@@ -2645,6 +2697,13 @@ GRANT SELECT ON TABLE jobs.operations TO accord_repair;
 
 GRANT SELECT ON TABLE jobs.pruned TO accord_worker;
 GRANT SELECT ON TABLE jobs.pruned TO accord_repair;
+
+--
+-- Name: TABLE pruned_attempts; Type: ACL; Schema: jobs; Owner: -
+--
+
+GRANT SELECT ON TABLE jobs.pruned_attempts TO accord_worker;
+GRANT SELECT ON TABLE jobs.pruned_attempts TO accord_repair;
 
 --
 -- Name: TABLE reconciliation; Type: ACL; Schema: jobs; Owner: -

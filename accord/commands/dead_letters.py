@@ -9,7 +9,9 @@ limit, with no poison record (on RabbitMQ 3.10 a lost connection's return counts
 consumer restarted in a loop sends sound messages there). ``rejected``: messages the consumer
 poisoned, each with a record (`accord status`: poison messages), e.g. once the handler that
 refused them is fixed. A requeued message the inbox already applied is absorbed as a
-duplicate. Exit 1 when a selected message could not be moved (it stays in the poison queue).
+duplicate. Each pass reads at most --limit of the messages the poison queue held when it
+began, oldest first; what it does not move is put back at the queue's tail. Exit 1 when a
+selected message could not be moved (it stays in the poison queue).
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "list",
         help="show the messages of the poison queue (identifiers only; each is put back)",
         description="Print each message of the class's poison queue by its identifiers and"
-        " the reason it was first dead-lettered, then put it back (nothing moves).",
+        " the reason it was last dead-lettered, then put it back (nothing moves).",
     )
     requeue = ops.add_parser(
         "requeue",
         help="move the poison queue's messages of one death reason back",
-        description="Move the poison queue's messages first dead-lettered for --reason back to"
+        description="Move the poison queue's messages last dead-lettered for --reason back to"
         " the class's own queue, each acknowledged only after the broker confirmed its copy;"
         " exit 1 when one could not be moved (it stays).",
     )
@@ -50,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--reason",
         choices=dead_letters.REASONS,
         default="delivery_limit",
-        help="why they were dead-lettered first (%(default)s: by the broker, no poison record)",
+        help="why they were last dead-lettered (%(default)s: by the broker, no poison record)",
     )
     for op in (listing, requeue):
         op.add_argument("--workflow", required=True, help="the application's consumer class")

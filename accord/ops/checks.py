@@ -32,9 +32,24 @@ from accord.schemas.errors import DatabaseReadOnly
 
 T = TypeVar("T")
 
-# Does a new transaction on this connection take writes? (the server's recovery, and the
-# transaction default a session, database or server setting gives it)
-READ_ONLY = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"
+# Does the server take writes? In recovery (a standby), or read-only by default for this
+# connection (a server setting is seen at its reload), or for a new connection of this user to
+# this database (ALTER DATABASE/ROLE ... SET default_transaction_read_only: a kept connection
+# keeps the value it started with, while the process's pool opens new ones).
+READ_ONLY = """
+SELECT pg_is_in_recovery()
+    OR current_setting('transaction_read_only')::boolean
+    OR EXISTS (
+        SELECT 1 FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c(setting)
+        WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
+                                    WHERE d.datname = current_database()))
+          AND s.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles r
+                                WHERE r.rolname = current_user))
+          AND lower(c.setting) IN ('default_transaction_read_only=on',
+                                   'default_transaction_read_only=true',
+                                   'default_transaction_read_only=yes',
+                                   'default_transaction_read_only=1'))
+"""
 
 #: How long closing a connection after a failed round may take.
 CLOSE_S = 1.0

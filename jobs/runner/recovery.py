@@ -76,15 +76,14 @@ def open_journal(
 
 
 async def settled_effects(conn: Any, begun: Collection[Begun]) -> set[Begun]:
-    """Read-only, one query: of the begins ``begun``, those the journal may let go (see
-    ``sql.SETTLED_EFFECTS``). Recorded by the database (state anything but pending) on the row
-    their own attempt began; noted as a restore's evidence and acknowledged by a person
-    (0054); or of a job retention removed, never noted (0047: gone, at or below the highest job
-    id jobs.prune removed; a job with an effect leaves no other way, and only once every effect
-    of it is resolved). A begin whose attempt is unknown, whose row another attempt holds (a
-    job id a restore rewound and a new job took), or whose job is gone above that mark, stays
-    evidence; so does a noted one until acknowledged, even once a new job that took its id
-    was pruned."""
+    """Read-only, one query: of the begins ``begun``, those the journal may let go, by what
+    the database says of each begin's own attempt (``sql.SETTLED_EFFECTS``): an outcome
+    recorded on the row it began; its effects removed by retention, resolved (a tombstone in
+    jobs.pruned_attempts, 0054); its note acknowledged by a person (0054); or, never noted,
+    its job gone at or below what retention removed before 0054 (jobs.pruned). A begin whose
+    attempt is unknown, whose row another attempt holds (a job id a restore rewound and a new
+    job took), or whose attempt the database never saw, stays evidence: job ids alone never
+    let one go (before 0054 a new job that took a rewound id, once pruned, did)."""
     known = [(entry, attempt) for entry in begun if (attempt := _uuid(entry.attempt_id))]
     if not known:
         return set()

@@ -6,12 +6,13 @@ restart report, and notes there the begins a restore left without a record (0054
 """
 
 # Of the begins $1..$4 (job ids, effect keys, seqs, the attempts that began them), those the
-# journal may let go. Recorded: the database holds an outcome (anything but pending) on the row
-# that same attempt began (a row of another attempt is another effect: job ids rewound by a
-# restore can meet again). Acknowledged: a start noted it as a restore's evidence (0054) and a
-# person acknowledged it. Pruned: never noted, and its job gone at or below the highest id
-# jobs.prune ever removed (0047); a job gone above it was never pruned here (a restore's doing),
-# and a noted begin is not let go by the mark (a new job may have taken its id and been pruned).
+# journal may let go, by what this database says of each begin's own attempt (a row of another
+# attempt is another effect: job ids rewound by a restore can meet again). Recorded: an outcome
+# (anything but pending) on the row that attempt began. Pruned: retention removed that
+# attempt's effects, resolved (a tombstone, 0054). Acknowledged: a start noted it as a
+# restore's evidence and a person acknowledged the note (0054). Or, never noted, its job gone
+# at or below what retention had removed before 0054 (jobs.pruned, frozen there; a restore
+# rewinds the job ids above it, never below).
 SETTLED_EFFECTS = """
 SELECT b.job_id, b.effect_key, b.seq, b.attempt_id
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])
@@ -20,6 +21,7 @@ LEFT JOIN jobs.journal_evidence v USING (job_id, effect_key, seq, attempt_id)
 WHERE EXISTS (SELECT 1 FROM jobs.effects e
               WHERE e.job_id = b.job_id AND e.effect_key = b.effect_key AND e.seq = b.seq
                 AND e.attempt_id = b.attempt_id AND e.state <> 'pending')
+   OR EXISTS (SELECT 1 FROM jobs.pruned_attempts t WHERE t.attempt_id = b.attempt_id)
    OR v.acknowledged_at IS NOT NULL
    OR (v.evidence_id IS NULL
        AND b.job_id <= (SELECT p.through_job_id FROM jobs.pruned p)

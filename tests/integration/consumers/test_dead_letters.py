@@ -58,8 +58,9 @@ async def test_messages_the_broker_dead_lettered_are_listed_and_moved_back_once(
     """Three messages reach the poison queue: ``applied`` (a copy of an event the consumer
     had applied) and ``lost`` (never applied) by the broker's delivery limit, with no poison
     record; ``refused`` (a version the catalog lacks) by the consumer, with its record. A list
-    shows all three by their first death and moves none. A requeue moves the broker's two to
-    the class queue, nothing else (the refused one stays, and no other queue gets a copy):
+    shows all three by their death's reason and moves none. Requeues (the first reading two
+    of them: at most its limit) move the broker's two to the class queue, nothing else (the
+    refused one is put back with its reason, each read once, and no other queue gets a copy):
     the runtime applies ``lost`` once and absorbs ``applied`` as a duplicate. A second
     requeue finds nothing of its reason."""
     # another class bound to the same event type: a move must not give it a copy
@@ -97,13 +98,18 @@ async def test_messages_the_broker_dead_lettered_are_listed_and_moved_back_once(
     assert seen.skipped[1].operation_id == applied.operation_id
     assert await queue_depth(amqp_url, poison) == 3  # a look moves nothing
 
+    # At most --limit read, oldest first: the refused one is put back at the tail, the
+    # next one moved; the second pass reads what the queue then holds, each once.
+    first_pass = await dead_letters.move_back(
+        amqp_url, topo, WORKFLOW, reason="delivery_limit", limit=2
+    )
+    assert [d.message_id for d in first_pass.skipped] == [refused.message_id]
+    assert [d.message_id for d in first_pass.moved] == [str(applied.event_id)]
     moved = await dead_letters.move_back(
         amqp_url, topo, WORKFLOW, reason="delivery_limit", limit=100
     )
-    assert sorted(d.message_id for d in moved.moved) == sorted(
-        [str(applied.event_id), str(lost.event_id)]
-    )
-    assert [d.message_id for d in moved.skipped] == [refused.message_id]
+    assert moved.held == 2 and [d.message_id for d in moved.moved] == [str(lost.event_id)]
+    assert [(d.message_id, d.reason) for d in moved.skipped] == [(refused.message_id, "rejected")]
     assert await queue_depth(amqp_url, poison) == 1
     assert await queue_depth(amqp_url, topo.queue(WORKFLOW)) == 2
     assert await queue_depth(amqp_url, topo.queue("audit")) == 4  # no copy of the moved

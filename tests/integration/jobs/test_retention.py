@@ -621,3 +621,47 @@ async def test_two_batches_in_one_transaction_leave_the_caller_s_deferred_constr
         async with jobs.pool.acquire() as conn, conn.transaction():
             await conn.execute("SET CONSTRAINTS app.child_parent_fkey IMMEDIATE")
             await conn.execute("INSERT INTO app.child VALUES (2)")
+
+
+async def test_tombstones_last_one_more_retention_and_acknowledged_evidence_the_audit_s(
+    jobs: Jobs,
+) -> None:
+    """0054. A pruned job leaves one tombstone per attempt whose effects went (a journaled
+    begin of that attempt may then go); the tombstone itself goes one retention after, in a
+    later batch (control: a younger one stays). A journal evidence note goes once acknowledged
+    longer ago than the audit retention (controls: one acknowledged recently, and one never
+    acknowledged however old, stay)."""
+    gone, later = await finish(jobs, "gone"), await finish(jobs, "later")
+    attempts = {
+        r["job_id"]: r["attempt_id"]
+        for r in await jobs.pool.fetch("SELECT job_id, attempt_id FROM jobs.effects")
+    }
+    for job_id in (gone, later):
+        await age(jobs.pool, job_id, RETENTION_S + 60)
+    assert (await prune(jobs.pool)).jobs == 2
+    tombstones = "SELECT attempt_id FROM jobs.pruned_attempts ORDER BY pruned_at, attempt_id"
+    assert {r["attempt_id"] for r in await jobs.pool.fetch(tombstones)} == set(attempts.values())
+    await jobs.pool.execute(
+        "UPDATE jobs.pruned_attempts SET pruned_at = now() - make_interval(secs => $2)"
+        " WHERE attempt_id = $1",
+        attempts[gone],
+        RETENTION_S + 60,
+    )
+    notes = []
+    for acknowledged_ago in (AUDIT_S + 60, AUDIT_S - 60, None):
+        notes.append(
+            await jobs.pool.fetchval(
+                "INSERT INTO jobs.journal_evidence (job_id, effect_key, seq, attempt_id, tenant,"
+                " runner_id, found_at, acknowledged_at, audit_id) VALUES (1, 'charge', 1, $1, $2,"
+                " 'w', now() - interval '1000 days', now() - make_interval(secs => $3), $4)"
+                " RETURNING evidence_id",
+                uuid.uuid4(),
+                TENANT,
+                acknowledged_ago,
+                None if acknowledged_ago is None else 1,
+            )
+        )
+    assert await prune(jobs.pool) == Pruned(audit=1)
+    assert [r["attempt_id"] for r in await jobs.pool.fetch(tombstones)] == [attempts[later]]
+    kept = await jobs.pool.fetch("SELECT evidence_id FROM jobs.journal_evidence ORDER BY 1")
+    assert [r["evidence_id"] for r in kept] == notes[1:]

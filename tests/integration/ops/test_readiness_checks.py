@@ -249,21 +249,25 @@ def test_a_database_that_takes_no_writes_is_not_ready_for_a_process_that_writes(
 ) -> None:
     """A server that answers but refuses every write (a standby, a primary stepping down, or
     ``default_transaction_read_only``, as here on the test's own database) reads not ready
-    with its own reason, for the processes that write; `accord metrics-serve`'s check, which
-    only reads, stays ready (control, and the writer's check passes before: control). Before,
-    every process read ready while each of its writes was refused."""
-    writer = Readiness([checks.postgresql(pg_dsn)], every_s=3600, started=lambda: True)
+    with its own reason, for the processes that write, on the connection the rounds keep
+    (which keeps the setting it started with, while the process's pool opens new ones);
+    `accord metrics-serve`'s check, which only reads, stays ready. Controls: both pass
+    before, and the writer's passes again once the setting is reset. Before, every process
+    read ready while each of its writes was refused."""
+    writer = Readiness([checks.postgresql(pg_dsn)], every_s=0.02, started=lambda: True)
     reader = Readiness(
-        [checks.postgresql(pg_dsn, writable=False)], every_s=3600, started=lambda: True
+        [checks.postgresql(pg_dsn, writable=False)], every_s=0.02, started=lambda: True
     )
+    writer.start()
+    reader.start()
     try:
-        assert writer.check_once() == {} and reader.check_once() == {}
         name = pg_dsn.rsplit("/", 1)[1]
+        until(lambda: writer.failing() == {} and reader.failing() == {})
         on_db(pg_dsn, lambda c: c.execute(f'ALTER DATABASE "{name}" SET {READ_ONLY} = on'))
-        assert writer.check_once() == {"postgresql": "database_read_only:DatabaseReadOnly"}
-        assert reader.check_once() == {}
+        until(lambda: writer.failing() == {"postgresql": "database_read_only:DatabaseReadOnly"})
+        assert reader.failing() == {}
         on_db(pg_dsn, lambda c: writable(c, f'ALTER DATABASE "{name}" RESET {READ_ONLY}'))
-        assert writer.check_once() == {}
+        until(lambda: writer.failing() == {})
     finally:
         writer.close()
         reader.close()

@@ -401,13 +401,14 @@ async def _reported(rig: Rig, journal: Any) -> list[EffectRef]:
 
 
 async def test_a_journaled_begin_is_let_go_only_for_a_job_retention_removed(rig: Rig) -> None:
-    """Migration 0047 (jobs.pruned). A job retention removed had every effect resolved: its
-    begin is let go at a start, published or not (before, a failed job pruned while the
-    worker was down was reported and carried at every start). A begin whose database holds
-    no record of it stays evidence even with a publish in the journal: the database may be a
-    restore from before the begin (its job queued, never run) or from before the job (gone,
-    above what retention removed). Before, the journal's publish let both go, the only
-    evidence that the call went out."""
+    """A job retention removed had every effect resolved: its begin is let go at a start,
+    published or not (before 0047, a failed job pruned while the worker was down was
+    reported and carried at every start), by its attempt's tombstone (0054). So is a
+    begin of a job retention removed before 0054 (gone at or below jobs.pruned's mark,
+    frozen there). A begin whose database holds no record of it stays evidence even with a
+    publish in the journal: the database may be a restore from before the begin (its job
+    queued, never run) or from before the job (gone, above what retention removed). Before,
+    the journal's publish let both go, the only evidence that the call went out."""
     await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
     ran: dict[str, tuple[Any, int]] = {}
     for op in ("published", "failed"):
@@ -440,11 +441,17 @@ async def test_a_journaled_begin_is_let_go_only_for_a_job_retention_removed(rig:
             conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
         )
     assert pruned.jobs == 2
-    through = await rig.pool.fetchval("SELECT through_job_id FROM jobs.pruned")
-    assert through == max(lease.job_id for lease, _ in ran.values())
+    tombstones = await rig.pool.fetch("SELECT attempt_id FROM jobs.pruned_attempts")
+    assert {r["attempt_id"] for r in tombstones} == {lease.attempt_id for lease, _ in ran.values()}
+    assert await rig.pool.fetchval("SELECT count(*) FROM jobs.pruned") == 0  # frozen at 0054
     for op, (lease, seq) in ran.items():  # pruned: let go, published or not
         journal = await _journal_of(rig, op, lease, seq, published=op == "published")
         assert await _reported(rig, journal) == [], op
+    # Pruned before 0054: no tombstone, its job gone at or below the frozen mark.
+    legacy = dataclasses.replace(restored, job_id=never_run + 1, attempt_id=uuid.uuid4())
+    await rig.pool.execute("INSERT INTO jobs.pruned (through_job_id) VALUES ($1)", never_run + 1)
+    journal = await _journal_of(rig, "legacy", legacy, 1, published=False)
+    assert await _reported(rig, journal) == []
     # The job queued in the database, never run there: its begin and publish in the journal.
     journal = await _journal_of(rig, "queued", restored, 1, published=True)
     assert await _reported(rig, journal) == [EffectRef(never_run, "pay", 1)]
@@ -503,7 +510,6 @@ async def _prune_job(rig: Rig, job_id: int) -> None:
             conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
         )
     assert pruned.jobs == 1
-    assert await rig.pool.fetchval("SELECT through_job_id FROM jobs.pruned") >= job_id
 
 
 async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id(
@@ -511,12 +517,17 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
 ) -> None:
     """0054. The journal holds an old attempt's begin of job J; a restore rewound the job ids
     and a new job took J, ran its own effect and published. A start reports the old begin,
-    notes it (jobs.journal_evidence) and carries it. Retention then removes the new job J: the
-    prune mark covers J and no row has it, which reads as "its job was pruned". Before 0054 the
-    next rotation dropped the old begin, the only record that its call went out. A noted begin
-    now stays, reported at each start under the same note, until a person acknowledges the
-    note (the repair role, audited); the next rotation then drops it (control: a begin never
-    noted is let go by the prune mark: ``test_a_journaled_begin_is_let_go_only_...``)."""
+    notes it (jobs.journal_evidence) and carries it. Retention then removes the new job J.
+    Before 0054 the prune mark then covered J with no row of it, which read as "its job was
+    pruned": the next rotation dropped the old begin, the only record that its call went
+    out, and so did the first start of a worker whose journal held it and that had not
+    started since the restore (never noted). A begin is now let go only by what the database
+    says of its own attempt: the pruned job leaves a tombstone of *its* attempt, not the old
+    one's. The noted begin stays, reported at each start under the same note and kept by a
+    running rotation, until a person acknowledges the note (the repair role, audited); the
+    next start then drops it. The late worker's first start reports and notes it too
+    (control: a begin of the pruned attempt itself is let go by its tombstone:
+    ``test_a_journaled_begin_is_let_go_only_for_a_job_retention_removed``)."""
     await rig.store.register_workflow("pay", DEFAULT_OWNER, effects_enabled=True)
     job_id = await rig.submit_job("op-new", "pay")
     [lease] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
@@ -538,10 +549,14 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
     with open_journal(rig.journal_path("w"), "w") as journal:
         for record in records:
             await journal.write(record)
+    # another worker's journal, with its own lost attempt of J, first started after the prune
+    lost = EffectBegin(**ids, attempt_id=uuid.uuid4(), **effect, idempotency_key="idem-late")
+    with open_journal(rig.journal_path("late"), "late") as journal:
+        await journal.write(lost)
 
-    async def start() -> list[Any]:
+    async def start(runner: str = "w") -> list[Any]:
         """A worker's start, as the worker role: report, note, seal."""
-        journal = open_journal(rig.journal_path("w"), "w")
+        journal = open_journal(rig.journal_path(runner), runner)
         try:
             async with rig.pool.acquire() as conn, conn.transaction():
                 await conn.execute("SET LOCAL ROLE accord_worker")
@@ -565,9 +580,13 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
         (first.evidence_id, job_id, "idem-old")
     ]
     await _prune_job(rig, job_id)  # the new job J, retention's to remove
+    tombstones = await rig.pool.fetch("SELECT attempt_id FROM jobs.pruned_attempts")
+    assert [r["attempt_id"] for r in tombstones] == [lease.attempt_id]  # the new attempt's
     # forbidden before 0054: the prune mark let the old begin go
     [again] = await start()
     assert (again.begun, again.evidence_id) == (theirs, first.evidence_id)
+    [late] = await start("late")
+    assert late.begin == lost and late.evidence_id not in (None, first.evidence_id)
     # a running rotation keeps it too
     journal = open_journal(rig.journal_path("w"), "w")
     try:
@@ -599,13 +618,16 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
         [sys.executable, "-m", "accord", "repair", *ack, "--evidence", "e"], env=env, check=False
     )
     assert again_cli.returncode != 0 and b"already_acknowledged" in again_cli.stderr
-    [audit] = await repair.audit(rig.pool, job_id=job_id)
-    assert (audit.action, audit.who, audit.db_role) == (
+    # the note's job id is the journal's, not this database's job J: named in the detail only
+    assert await repair.audit(rig.pool, job_id=job_id) == []
+    [audit] = await repair.audit(rig.pool, tenant=lease.tenant)
+    assert (audit.action, audit.who, audit.db_role, audit.job_id) == (
         "acknowledge_evidence",
         "alice",
         "accord_repair",
+        None,
     )
-    assert await _journal_evidence(rig) == []
+    assert [v.evidence_id for v in await _journal_evidence(rig)] == [late.evidence_id]
     # acknowledged: let go at the next start, and nothing left to report after it
     assert await start() == []
     assert scan_journal(rig.journal_path("w")).records == ()
