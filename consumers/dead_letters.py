@@ -15,9 +15,11 @@ and delivery-count headers; then acknowledged in the poison queue. A crash betwe
 leaves a copy in both, which the inbox absorbs (at least once, never lost). A message a pass
 does not move (a look, another reason, a publish the broker refused) is put back the same way:
 a copy published to the poison queue's tail, its dead-letter headers kept, confirmed before
-its original is acknowledged (a failed copy: the original is returned instead). Nothing is
-held unacknowledged through a pass, and no return counts against a delivery limit (RabbitMQ 4
-gives quorum queues one by default, and the poison queue has no dead-letter exchange). A pass
+its original is acknowledged. Nothing is held unacknowledged through a pass, and a return
+counts against no delivery limit (RabbitMQ 4 gives quorum queues one by default, and the
+poison queue has no dead-letter exchange): only a copy the poison queue refuses returns its
+original (a nack, which 4.3 does not count, as it does a reject), and the pass stops there
+rather than read it again; an error returns the message in hand the same way. A pass
 reads at most what the queue held when it began, oldest first: copies put back, and messages
 dead-lettered meanwhile, land behind those and are not read twice.
 """
@@ -102,6 +104,9 @@ class Moved:
     skipped: list[DeadLetter] = field(default_factory=list)
     #: Selected messages whose publish failed (returned, nacked, timed out): left in place.
     failed: list[tuple[DeadLetter, str]] = field(default_factory=list)
+    #: Why the pass stopped early: the poison queue refused a copy put back (the original
+    #: was returned instead, and reading on could hand it out and return it again).
+    stopped: str | None = None
 
 
 async def look(amqp_url: str, topology: Topology, workflow: str, *, limit: int) -> Moved:
@@ -137,21 +142,46 @@ async def _pass(
             message = await declared.get(no_ack=False, fail=False, timeout=GET_TIMEOUT_S)
             if message is None:
                 break
-            letter = DeadLetter.of(message)
-            if reason is not None and letter.selected(reason):
-                problem = await _publish(channel, queue, message, fresh=True)
-                if problem is None:
-                    await message.ack()
-                    done.moved.append(letter)
-                    continue
-                done.failed.append((letter, problem))
-            else:
-                done.skipped.append(letter)
-            if await _publish(channel, poison, message, fresh=False) is None:
-                await message.ack()
-            else:  # the copy was refused: the original goes back instead
-                await message.reject(requeue=True)
+            try:
+                done.stopped = await _settle(channel, queue, poison, message, reason, done)
+            except BaseException:
+                # Not settled (an error, a cancel): returned now rather than at the close.
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+                raise
+            if done.stopped is not None:
+                break
     return done
+
+
+async def _settle(
+    channel: aio_pika.abc.AbstractChannel,
+    queue: str,
+    poison: str,
+    message: aio_pika.abc.AbstractIncomingMessage,
+    reason: str | None,
+    done: Moved,
+) -> str | None:
+    """Move ``message`` to ``queue`` when it is selected, else put a copy back in ``poison``;
+    its original is acknowledged only once a copy is confirmed. None, or why the pass must
+    stop: the poison queue refused the copy put back (the original is returned with a nack,
+    which RabbitMQ 4.3 does not count against a delivery limit, as it does a reject)."""
+    letter = DeadLetter.of(message)
+    if reason is not None and letter.selected(reason):
+        problem = await _publish(channel, queue, message, fresh=True)
+        if problem is None:
+            await message.ack()
+            done.moved.append(letter)
+            return None
+        done.failed.append((letter, problem))
+    else:
+        done.skipped.append(letter)
+    refused = await _publish(channel, poison, message, fresh=False)
+    if refused is None:
+        await message.ack()
+        return None
+    await message.nack(requeue=True)
+    return f"put_back_refused:{refused}"
 
 
 async def _publish(

@@ -36,20 +36,22 @@ MAX_BATCH = MAX_PRUNE_BATCH
 @dataclass(frozen=True, slots=True)
 class Pruned:
     """What one batch removed, per table (operation keys, traces and escalations go with
-    their jobs and are not counted apart)."""
+    their jobs and are not counted apart; ``tombstones``: jobs.pruned_attempts rows one
+    retention old, 0054)."""
 
     jobs: int = 0
     effects: int = 0
     results: int = 0
     audit: int = 0
+    tombstones: int = 0
 
     @property
     def rows(self) -> int:
-        return self.jobs + self.effects + self.results + self.audit
+        return self.jobs + self.effects + self.results + self.audit + self.tombstones
 
     def full(self, limit: int) -> bool:
         """True when the batch was full: more may be waiting, run the next one at once."""
-        return max(self.jobs, self.audit) >= limit
+        return max(self.jobs, self.audit, self.tombstones) >= limit
 
 
 def check(retention_s: float, audit_retention_s: float, limit: int) -> None:
@@ -100,4 +102,5 @@ async def prune(tx: Tx, *, retention_s: float, audit_retention_s: float, limit: 
         effects=row["effects_pruned"],
         results=row["results_pruned"],
         audit=row["audit_pruned"],
+        tombstones=row["tombstones_pruned"],
     )

@@ -607,7 +607,7 @@ END $$;
 -- Name: prune(double precision, double precision, integer); Type: FUNCTION; Schema: jobs; Owner: -
 --
 
-CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer)
+CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer, tombstones_pruned integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -621,6 +621,7 @@ DECLARE
     v_effects integer := 0;
     v_results integer := 0;
     v_audit integer := 0;
+    v_tombstones integer := 0;
     v_rows integer;
     v_consumer text;
     v_horizon double precision;
@@ -756,7 +757,10 @@ BEGIN
         ORDER BY t.pruned_at
         LIMIT p_limit
         FOR UPDATE OF t SKIP LOCKED
-    ) DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id;
+    ), gone AS (
+        DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_tombstones FROM gone;
     WITH doomed AS (
         SELECT v.evidence_id FROM jobs.journal_evidence v
         WHERE v.acknowledged_at < now() - make_interval(secs => p_audit_retention_s)
@@ -784,14 +788,14 @@ BEGIN
     IF v_deferred IS NOT NULL THEN
         EXECUTE 'SET CONSTRAINTS ' || v_deferred || ' DEFERRED';
     END IF;
-    RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit;
+    RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit, v_tombstones;
 END $$;
 
 --
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table (0031, 0042, 0054)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table, tombstones included (0031, 0042, 0054)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -
@@ -1675,7 +1679,7 @@ CREATE TABLE jobs.pruned (
 -- Name: TABLE pruned; Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON TABLE jobs.pruned IS 'The highest job id jobs.prune removed before migration 0054 (frozen there: later removals leave jobs.pruned_attempts): a journaled begin, never noted as evidence, of a job gone at or below it was resolved (0047, 0054)';
+COMMENT ON TABLE jobs.pruned IS 'Below the lowest job id still present when migration 0054 froze it, the highest job id jobs.prune had removed (later removals leave jobs.pruned_attempts): a journaled begin, never noted as evidence, of a job gone at or below it was resolved (0047, 0054)';
 
 --
 -- Name: pruned_attempts; Type: TABLE; Schema: jobs; Owner: -

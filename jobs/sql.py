@@ -210,5 +210,6 @@ NOTE_TRACE = "SELECT jobs.note_trace($1, $2, $3, $4, $5::jsonb)"
 # Remove one batch of at most $3 finished, resolved jobs older than $1 seconds (with their key,
 # effects, traces, escalations and result manifest) and of repair audit rows older than $2.
 PRUNE = (
-    "SELECT jobs_pruned, effects_pruned, results_pruned, audit_pruned FROM jobs.prune($1, $2, $3)"
+    "SELECT jobs_pruned, effects_pruned, results_pruned, audit_pruned, tombstones_pruned"
+    " FROM jobs.prune($1, $2, $3)"
 )

@@ -11,7 +11,8 @@ poisoned, each with a record (`accord status`: poison messages), e.g. once the h
 refused them is fixed. A requeued message the inbox already applied is absorbed as a
 duplicate. Each pass reads at most --limit of the messages the poison queue held when it
 began, oldest first; what it does not move is put back at the queue's tail. Exit 1 when a
-selected message could not be moved (it stays in the poison queue).
+selected message could not be moved, or the poison queue refused a copy put back (the pass
+stops there); such messages stay in the poison queue.
 """
 
 from __future__ import annotations
@@ -105,5 +106,6 @@ def _report(done: Moved, *, listing: bool) -> int:
     print(
         f"{done.poison_queue}: held={done.held} requeued={len(done.moved)}"
         f" kept={len(done.skipped)} failed={len(done.failed)} (to {done.queue})"
+        + (f" stopped={done.stopped}" if done.stopped else "")
     )
-    return 1 if done.failed else 0
+    return 1 if done.failed or done.stopped else 0

@@ -33,22 +33,25 @@ from accord.schemas.errors import DatabaseReadOnly
 T = TypeVar("T")
 
 # Does the server take writes? In recovery (a standby), or read-only by default for this
-# connection (a server setting is seen at its reload), or for a new connection of this user to
-# this database (ALTER DATABASE/ROLE ... SET default_transaction_read_only: a kept connection
-# keeps the value it started with, while the process's pool opens new ones).
+# connection (a server setting is seen at its reload), or for a new connection of this login
+# to this database: a kept connection keeps the value it started with, while the process's
+# pool opens new ones. Of ALTER ROLE/DATABASE ... SET default_transaction_read_only, the one
+# a new connection applies wins (the role in this database, the role, the database, every
+# role), and its value is read by PostgreSQL's own boolean input (on, t, yes, 1, ...).
 READ_ONLY = """
 SELECT pg_is_in_recovery()
     OR current_setting('transaction_read_only')::boolean
-    OR EXISTS (
-        SELECT 1 FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c(setting)
+    OR COALESCE((
+        SELECT substr(c.setting, strpos(c.setting, '=') + 1)::boolean
+        FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c(setting)
         WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
                                     WHERE d.datname = current_database()))
           AND s.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles r
-                                WHERE r.rolname = current_user))
-          AND lower(c.setting) IN ('default_transaction_read_only=on',
-                                   'default_transaction_read_only=true',
-                                   'default_transaction_read_only=yes',
-                                   'default_transaction_read_only=1'))
+                                WHERE r.rolname = session_user))
+          AND lower(split_part(c.setting, '=', 1)) = 'default_transaction_read_only'
+        ORDER BY (s.setdatabase <> 0 AND s.setrole <> 0) DESC, (s.setrole <> 0) DESC,
+                 (s.setdatabase <> 0) DESC
+        LIMIT 1), false)
 """
 
 #: How long closing a connection after a failed round may take.

@@ -11,8 +11,8 @@ restart report, and notes there the begins a restore left without a record (0054
 # (anything but pending) on the row that attempt began. Pruned: retention removed that
 # attempt's effects, resolved (a tombstone, 0054). Acknowledged: a start noted it as a
 # restore's evidence and a person acknowledged the note (0054). Or, never noted, its job gone
-# at or below what retention had removed before 0054 (jobs.pruned, frozen there; a restore
-# rewinds the job ids above it, never below).
+# at or below jobs.pruned's mark, which 0054 froze below the oldest job then present: every job
+# at or below it was gone for good, and a restore rewinds job ids above it, never below.
 SETTLED_EFFECTS = """
 SELECT b.job_id, b.effect_key, b.seq, b.attempt_id
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::uuid[])

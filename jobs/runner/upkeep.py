@@ -103,11 +103,12 @@ class Upkeep:
                 blocked.reset()
                 if pruned.rows:
                     log.info(
-                        "pruned jobs=%d effects=%d results=%d audit=%d",
+                        "pruned jobs=%d effects=%d results=%d audit=%d tombstones=%d",
                         pruned.jobs,
                         pruned.effects,
                         pruned.results,
                         pruned.audit,
+                        pruned.tombstones,
                     )
                 if pruned.full(cfg.prune_batch):
                     wait = min(every_s, anyio.current_time() - started)

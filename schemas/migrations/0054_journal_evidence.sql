@@ -47,7 +47,13 @@ CREATE INDEX pruned_attempts_pruned_at_idx ON jobs.pruned_attempts (pruned_at);
 
 GRANT SELECT ON TABLE jobs.pruned_attempts TO accord_worker, accord_repair;
 
-COMMENT ON TABLE jobs.pruned IS 'The highest job id jobs.prune removed before migration 0054 (frozen there: later removals leave jobs.pruned_attempts): a journaled begin, never noted as evidence, of a job gone at or below it was resolved (0047, 0054)';
+-- The mark, frozen here, must cover only jobs that were gone when it froze: jobs.prune takes
+-- the oldest finished first, not the lowest ids, so a job below the mark may still be alive
+-- (waiting out a backoff, unknown, held) and a later attempt of it, lost by a restore, must
+-- not read as pruned. Every job at or below the lowered mark was gone here, for good.
+UPDATE jobs.pruned SET through_job_id = LEAST(through_job_id, (SELECT min(j.job_id) - 1 FROM jobs.jobs j));
+
+COMMENT ON TABLE jobs.pruned IS 'Below the lowest job id still present when migration 0054 froze it, the highest job id jobs.prune had removed (later removals leave jobs.pruned_attempts): a journaled begin, never noted as evidence, of a job gone at or below it was resolved (0047, 0054)';
 
 -- Of the begins given, note those whose attempt began no effect row here (not a pending row:
 -- the database holds that one's own record). Idempotent; every given begin that has a note
@@ -128,7 +134,11 @@ COMMENT ON FUNCTION jobs.repair_acknowledge_evidence(p_evidence_id bigint, p_who
 REVOKE ALL ON FUNCTION jobs.repair_acknowledge_evidence(bigint, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION jobs.repair_acknowledge_evidence(bigint, text, text) TO accord_repair;
 
-CREATE OR REPLACE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer)
+-- jobs.prune answers how many tombstones went too, so that its callers run the next batch at
+-- once while they are many (a new result column: the function is made anew, its grant with it).
+DROP FUNCTION jobs.prune(double precision, double precision, integer);
+
+CREATE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer, tombstones_pruned integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -142,6 +152,7 @@ DECLARE
     v_effects integer := 0;
     v_results integer := 0;
     v_audit integer := 0;
+    v_tombstones integer := 0;
     v_rows integer;
     v_consumer text;
     v_horizon double precision;
@@ -277,7 +288,10 @@ BEGIN
         ORDER BY t.pruned_at
         LIMIT p_limit
         FOR UPDATE OF t SKIP LOCKED
-    ) DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id;
+    ), gone AS (
+        DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id
+        RETURNING 1
+    ) SELECT count(*) INTO v_tombstones FROM gone;
     WITH doomed AS (
         SELECT v.evidence_id FROM jobs.journal_evidence v
         WHERE v.acknowledged_at < now() - make_interval(secs => p_audit_retention_s)
@@ -305,7 +319,10 @@ BEGIN
     IF v_deferred IS NOT NULL THEN
         EXECUTE 'SET CONSTRAINTS ' || v_deferred || ' DEFERRED';
     END IF;
-    RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit;
+    RETURN QUERY SELECT v_jobs, v_effects, v_results, v_audit, v_tombstones;
 END $$;
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table (0031, 0042, 0054)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table, tombstones included (0031, 0042, 0054)';
+
+REVOKE ALL ON FUNCTION jobs.prune(double precision, double precision, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobs.prune(double precision, double precision, integer) TO accord_worker;

@@ -386,3 +386,30 @@ async def test_0051_brings_a_window_past_a_century_back_with_its_promises(
             await conn.execute(declare, "huge", 1e12)
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize(("alive", "mark"), [(True, 0), (False, 3)])
+async def test_0054_freezes_the_prune_mark_below_the_oldest_job_still_present(
+    empty_pg_dsn: str, alive: bool, mark: int
+) -> None:
+    """A database at 0053 whose retention removed jobs 2 and 3 (mark 3) while job 1 still
+    waits (retention takes the oldest finished first, not the lowest ids). 0054 freezes the
+    mark below job 1: a later attempt of job 1, lost by a restore, never reads as pruned.
+    Control: a database whose jobs at or below the mark are all gone keeps its mark."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=53)
+        await Store(conn, backoff_base_s=0.0).register_workflow("w", "o")
+        for n in range(1, 5):
+            async with conn.transaction():
+                await submit(conn, tenant="acme", workflow="w", operation_id=f"op-{n}", digest="d")
+        gone = [2, 3] if alive else [1, 2, 3]
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")  # as jobs.prune
+            await conn.execute("DELETE FROM jobs.operations WHERE job_id = ANY($1)", gone)
+            await conn.execute("DELETE FROM jobs.jobs WHERE job_id = ANY($1)", gone)
+            await conn.execute("INSERT INTO jobs.pruned (through_job_id) VALUES (3)")
+        await migrate.migrate(conn)
+        assert await conn.fetchval("SELECT through_job_id FROM jobs.pruned") == mark
+    finally:
+        await conn.close()

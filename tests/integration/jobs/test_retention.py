@@ -661,7 +661,16 @@ async def test_tombstones_last_one_more_retention_and_acknowledged_evidence_the_
                 None if acknowledged_ago is None else 1,
             )
         )
-    assert await prune(jobs.pool) == Pruned(audit=1)
+    assert await prune(jobs.pool) == Pruned(audit=1, tombstones=1)
     assert [r["attempt_id"] for r in await jobs.pool.fetch(tombstones)] == [attempts[later]]
     kept = await jobs.pool.fetch("SELECT evidence_id FROM jobs.journal_evidence ORDER BY 1")
     assert [r["evidence_id"] for r in kept] == notes[1:]
+    # a batch that removed as many tombstones as it may is full: the next one runs at once
+    await jobs.pool.execute(
+        "INSERT INTO jobs.pruned_attempts (attempt_id, pruned_at)"
+        " SELECT gen_random_uuid(), now() - make_interval(secs => $1) FROM generate_series(1, 3)",
+        RETENTION_S + 60,
+    )
+    batch = await prune(jobs.pool, limit=2)
+    assert batch == Pruned(tombstones=2) and batch.full(2)
+    assert (await prune(jobs.pool, limit=2)).tombstones == 1

@@ -251,9 +251,11 @@ def test_a_database_that_takes_no_writes_is_not_ready_for_a_process_that_writes(
     ``default_transaction_read_only``, as here on the test's own database) reads not ready
     with its own reason, for the processes that write, on the connection the rounds keep
     (which keeps the setting it started with, while the process's pool opens new ones);
-    `accord metrics-serve`'s check, which only reads, stays ready. Controls: both pass
-    before, and the writer's passes again once the setting is reset. Before, every process
-    read ready while each of its writes was refused."""
+    `accord metrics-serve`'s check, which only reads, stays ready. Of the settings, the one a
+    new connection applies wins (the login's in this database over the database's), spelled
+    as PostgreSQL reads booleans. Controls: both pass before, and the writer's passes again
+    once the settings are reset. Before, every process read ready while each of its writes
+    was refused."""
     writer = Readiness([checks.postgresql(pg_dsn)], every_s=0.02, started=lambda: True)
     reader = Readiness(
         [checks.postgresql(pg_dsn, writable=False)], every_s=0.02, started=lambda: True
@@ -266,6 +268,14 @@ def test_a_database_that_takes_no_writes_is_not_ready_for_a_process_that_writes(
         on_db(pg_dsn, lambda c: c.execute(f'ALTER DATABASE "{name}" SET {READ_ONLY} = on'))
         until(lambda: writer.failing() == {"postgresql": "database_read_only:DatabaseReadOnly"})
         assert reader.failing() == {}
+        # the setting a new connection applies wins: this login's in this database (control)
+        user = on_db(pg_dsn, lambda c: c.fetchval("SELECT session_user"))
+        in_db = f'ALTER ROLE "{user}" IN DATABASE "{name}"'
+        on_db(pg_dsn, lambda c: writable(c, f"{in_db} SET {READ_ONLY} = off"))
+        until(lambda: writer.failing() == {})
+        on_db(pg_dsn, lambda c: writable(c, f"{in_db} SET {READ_ONLY} = 'tr'"))  # true
+        until(lambda: writer.failing() == {"postgresql": "database_read_only:DatabaseReadOnly"})
+        on_db(pg_dsn, lambda c: writable(c, f"{in_db} RESET {READ_ONLY}"))
         on_db(pg_dsn, lambda c: writable(c, f'ALTER DATABASE "{name}" RESET {READ_ONLY}'))
         until(lambda: writer.failing() == {})
     finally:
