@@ -4,7 +4,9 @@ segment they were found in sealed, carrying exactly those forward (jobs.runner.j
 
 The journal is evidence, not authority: an effect listed here needs reconciliation against
 the provider (its idempotency key names the request), never a blind redo. What the database
-says it recorded is the only reason a journal record is ever left behind by a rotation.
+says of a begin's own attempt (its outcome recorded, its effects pruned with a tombstone, or
+its note acknowledged by a person) is the only reason a journal record is ever left behind
+by a rotation.
 """
 
 from __future__ import annotations
