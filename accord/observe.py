@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 #: How long past its promised next beat a loop may be before /healthz calls it stuck.
 DEFAULT_GRACE_S = 30.0
@@ -121,6 +121,12 @@ RELAY_LAG = Histogram(
 DELIVERIES = Counter(
     "accord_consumer_deliveries", "Deliveries settled, by consumer and inbox outcome",
     ["consumer", "outcome"], registry=REGISTRY,
+)  # fmt: skip
+POISON_QUEUE = Gauge(
+    "accord_consumer_poison_queue_messages",
+    "Messages in a consumer's poison queue on the broker (those the broker dead-lettered"
+    " past the delivery limit have no poison record)",
+    ["consumer"], registry=REGISTRY,
 )  # fmt: skip
 EVENT_LATENCY = Histogram(
     "accord_consumer_event_latency_seconds", "Event enqueued to processed, per delivery",
@@ -224,6 +230,10 @@ def delivered(consumer: str, outcome: str, enqueued_at: datetime | None = None) 
     latency = _age_s(enqueued_at) if outcome == "new" else None
     if latency is not None:
         EVENT_LATENCY.labels(consumer).observe(latency)
+
+
+def poison_queue_depth(consumer: str, messages: int) -> None:
+    POISON_QUEUE.labels(consumer).set(messages)
 
 
 def job_finished(workflow: str, ending: str, submitted_at: datetime | None = None) -> None:

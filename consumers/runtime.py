@@ -78,6 +78,9 @@ class RuntimeConfig:
     connect_timeout_s: float = 10.0
     prune_interval_s: float = 60.0
     prune_batch: int = 1000
+    # How often the class's poison queue is counted for /metrics (the broker dead-letters there
+    # with no poison record past the delivery limit: `accord dead-letters list` reads it).
+    poison_depth_every_s: float = 30.0
     declare: bool = True  # declare the topology at start; False: check it passively
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # Poison records older than this are pruned with the inbox (None: kept); never shorter
@@ -102,6 +105,11 @@ class RuntimeConfig:
             raise ConfigError(
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",
                 batch_linger_s=self.batch_linger_s,
+            )
+        if not (duration_ok(self.poison_depth_every_s) and self.poison_depth_every_s > 0):
+            raise ConfigError(
+                "poison_depth_every_s must be a positive number of seconds",
+                poison_depth_every_s=self.poison_depth_every_s,
             )
         horizon_s = inbox.replay_horizon_s(self.replay_window_s)
         if self.poison_retention_s is not None and not duration_ok(self.poison_retention_s):
@@ -280,6 +288,7 @@ class ConsumerRuntime:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch, connection, [lane.channel for lane in lanes])
             tg.start_soon(self._prune_loop, pool)
+            tg.start_soon(self._poison_depth_loop, connection)
             async with anyio.create_task_group() as workers:
                 for lane in lanes:
                     workers.start_soon(self._work, pool, lane)
@@ -397,6 +406,30 @@ class ConsumerRuntime:
                 log.warning("inbox not pruned this round (%s); next in %gs",
                             type(exc).__name__, cfg.prune_interval_s)  # fmt: skip
             await anyio.sleep(cfg.prune_interval_s)
+
+    async def _poison_depth_loop(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        """Each interval, the class's poison queue's message count into
+        ``accord_consumer_poison_queue_messages`` (a passive declare on a channel of its own:
+        a missing queue closes that channel, never a lane's). The broker dead-letters a
+        message past the delivery limit with no poison record, so only the queue shows it.
+        A count the broker does not give, for whatever reason, is logged and tried at the
+        next interval: a lost connection is the watch's to end, with its own type."""
+        every_s = self.config.poison_depth_every_s
+        name = self.topology.poison_queue(self.config.workflow)
+        while True:
+            observe.beat("consumer.poison_depth", within_s=every_s)
+            try:
+                channel = await connection.channel()
+                try:
+                    queue = await channel.declare_queue(name, passive=True)
+                    count = int(queue.declaration_result.message_count or 0)
+                    observe.poison_queue_depth(self._consumer.name, count)
+                finally:
+                    if not channel.is_closed:
+                        await channel.close()
+            except Exception as exc:  # noqa: BLE001 - a count never ends the session
+                log.warning("poison queue %s not counted (%s)", name, type(exc).__name__)
+            await anyio.sleep(every_s)
 
     async def _prune_round(self, pool: Any) -> None:
         cfg = self.config

@@ -11,6 +11,7 @@ import anyio
 import asyncpg
 import pytest
 
+from accord import observe
 from accord.consumers import dead_letters
 from accord.schemas.topology import Topology, WorkflowQueue
 from tests.conftest import BrokerNames
@@ -198,3 +199,37 @@ async def test_a_move_the_broker_refuses_leaves_the_message_in_the_poison_queue(
         (str(event.event_id), "DeliveryError")
     ]
     assert await queue_depth(amqp_url, topo.poison_queue(WORKFLOW)) == 1
+
+
+async def test_a_running_consumer_counts_its_poison_queue_for_metrics(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """``accord_consumer_poison_queue_messages``: the consumer counts its class's poison queue
+    on a channel of its own, so what the broker dead-letters with no record shows on /metrics
+    (the chaos run's loss showed nowhere). 0 while it is empty (control), then what the
+    broker put there past the delivery limit, then what the consumer itself rejected too."""
+    await declare_topology(amqp_url, topo)
+
+    def depth() -> float | None:
+        return observe.REGISTRY.get_sample_value(
+            "accord_consumer_poison_queue_messages", {"consumer": WORKFLOW}
+        )
+
+    lost = report()
+    await publish_events(amqp_url, topo, [lost])
+    async with running(runtime_for(amqp_url, pg_dsn, topo, poison_depth_every_s=0.1)):
+
+        async def counted(n: int) -> bool:
+            return depth() == n
+
+        await wait_for(lambda: counted(0))
+        await wait_for(lambda: _applied(effects_pg, 1))
+    await publish_events(amqp_url, topo, [lost])  # again, and nobody takes it in time
+    await _exhaust(amqp_url, topo, topo.workflow(WORKFLOW).delivery_limit)
+    async with running(runtime_for(amqp_url, pg_dsn, topo, poison_depth_every_s=0.1)):
+        await wait_for(lambda: counted(1))
+        refused = wire_message(report())
+        bad = amqp_message(refused)
+        bad.headers["ce-type"] = "report.accepted.v9"
+        await publish(amqp_url, topo, [(refused.routing_key, bad)])
+        await wait_for(lambda: counted(2))
