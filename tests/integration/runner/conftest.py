@@ -18,7 +18,9 @@ from accord.demo import DEFAULT_OWNER, WORKFLOW, accept_submission, register_dem
 from accord.demo.catalog import demo_catalog
 from accord.demo.provider import ProviderClient, ProviderServer
 from accord.jobs import Store, submit
+from accord.jobs import retention as jobs_retention
 from accord.jobs.models import Lease
+from accord.jobs.retention import Pruned
 from accord.jobs.runner import (
     Handler,
     LocalDirStore,
@@ -84,6 +86,26 @@ class Rig:
             job_id,
         )
         return row
+
+    async def prune_past_retention(self, job_ids: list[int]) -> Pruned:
+        """Age ``job_ids`` and their effect records 30 days (past the guards, test-only
+        writes) and run one retention batch of a day's retention."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(
+                "UPDATE jobs.jobs SET updated_at = now() - interval '30 days'"
+                " WHERE job_id = ANY($1)",
+                job_ids,
+            )
+            await conn.execute(
+                "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
+                " finished_at = now() - interval '30 days' WHERE job_id = ANY($1)",
+                job_ids,
+            )
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await jobs_retention.prune(
+                conn, retention_s=86400.0, audit_retention_s=86400.0, limit=100
+            )
 
     async def state(self, job_id: int) -> str:
         return str((await self.job(job_id))["state"])

@@ -16,7 +16,6 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState, repair
-from accord.jobs import retention as jobs_retention
 from accord.jobs.errors import RepairRefused
 from accord.jobs.runner import (
     Begun,
@@ -204,21 +203,7 @@ async def test_a_start_leaves_out_a_published_job_s_effects_once_retention_remov
     published = [r["job_id"] for r in scan_journal(path).records if r["type"] == "publish"]
     assert published == [recorded]
     # Retention removes the published job (aged past it: the job and its effect record).
-    async with rig.pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guards
-        await conn.execute(
-            "UPDATE jobs.jobs SET updated_at = now() - interval '30 days' WHERE job_id = $1",
-            recorded,
-        )
-        await conn.execute(
-            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
-            " finished_at = now() - interval '30 days' WHERE job_id = $1",
-            recorded,
-        )
-    async with rig.pool.acquire() as conn, conn.transaction():
-        pruned = await jobs_retention.prune(
-            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
-        )
+    pruned = await rig.prune_past_retention([recorded])
     assert (pruned.jobs, pruned.effects) == (1, 1)
     # The cancelled job's rows vanish too, behind the guards' back (a restore's doing).
     async with rig.pool.acquire() as conn, conn.transaction():
@@ -426,20 +411,7 @@ async def test_a_journaled_begin_is_let_go_only_for_a_job_retention_removed(rig:
     [restored] = await rig.store.claim("pay", DEFAULT_OWNER, lease_s=30)
     assert restored.job_id == never_run
     await rig.store.cancel(never_run, reason="test")  # queued again or not: no effect row
-    async with rig.pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")  # age them
-        await conn.execute(
-            "UPDATE jobs.jobs SET updated_at = now() - interval '30 days' WHERE job_id <> $1",
-            never_run,
-        )
-        await conn.execute(
-            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
-            " finished_at = now() - interval '30 days'"
-        )
-    async with rig.pool.acquire() as conn, conn.transaction():
-        pruned = await jobs_retention.prune(
-            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
-        )
+    pruned = await rig.prune_past_retention([lease.job_id for lease, _ in ran.values()])
     assert pruned.jobs == 2
     tombstones = await rig.pool.fetch("SELECT attempt_id FROM jobs.pruned_attempts")
     assert {r["attempt_id"] for r in tombstones} == {lease.attempt_id for lease, _ in ran.values()}
@@ -490,26 +462,6 @@ async def _journal_evidence(rig: Rig) -> list[Any]:
     by_tenant = {s.labels["tenant"]: s.value for s in gauge.samples}
     assert by_tenant == dict(Counter(v.tenant for v in report.journal_evidence))
     return list(report.journal_evidence)
-
-
-async def _prune_job(rig: Rig, job_id: int) -> None:
-    """Age ``job_id`` and its effects past a day and let retention remove it."""
-    async with rig.pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guards
-        await conn.execute(
-            "UPDATE jobs.jobs SET updated_at = now() - interval '30 days' WHERE job_id = $1",
-            job_id,
-        )
-        await conn.execute(
-            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
-            " finished_at = now() - interval '30 days' WHERE job_id = $1",
-            job_id,
-        )
-    async with rig.pool.acquire() as conn, conn.transaction():
-        pruned = await jobs_retention.prune(
-            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=10
-        )
-    assert pruned.jobs == 1
 
 
 async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id(
@@ -579,7 +531,7 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
     assert [(v.evidence_id, v.job_id, v.idempotency_key) for v in await _journal_evidence(rig)] == [
         (first.evidence_id, job_id, "idem-old")
     ]
-    await _prune_job(rig, job_id)  # the new job J, retention's to remove
+    assert (await rig.prune_past_retention([job_id])).jobs == 1  # the new job J
     tombstones = await rig.pool.fetch("SELECT attempt_id FROM jobs.pruned_attempts")
     assert [r["attempt_id"] for r in tombstones] == [lease.attempt_id]  # the new attempt's
     # forbidden before 0054: the prune mark let the old begin go

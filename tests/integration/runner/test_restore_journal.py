@@ -17,7 +17,6 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import JobState, Store
-from accord.jobs import retention as jobs_retention
 from accord.jobs.runner import JobContext, Success, scan_journal
 from tests.integration.authority.test_restore_drill import pg_tool
 from tests.integration.runner.conftest import Rig, running, wait_for
@@ -48,22 +47,6 @@ async def run_jobs(rig: Rig, journal: str, jobs: list[int], calls: list[str]) ->
             return all([await rig.state(j) == JobState.SUCCEEDED for j in jobs])
 
         await wait_for(done)
-
-
-async def prune_all(rig: Rig) -> int:
-    """Age every finished job past a day and let retention remove them."""
-    async with rig.pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")  # past the guards
-        await conn.execute("UPDATE jobs.jobs SET updated_at = now() - interval '30 days'")
-        await conn.execute(
-            "UPDATE jobs.effects SET begun_at = now() - interval '30 days',"
-            " finished_at = now() - interval '30 days'"
-        )
-    async with rig.pool.acquire() as conn, conn.transaction():
-        pruned = await jobs_retention.prune(
-            conn, retention_s=86400.0, audit_retention_s=86400.0, limit=100
-        )
-    return pruned.jobs
 
 
 async def accord(dsn: str, *argv: str) -> tuple[int, str]:
@@ -113,7 +96,7 @@ async def test_a_restore_s_lost_calls_stay_evidence_through_retention_until_ackn
         assert z == y  # the restore rewound the job ids
         second_calls: list[str] = []
         await run_jobs(restored, "w2", [x, z], second_calls)
-        assert await prune_all(restored) == 2
+        assert (await restored.prune_past_retention([x, z])).jobs == 2
         assert await pool.fetchval("SELECT count(*) FROM jobs.pruned_attempts") == 2
 
         async def start(journal: str) -> list[Any]:
