@@ -70,8 +70,8 @@ async def test_the_worker_prunes_old_finished_jobs_in_bounded_batches(
         await wait_for(settled)
     assert await left(rig, [fresh]) == 1  # control: finished just now, inside the retention
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pruned")]
-    assert lines[:3] == ["pruned jobs=2 effects=0 results=0 audit=0"] * 2 + [
-        "pruned jobs=1 effects=0 results=0 audit=0"
+    assert lines[:3] == ["pruned jobs=2 effects=0 results=0 audit=0 tombstones=0"] * 2 + [
+        "pruned jobs=1 effects=0 results=0 audit=0 tombstones=0"
     ]
 
 
