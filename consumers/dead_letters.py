@@ -36,6 +36,7 @@ import aio_pika.abc
 import aiormq
 
 from accord.schemas import broker, wire
+from accord.schemas.errors import ConfigError
 from accord.schemas.topology import MISMATCH, Topology, mismatch
 
 #: Headers the broker writes when it dead-letters a message; a moved message starts afresh
@@ -122,7 +123,8 @@ async def move_back(
     began, and move those last dead-lettered for ``reason`` (one of REASONS) back to the
     class's queue (see the module docstring); every other message read is put back."""
     if reason not in REASONS:
-        raise ValueError(f"reason must be one of {REASONS}")
+        raise ConfigError("a dead-letter move selects one of its reasons", reason=reason,
+                          reasons=list(REASONS))  # fmt: skip
     return await _pass(amqp_url, topology, workflow, limit=limit, reason=reason)
 
 
