@@ -19,6 +19,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from accord.jobs.errors import JournalRecordInvalid, JournalUnavailable
 from accord.jobs.framing import Journal, Tail, make_dirs
 from accord.jobs.runner import sql
@@ -109,20 +111,28 @@ async def note_evidence(
 ) -> list[UnrecordedEffect]:
     """Note in jobs.journal_evidence (0054) each of ``found`` whose attempt began no effect row
     in this database (a restore's doing; a pending row of its own attempt is the database's
-    own record and is not noted), idempotently; ``found`` with each note's id."""
+    own record and is not noted), idempotently; ``found`` with each note's id (none when the
+    database takes no writes: logged, noted at a later start)."""
     if not found:
         return []
     begins = [entry.begin for entry in found]
-    rows = await conn.fetch(
-        sql.NOTE_EVIDENCE,
-        runner_id,
-        [b.tenant for b in begins],
-        [b.job_id for b in begins],
-        [b.effect_key for b in begins],
-        [b.seq for b in begins],
-        [b.attempt_id for b in begins],
-        [b.idempotency_key for b in begins],
-    )
+    try:
+        rows = await conn.fetch(
+            sql.NOTE_EVIDENCE,
+            runner_id,
+            [b.tenant for b in begins],
+            [b.job_id for b in begins],
+            [b.effect_key for b in begins],
+            [b.seq for b in begins],
+            [b.attempt_id for b in begins],
+            [b.idempotency_key for b in begins],
+        )
+    except asyncpg.ReadOnlySQLTransactionError:
+        # A standby, or a primary stepping down: the journal keeps every begin whatever the
+        # notes say (a note only shows it and lets a person let it go), so the start goes on
+        # as it did before notes existed, and the next start notes them.
+        log.warning("journal evidence not noted: the database takes no writes (next start)")
+        return list(found)
     notes = {
         (EffectRef(r["job_id"], r["effect_key"], r["seq"]), r["attempt_id"]): r["evidence_id"]
         for r in rows

@@ -583,3 +583,25 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
     # acknowledged: let go at the next start, and nothing left to report after it
     assert await start() == []
     assert scan_journal(rig.journal_path("w")).records == ()
+
+
+async def test_a_start_on_a_database_that_takes_no_writes_reports_its_evidence_unnoted(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker started on a standby (here a read-only transaction) cannot note a restore's
+    evidence: it reports the begin, logs why it is not noted, and starts as it did before
+    notes existed (the journal keeps the begin whatever the notes say); a start that can
+    write notes it (control)."""
+    ids = {"tenant": "acme", "job_id": 5, "attempt_id": uuid.uuid4(), "generation": 1}
+    with open_journal(rig.journal_path("ro"), "ro") as journal:
+        await journal.write(EffectBegin(**ids, effect_key="pay", seq=1))
+    for read_only in (True, False):
+        journal = open_journal(rig.journal_path("ro"), "ro")
+        try:
+            async with rig.pool.acquire() as conn, conn.transaction(readonly=read_only):
+                [found] = await recovery.report_unrecorded(conn, journal)
+        finally:
+            journal.close()
+        assert found.ref == EffectRef(5, "pay", 1)
+        assert (found.evidence_id is None) is read_only
+    assert "journal evidence not noted: the database takes no writes" in caplog.text
