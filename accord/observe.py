@@ -141,7 +141,9 @@ JOB_LATENCY = Histogram(
     ["workflow"], buckets=_LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 EFFECTS = Counter(
-    "accord_effects", "Effect outcomes recorded, by workflow class and outcome",
+    "accord_effects",
+    "Effect outcomes, by workflow class and the outcome the database recorded (not_recorded:"
+    " the fence refused it or the write gave up; the pending row remains)",
     ["workflow", "outcome"], registry=REGISTRY,
 )  # fmt: skip
 RESCUES = Counter(

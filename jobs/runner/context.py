@@ -291,10 +291,12 @@ class JobContext:
         this returns when the database did not record it, noted when it did."""
         _note_outcome(trace.get_current_span(), outcome)
         lease = self._lease
-        observe.effect(lease.workflow, str(outcome.state))
         recorded = False
         with anyio.move_on_after(self._record_timeout_s, shield=True) as scope:
             recorded = await self._finish_effect(lease, ref, outcome)
+        # Counted once the database answered: an outcome it did not record (the fence
+        # refused it, the write timed out) is counted as such, its pending row the evidence.
+        observe.effect(lease.workflow, str(outcome.state) if recorded else "not_recorded")
         if scope.cancelled_caught:
             log.warning(
                 "recording effect outcome timed out, pending row remains: job=%s key=%s seq=%s",

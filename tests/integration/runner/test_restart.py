@@ -14,6 +14,7 @@ import anyio
 import asyncpg
 import pytest
 
+from accord import observe
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState, JobState, repair
 from accord.jobs.errors import RepairRefused
@@ -51,6 +52,12 @@ async def test_restart_reports_an_effect_whose_outcome_the_database_never_record
     release = anyio.Event()
     keys: dict[int, str] = {}
 
+    def effects_counted(outcome: str) -> float:
+        labels = {"workflow": "pay", "outcome": outcome}
+        return observe.REGISTRY.get_sample_value("accord_effects_total", labels) or 0.0
+
+    counted_before = {o: effects_counted(o) for o in ("succeeded", "not_recorded")}
+
     async def pay(ctx: JobContext) -> None:
         async def send() -> Success:
             if ctx.lease.job_id == lost:
@@ -77,6 +84,11 @@ async def test_restart_reports_an_effect_whose_outcome_the_database_never_record
 
         await wait_for(gave_up)
     worker.journal.close()
+    # counted once the database answered: one recorded, one the fence refused
+    assert {o: effects_counted(o) - n for o, n in counted_before.items()} == {
+        "succeeded": 1.0,
+        "not_recorded": 1.0,
+    }
     # the database holds the begin only; the journal holds what the call returned
     assert [(e.state, e.receipt) for e in (await rig.store.job(lost)).effects] == [
         (EffectState.PENDING, None)
