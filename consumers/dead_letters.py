@@ -133,11 +133,11 @@ async def _pass(
 ) -> Moved:
     queue, poison = topology.queue(workflow), topology.poison_queue(workflow)
     async with _channel(amqp_url) as channel:
-        try:
-            await channel.declare_queue(queue, passive=True)
-            declared = await channel.declare_queue(poison, passive=True)
-        except MISMATCH as exc:
-            raise mismatch(exc, queue=poison) from None
+        for name in (queue, poison):  # each named when it is missing
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+            except MISMATCH as exc:
+                raise mismatch(exc, queue=name) from None
         held = int(declared.declaration_result.message_count or 0)
         done = Moved(queue, poison, held)
         for _ in range(min(held, limit)):
@@ -221,7 +221,7 @@ async def _publish(
 
 @contextlib.asynccontextmanager
 async def _channel(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
-    connection = await broker.connect(amqp_url)
+    connection = await broker.connect_or_unavailable(amqp_url)
     try:
         yield await connection.channel(publisher_confirms=True, on_return_raises=True)
     finally:

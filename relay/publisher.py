@@ -30,7 +30,6 @@ from accord.relay.errors import (
     Unroutable,
 )
 from accord.schemas import broker
-from accord.schemas.errors import ServiceUnavailable
 from accord.schemas.wire import WireMessage
 
 # RabbitMQ closes the channel with 406 and this text for a message over max_message_size.
@@ -204,10 +203,7 @@ async def amqp_publisher(
     missing (declare the topology first); a ServiceRefused when the broker refuses the login
     or the vhost (accord.schemas.broker); what ``declare`` raises.
     """
-    try:
-        connection = await broker.connect(url, timeout=connect_timeout)
-    except (aiormq.exceptions.AMQPError, OSError) as exc:
-        raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc
+    connection = await broker.connect_or_unavailable(url, timeout=connect_timeout)
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         if declare is not None:

@@ -15,7 +15,12 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 import aiormq
 
-from accord.schemas.errors import BrokerLoginRefused, BrokerVhostRefused, InvalidDsn
+from accord.schemas.errors import (
+    BrokerLoginRefused,
+    BrokerVhostRefused,
+    InvalidDsn,
+    ServiceUnavailable,
+)
 
 
 def where(url: str) -> dict[str, str]:
@@ -60,3 +65,12 @@ async def connect(url: str, **kwargs: Any) -> aio_pika.abc.AbstractConnection:
             " permissions (rabbitmqctl set_permissions), or fix ACCORD_AMQP_URL",
             **where(url),
         ) from None
+
+
+async def connect_or_unavailable(url: str, **kwargs: Any) -> aio_pika.abc.AbstractConnection:
+    """``connect``, with a broker that does not answer (refused, unreachable, a failed
+    handshake) as ServiceUnavailable: one line for a command, not a traceback."""
+    try:
+        return await connect(url, **kwargs)
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        raise ServiceUnavailable(service="rabbitmq", detail=type(exc).__name__) from exc

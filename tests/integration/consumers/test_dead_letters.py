@@ -140,7 +140,8 @@ async def test_the_command_lists_and_requeues_by_the_application_s_topology(
     """`accord dead-letters` through the demo application's topology under the test's prefix
     (its "report" class is the test topology's): the list prints the message and leaves it;
     a requeue of another reason keeps it; the default reason moves it (exit 0 each); an
-    unknown class is refused before connecting."""
+    unknown class is refused before connecting; a broker that does not answer and a missing
+    queue are one line each, naming what is wrong."""
     await declare_topology(amqp_url, topo)
     event = report()
     await publish_events(amqp_url, topo, [event])
@@ -170,6 +171,13 @@ async def test_the_command_lists_and_requeues_by_the_application_s_topology(
     assert await queue_depth(amqp_url, topo.poison_queue(WORKFLOW)) == 0
     code, out = await run("list", "--workflow", "nope")
     assert code == 2 and "nope" in out, out
+    # a broker that does not answer, and a class whose queues are missing: one line each
+    env["ACCORD_AMQP_URL"] = "amqp://guest:guest@127.0.0.1:1/"
+    code, out = await run("list", "--workflow", WORKFLOW)
+    assert code == 2 and "accord: ServiceUnavailable" in out and "Traceback" not in out, out
+    env["ACCORD_AMQP_URL"], env["ACCORD_TOPOLOGY_PREFIX"] = amqp_url, topo.prefix + "-none"
+    code, out = await run("list", "--workflow", WORKFLOW)
+    assert code == 2 and f"queue='{topo.prefix}-none.wf.report'" in out, out
 
 
 async def test_a_move_the_broker_refuses_leaves_the_message_in_the_poison_queue(
