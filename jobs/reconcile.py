@@ -18,7 +18,8 @@ the provider's answer as evidence): the job is queued again, and its next run ge
 recorded receipt instead of dispatching again, then publishes. Only what this pass resolved
 is resumed; an ``unknown`` job whose effects were already all known (e.g. its handler failed
 after the effect) waits for a person (`accord repair resume`), so no loop reruns a job that
-keeps failing after its effect.
+keeps failing after its effect. A job its handler gave up without a retry is never resumed:
+the resolution that leaves it nothing unresolved makes it ``failed`` (0055).
 """
 
 from __future__ import annotations

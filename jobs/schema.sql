@@ -422,6 +422,7 @@ BEGIN
     -- jobs.fence_check holds this row and found it running under this lease.
     UPDATE jobs.jobs j
     SET state = jobs.next_state(j.job_id, j.attempts, j.max_attempts, p_retry),
+        final_failure = NOT p_retry,
         lease_expires_at = NULL, last_error = p_error, updated_at = now(),
         run_after = CASE WHEN v_park THEN 'infinity'::timestamptz
                          ELSE now() + jobs.backoff(j.attempts, p_backoff_base_s, p_backoff_max_s)
@@ -1129,9 +1130,16 @@ BEGIN
                               finished_at = now()
     WHERE x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq;
     PERFORM set_config('accord.repair_effect', '', true);
+    IF j.state = 'unknown' AND j.final_failure THEN
+        -- Given up without a retry (0055): with nothing unresolved left it is failed, as
+        -- jobs.fail would have made it had the outcomes been known then; never run again.
+        IF NOT jobs.unresolved_effects(p_job_id) THEN
+            UPDATE jobs.jobs x SET state = 'failed', updated_at = now()
+            WHERE x.job_id = p_job_id RETURNING x.state INTO j.state;
+        END IF;
     -- An unknown job with nothing left forbidding a rerun is queued again, unless its
     -- tenant's restore is open: then it stays unknown, for a person to resume after.
-    IF j.state = 'unknown' AND NOT jobs.blocking_effects(p_job_id)
+    ELSIF j.state = 'unknown' AND NOT jobs.blocking_effects(p_job_id)
        AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
                        WHERE r.tenant = j.tenant AND r.resolved_at IS NULL) THEN
         UPDATE jobs.jobs x SET state = 'queued', generation = x.generation + 1,
@@ -1583,6 +1591,7 @@ CREATE TABLE jobs.jobs (
     trace jsonb,
     attempt_trace jsonb,
     tenant_frozen boolean DEFAULT false NOT NULL,
+    final_failure boolean DEFAULT false NOT NULL,
     CONSTRAINT jobs_lease_check CHECK ((((state = 'running'::text) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::text) OR ((owner IS NOT NULL) AND (attempt_id IS NOT NULL) AND (epoch IS NOT NULL))))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text, 'unknown'::text, 'held'::text])))
@@ -1593,6 +1602,12 @@ CREATE TABLE jobs.jobs (
 --
 
 COMMENT ON COLUMN jobs.jobs.tenant_frozen IS 'jobs.tenants.frozen of the job''s tenant, for every job that is not finished (0037): the claim''s index leaves out frozen tenants'' jobs by it. Kept by jobs.tenant_frozen_sync and jobs.submit; the claim still checks jobs.tenants itself.';
+
+--
+-- Name: COLUMN jobs.final_failure; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON COLUMN jobs.jobs.final_failure IS 'The last attempt gave the job up without a retry (jobs.fail with p_retry false): once no effect of it is unresolved it is failed, never queued or resumed (0055)';
 
 --
 -- Name: CONSTRAINT jobs_lease_check ON jobs; Type: COMMENT; Schema: jobs; Owner: -

@@ -33,13 +33,17 @@ async def provider(tmp_path: Path) -> AsyncIterator[ProviderClient]:
         yield ProviderClient(server.url, timeout_s=5.0)
 
 
-async def gave_up(p: Principals, lease: Lease, key: str = KEY) -> None:
-    """The runner's ending for an ambiguous call: outcome unknown, the job given up."""
+async def gave_up(p: Principals, lease: Lease, key: str = KEY, *, retry: bool = True) -> None:
+    """The runner's ending for an ambiguous call: outcome unknown, the job given up with a
+    retry (EffectUnknown is not a handler defect); ``retry=False``: the handler's final
+    verdict (a defect of its own, met after the effect went unknown)."""
     await p.store.finish_effect(lease, key, EffectState.UNKNOWN)
-    assert await p.store.fail(lease, "effect outcome unknown", retry=False) is JobState.UNKNOWN
+    assert await p.store.fail(lease, "effect outcome unknown", retry=retry) is JobState.UNKNOWN
 
 
-async def accepted_but_unanswered(p: Principals, provider: ProviderClient, op: str) -> Lease:
+async def accepted_but_unanswered(
+    p: Principals, provider: ProviderClient, op: str, *, retry: bool = True
+) -> Lease:
     await p.submit(op)
     lease = await p.claim_one()
     await p.store.begin_effect(lease, KEY, "intent")
@@ -47,15 +51,15 @@ async def accepted_but_unanswered(p: Principals, provider: ProviderClient, op: s
         await provider.create_report(
             idempotency_key(lease, KEY), BODY, fault=Fault.DROP_AFTER_ACCEPT
         )
-    await gave_up(p, lease)
+    await gave_up(p, lease, retry=retry)
     return lease
 
 
-async def never_sent(p: Principals, op: str) -> Lease:
+async def never_sent(p: Principals, op: str, *, retry: bool = True) -> Lease:
     await p.submit(op)
     lease = await p.claim_one()
     await p.store.begin_effect(lease, KEY, "intent")  # then the worker died before sending
-    await gave_up(p, lease)
+    await gave_up(p, lease, retry=retry)
     return lease
 
 
@@ -117,6 +121,40 @@ async def test_the_provider_receipt_decides(
     await p.store.publish(again)
     assert (await provider.stats())["accepted"] == 2  # one each, no duplicate
     assert {await p.state(j) for j in both} == {"succeeded"}
+
+
+async def test_a_final_verdict_is_kept_once_the_effect_is_known(
+    principals: Principals, provider: ProviderClient
+) -> None:
+    """Migration 0055. A job its handler gave up without a retry while an effect was unknown
+    (a defect of its own after the call: fail(retry=False)) is failed once the provider's
+    answer resolves that effect, whatever the answer: before, the "never seen" resolution
+    queued it and the receipt's resumed it, and the job ran again, dispatching again what
+    its handler had given up on. Control: test_the_provider_receipt_decides, the same two
+    answers for jobs given up with a retry, which run again."""
+    p = principals
+    accepted = await accepted_but_unanswered(p, provider, "a", retry=False)
+    unseen = await never_sent(p, "b", retry=False)
+    async with p.repair.acquire() as conn:
+        report = await reconcile.reconcile(
+            conn, provider_lookup(provider), who="reconciler", escalate_after_s=3600, settle_s=0
+        )
+        trail = await audit(conn, job_id=accepted.job_id) + await audit(conn, job_id=unseen.job_id)
+    assert sorted((r.job_id, r.outcome, r.job_state) for r in report.resolved) == [
+        (accepted.job_id, EffectState.SUCCEEDED, JobState.FAILED),
+        (unseen.job_id, EffectState.FAILED_BEFORE_DISPATCH, JobState.FAILED),
+    ]
+    assert report.resumed == () and report.left == ()
+    assert [(a.action, a.outcome) for a in trail] == [
+        ("resolve_effect", "succeeded"),
+        ("resolve_effect", "failed_before_dispatch"),
+    ]
+    assert {await p.state(j.job_id) for j in (accepted, unseen)} == {"failed"}
+    for lease in (accepted, unseen):
+        view = await p.store.job(lease.job_id)
+        assert not view.needs_reconciliation and view.last_error == "effect outcome unknown"
+    assert await p.claim(limit=2) == []  # nothing runs again
+    assert (await provider.stats())["accepted"] == 1  # the one call that got through
 
 
 async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_path: Path) -> None:

@@ -137,3 +137,36 @@ async def test_the_repair_cli_uses_the_repair_role(principals: Principals) -> No
         and b"DatabaseLoginRefused" in bad.stderr
         and b"no_such_role_x" in bad.stderr
     )
+
+
+async def test_a_job_given_up_for_good_fails_once_its_last_effect_is_resolved(
+    principals: Principals,
+) -> None:
+    """Migration 0055: a job given up without a retry keeps that verdict across resolutions.
+    With two effects unresolved, the first resolution leaves it unknown (the other is still
+    the evidence), the second fails it: never queued. Control: given up with a retry, the
+    same resolutions queue it again."""
+    p = principals
+    jobs: dict[bool, int] = {}
+    for retry in (True, False):
+        jobs[retry] = await p.submit(f"two-{retry}")
+        lease = await p.claim_one()
+        for key in ("a", "b"):
+            await p.store.begin_effect(lease, key, "i")
+            await p.store.finish_effect(lease, key, EffectState.UNKNOWN)
+        assert await p.store.fail(lease, "handler", retry=retry) is JobState.UNKNOWN
+    fbd = EffectState.FAILED_BEFORE_DISPATCH
+    states: dict[bool, list[JobState]] = {True: [], False: []}
+    async with p.repair.acquire() as conn:
+        for retry, job_id in jobs.items():
+            for key in ("a", "b"):
+                async with conn.transaction():
+                    done = await resolve_effect(conn, job_id, key, fbd, who="a", evidence="e")
+                states[retry].append(done.job_state)
+    assert states == {
+        True: [JobState.UNKNOWN, JobState.QUEUED],  # control: it may run again
+        False: [JobState.UNKNOWN, JobState.FAILED],
+    }
+    [again] = await p.claim(limit=2)
+    assert again.job_id == jobs[True]
+    assert await p.state(jobs[False]) == "failed"

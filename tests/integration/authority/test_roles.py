@@ -21,7 +21,7 @@ async def unknown_effect(p: Principals, operation_id: str) -> int:
     lease = await p.claim_one()
     await p.store.begin_effect(lease, "charge", "intent")
     await p.store.finish_effect(lease, "charge", EffectState.UNKNOWN)
-    assert await p.store.fail(lease, "ambiguous", retry=False) is JobState.UNKNOWN
+    assert await p.store.fail(lease, "ambiguous", retry=True) is JobState.UNKNOWN
     return job_id
 
 

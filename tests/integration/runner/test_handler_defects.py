@@ -14,11 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER
-from accord.jobs import EffectConflict, EffectIntentInvalid, IdempotencyKeyMismatch, JobState
-from accord.jobs.runner import FailedBeforeDispatch, JobContext, Success
+from accord.jobs import (
+    EffectConflict,
+    EffectIntentInvalid,
+    EffectState,
+    IdempotencyKeyMismatch,
+    JobState,
+)
+from accord.jobs.repair import resolve_effect
+from accord.jobs.runner import EffectUnknown, FailedBeforeDispatch, Handler, JobContext, Success
 from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,3 +118,63 @@ async def test_an_intent_changed_since_its_key_was_begun_fails_the_job_at_once(r
     )
     assert len(calls) == 1
     assert [s for _, _, s, _ in await rig.effects(job)] == ["failed_before_dispatch"]
+
+
+async def test_a_defect_after_an_unknown_effect_is_kept_until_the_effect_is_resolved(
+    rig: Rig,
+) -> None:
+    """Migration 0055, through the shipped worker: a handler whose first call's outcome is
+    unknown, which then meets a defect of its own (another effect under a key of its own
+    making), leaves the job ``unknown`` with its verdict kept; once the unknown effect is
+    resolved "never sent", the job is ``failed`` and no worker runs it again. Before, the
+    resolution queued it, and the worker ran it and sent the first call again. Control: the
+    same handler without the defect (it lets the EffectUnknown go) is run again."""
+    calls: list[str] = []
+
+    def handler_for(defect: bool) -> Handler:
+        async def handler(ctx: JobContext) -> None:
+            async def lost_reply() -> Success:
+                calls.append(ctx.lease.workflow)
+                raise TimeoutError("the reply never came")  # sent: outcome unknown
+
+            try:
+                await ctx.effect("mail.send", {"to": "a"}, lost_reply)
+            except EffectUnknown:
+                if not defect:
+                    raise
+                await ctx.effect("mail.copy", {"to": "b"}, lost_reply, idempotency_key="mine")
+
+        return handler
+
+    ended: dict[bool, int] = {}
+    for defect in (False, True):
+        workflow = f"defect-{defect}".lower()
+        await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+        ended[defect] = await rig.submit_job(f"{workflow}-1", workflow)
+        worker = rig.worker({workflow: (handler_for(defect), 10.0)}, journal=workflow)
+        async with running(worker):
+
+            async def given_up(job: int = ended[defect]) -> bool:
+                return await rig.state(job) == "unknown"
+
+            await wait_for(given_up)
+            async with rig.pool.acquire() as conn, conn.transaction():
+                done = await resolve_effect(
+                    conn, ended[defect], "mail.send", EffectState.FAILED_BEFORE_DISPATCH,
+                    who="test", evidence="the provider never saw it",
+                )  # fmt: skip
+            if defect:
+                assert done.job_state is JobState.FAILED
+                await anyio.sleep(0.5)  # the worker polls every 0.05 s: time to claim it
+            else:
+                assert done.job_state is JobState.QUEUED  # control: it runs again
+
+                async def ran_again(job: int = ended[defect]) -> bool:
+                    return (await rig.job(job))["attempts"] == 2
+
+                await wait_for(ran_again)
+    assert calls.count("defect-false") == 2  # control: the first call sent again
+    assert calls.count("defect-true") == 1  # never again
+    row = await rig.job(ended[True])
+    assert (row["state"], row["attempts"]) == (JobState.FAILED, 1)
+    assert row["last_error"] == IdempotencyKeyMismatch.reason
