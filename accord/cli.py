@@ -3,8 +3,12 @@
 Every subcommand (and every repair operation) takes ``--app MODULE:ATTRIBUTE`` (default
 ``ACCORD_APP``): the application whose declarations it runs. Errors accord can name (a
 missing or invalid application, settings that cannot work, a schema behind the code) end
-the command with one line on stderr and exit status 2, as does a PostgreSQL session lost
-during a process's start, where nothing reconnects (ConnectionLost).
+the command with one line on stderr and exit status 2 (EXIT_REFUSED): running it again
+as it is would meet the same error. A service that did not answer, took no writes or was lost
+under a call (ServiceUnavailable, ConnectionLost, DatabaseReadOnly: a PostgreSQL session
+lost during a process's start, where nothing reconnects, among them) ends it the same way
+with exit status 75 (EXIT_TEMPFAIL, sysexits' EX_TEMPFAIL): it may succeed once the service
+is back, so a supervisor can restart on 75 and stop on 2.
 """
 
 from __future__ import annotations
@@ -22,10 +26,15 @@ from accord import logs, observe
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
 from accord.schemas import db
-from accord.schemas.errors import AccordError, ConfigError, ConnectionLost
+from accord.schemas.errors import AccordError, ConfigError, ConnectionLost, ServiceUnavailable
 from accord.schemas.settings import Settings, load_settings
 
 log = logging.getLogger("accord.cli")
+
+#: An error accord can name that running the command again as it is would meet again.
+EXIT_REFUSED = 2
+#: A service that did not answer, took no writes or was lost: again later may succeed.
+EXIT_TEMPFAIL = 75
 
 
 def _add_app_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +77,7 @@ def _accord_error(exc: BaseException) -> AccordError | None:
     group, a refusal (a ConfigError) before the rest, which it explains (the connections it
     closed, the cancellations it caused). Before a process serves (its start: nothing there
     reconnects), a PostgreSQL session that ended under a call is ConnectionLost: one line,
-    exit 2, and the supervisor starts the process again, as after any failed start. A
+    exit 75, and the supervisor starts the process again. A
     protocol violation is not a lost session (it is a bug: its traceback stands), nor is a
     session lost once the process serves (its loops reconnect; one that did not is a bug
     too)."""
@@ -118,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error is None:
             raise
         print(f"accord: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
+        return EXIT_TEMPFAIL if isinstance(error, ServiceUnavailable) else EXIT_REFUSED
     return code
 
 

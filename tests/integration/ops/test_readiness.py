@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from accord.cli import EXIT_TEMPFAIL
 from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
 from accord.jobs import repair_sql
@@ -205,7 +206,7 @@ def test_a_session_lost_during_the_start_is_one_line(
     """The worker's database goes away while its start waits on the ledger (the flake that
     found this: a cut landing inside a slow start). The start's next call fails, and nothing
     in a start reconnects: the process ends with one line naming the lost PostgreSQL and exit
-    2, for its supervisor to start it again, not with a driver's traceback (before: exit 1,
+    75, for its supervisor to start it again, not with a driver's traceback (before: exit 1,
     ConnectionDoesNotExistError or ConnectionResetError from asyncpg)."""
     asyncio.run(PgLedger(empty_pg_dsn).ensure())
     ledger = Proxy.of(empty_pg_dsn)
@@ -223,7 +224,7 @@ def test_a_session_lost_during_the_start_is_one_line(
             _, err = process.communicate(timeout=60)
     finally:
         ledger.close()
-    assert process.returncode == 2, err.decode()[-2000:]
+    assert process.returncode == EXIT_TEMPFAIL, err.decode()[-2000:]
     lines = err.decode().strip().splitlines()
     # The last line is the process's own (an uncaught error would end with its traceback):
     # the session that ended (ConnectionLost) or the pool's reconnect refused

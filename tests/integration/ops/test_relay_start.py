@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from accord.cli import EXIT_TEMPFAIL
 from accord.demo import demo_topology
 from tests.conftest import BrokerNames
 from tests.integration.ops.proxy import Proxy
@@ -62,8 +63,9 @@ def test_a_broker_lost_during_the_relay_start_is_one_line(
 ) -> None:
     """RabbitMQ goes away while the relay's start declares the topology (the proxy holds the
     exchange's declaration, then cuts the connection). Nothing in a start reconnects: the
-    relay ends with one line naming the lost broker and exit 2, for its supervisor to start
-    it again, not with aiormq's traceback (before: exit 1). Control: through the same proxy,
+    relay ends with one line naming the lost broker and exit 75 (a service's failure, not a
+    refusal: exit 2), for its supervisor to start it again, not with aiormq's traceback
+    (before: exit 1). Control: through the same proxy,
     restored, the same relay starts and says ready."""
     proxy = Proxy.of(amqp_url)
     env = _env(pg_dsn, proxy.url(amqp_url), broker_names)
@@ -76,7 +78,7 @@ def test_a_broker_lost_during_the_relay_start_is_one_line(
             proxy.cut()
             proxy.restore()
             _, err = relay.communicate(timeout=60)
-        assert relay.returncode == 2, err.decode()[-2000:]
+        assert relay.returncode == EXIT_TEMPFAIL, err.decode()[-2000:]
         last = err.decode().strip().splitlines()[-1]
         assert last.startswith("accord: ConnectionLost: "), err.decode()[-2000:]
         assert "service='rabbitmq'" in last
@@ -98,7 +100,7 @@ def test_a_broker_silent_during_the_relay_start_is_one_line(
 ) -> None:
     """RabbitMQ stops answering, its connection left open, while the relay's start declares
     the topology (the proxy holds the exchange's declaration for good): the start gives up
-    after its timeout with one line naming the broker, exit 2, instead of waiting for the
+    after its timeout with one line naming the broker, exit 75, instead of waiting for the
     heartbeats to give up (a minute or more)."""
     proxy = Proxy.of(amqp_url)
     env = _env(pg_dsn, proxy.url(amqp_url), broker_names)
@@ -109,7 +111,7 @@ def test_a_broker_silent_during_the_relay_start_is_one_line(
         took = time.monotonic() - started
     finally:
         proxy.close()
-    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    assert done.returncode == EXIT_TEMPFAIL, done.stderr.decode()[-2000:]
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("accord: ServiceUnavailable: "), last
     assert "service='rabbitmq'" in last and "declaration" in last
