@@ -162,7 +162,7 @@ JOB_DETAIL = """
 SELECT j.job_id, j.tenant, j.workflow, j.operation_id, j.state, j.generation, j.attempts,
        j.max_attempts, j.last_error, j.owner, j.attempt_id, j.epoch, j.lease_expires_at,
        j.run_after, j.created_at, j.updated_at, j.resumed_generation, j.unresolved_effects,
-       w.owner AS class_owner, w.effects_enabled
+       j.final_failure, w.owner AS class_owner, w.effects_enabled
 FROM jobs.jobs j
 LEFT JOIN jobs.workflows w ON w.workflow = j.workflow
 WHERE j.job_id = $1

@@ -100,6 +100,9 @@ class JobDetail:
     updated_at: datetime
     resumed_generation: int | None
     unresolved_effects: int
+    #: Its last attempt gave it up without a retry: once no effect of it is unresolved it is
+    #: failed, never run again (0055).
+    final_failure: bool
     #: The class's registration (None: the class is not registered).
     class_owner: str | None
     effects_enabled: bool | None

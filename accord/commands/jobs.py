@@ -266,6 +266,10 @@ def render(job: views.JobDetail, unknown: list[dict[str, Any]], steps: list[str]
         f"attempts: {j.attempts} of {j.max_attempts}  generation: {j.generation}"
         f"  last error: {_text(j.last_error, 200)}",
     ]
+    if j.state is JobState.UNKNOWN and j.final_failure:
+        out.append(
+            "given up without a retry: once its effects are resolved it is failed, never run again"
+        )
     if j.state is JobState.RUNNING:
         out.append(
             f"lease: owner={j.owner} attempt={j.attempt_id} epoch={j.epoch}"

@@ -143,7 +143,9 @@ async def trace_resolutions(
             links=telemetry.links_from(effect or carrier, "resolves"),
             attributes=attributes,
         )
-        if (
+        # failed: the job's handler gave up for good, whatever the answer (0055); else a
+        # receipt is no error (the job is resumed), any other outcome on a terminal state is.
+        if str(done.job_state) == "failed" or (
             str(done.job_state) in telemetry.TERMINAL_JOB_STATES
             and str(done.outcome) != "succeeded"
         ):

@@ -8,6 +8,15 @@
 -- keeps the verdict; a resolution that leaves such a job nothing unresolved fails it.
 ALTER TABLE jobs.jobs ADD COLUMN final_failure boolean NOT NULL DEFAULT false;
 
+-- The jobs already unknown that the runner gave up without a retry: its handler defects
+-- (jobs.runner.worker.HANDLER_DEFECTS, by the typed reason each stores as the last error). A
+-- caller of Store.fail with retry=False and another reason cannot be told from a retry here:
+-- such a job keeps the old way (queued or resumed once resolved).
+UPDATE jobs.jobs SET final_failure = true
+WHERE state = 'unknown'
+  AND last_error IN ('effect_undeclared', 'idempotency_key_mismatch', 'effect_intent_invalid',
+                     'effect_conflict', 'result_mismatch', 'object_key');
+
 COMMENT ON COLUMN jobs.jobs.final_failure IS 'The last attempt gave the job up without a retry (jobs.fail with p_retry false): once no effect of it is unresolved it is failed, never queued or resumed (0055)';
 
 CREATE OR REPLACE FUNCTION jobs.fail(p_job_id bigint, p_tenant text, p_workflow text, p_operation_id text, p_owner text, p_attempt_id uuid, p_generation bigint, p_epoch bigint, p_error text, p_retry boolean, p_backoff_base_s double precision, p_backoff_max_s double precision) RETURNS TABLE(status text, state text)

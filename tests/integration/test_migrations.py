@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from accord.demo import app as demo_app
-from accord.jobs import JobConflict, Store, submit
+from accord.jobs import EffectState, JobConflict, JobState, Store, repair, submit
 from accord.jobs.models import Lease
 from accord.schemas import migrate
 from accord.schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
@@ -411,5 +411,42 @@ async def test_0054_freezes_the_prune_mark_below_the_oldest_job_still_present(
             await conn.execute("INSERT INTO jobs.pruned (through_job_id) VALUES (3)")
         await migrate.migrate(conn)
         assert await conn.fetchval("SELECT through_job_id FROM jobs.pruned") == mark
+    finally:
+        await conn.close()
+
+
+async def test_0055_keeps_the_verdict_of_jobs_the_runner_gave_up_for_good(
+    empty_pg_dsn: str,
+) -> None:
+    """A database at 0054 holding two unknown jobs with an unknown effect each: one the runner
+    gave up for a handler defect (retry=False, its typed reason), one for the unknown effect
+    itself (retry=True). 0055 marks the first alone: resolved, it is failed, the other queued."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=54)
+        store = Store(conn, backoff_base_s=0.0)
+        await store.register_workflow("w", "o", effects_enabled=True)
+        jobs: dict[str, int] = {}
+        for reason, retry in (("effect_conflict", False), ("effect_unknown", True)):
+            async with conn.transaction():
+                done = await submit(
+                    conn, tenant="acme", workflow="w", operation_id=reason, digest="d"
+                )
+            [lease] = await store.claim("w", "o", lease_s=30)
+            await store.begin_effect(lease, "k", "i")
+            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
+            assert await store.fail(lease, reason, retry=retry) is JobState.UNKNOWN
+            jobs[reason] = done.job_id
+        await migrate.migrate(conn)
+        flags = dict(await conn.fetch("SELECT last_error, final_failure FROM jobs.jobs"))
+        assert flags == {"effect_conflict": True, "effect_unknown": False}
+        states = {}
+        for reason, job_id in jobs.items():
+            async with conn.transaction():
+                resolved = await repair.resolve_effect(
+                    conn, job_id, "k", EffectState.FAILED_BEFORE_DISPATCH, who="t", evidence="e"
+                )
+            states[reason] = resolved.job_state
+        assert states == {"effect_conflict": JobState.FAILED, "effect_unknown": JobState.QUEUED}
     finally:
         await conn.close()

@@ -20,7 +20,9 @@ from accord.jobs import EffectState, JobState, Lease, reconcile
 from accord.jobs.reconcile import Left
 from accord.jobs.repair import audit
 from accord.jobs.runner.effects import idempotency_key
+from accord.schemas import telemetry
 from tests.integration.authority.conftest import Principals
+from tests.integration.telemetry.receiver import otlp_receiver
 
 KEY = "deliver"
 DEMO_KEY = "provider.create_report"  # the demo's report_provider owns it, with a lookup
@@ -28,9 +30,14 @@ BODY = {"report": "q3"}
 
 
 @pytest.fixture
-async def provider(tmp_path: Path) -> AsyncIterator[ProviderClient]:
+async def provider_server(tmp_path: Path) -> AsyncIterator[ProviderServer]:
     async with ProviderServer(tmp_path / "evidence.sqlite") as server:
-        yield ProviderClient(server.url, timeout_s=5.0)
+        yield server
+
+
+@pytest.fixture
+def provider(provider_server: ProviderServer) -> ProviderClient:
+    return ProviderClient(provider_server.url, timeout_s=5.0)
 
 
 async def gave_up(p: Principals, lease: Lease, key: str = KEY, *, retry: bool = True) -> None:
@@ -42,16 +49,16 @@ async def gave_up(p: Principals, lease: Lease, key: str = KEY, *, retry: bool = 
 
 
 async def accepted_but_unanswered(
-    p: Principals, provider: ProviderClient, op: str, *, retry: bool = True
+    p: Principals, provider: ProviderClient, op: str, *, retry: bool = True, key: str = KEY
 ) -> Lease:
     await p.submit(op)
     lease = await p.claim_one()
-    await p.store.begin_effect(lease, KEY, "intent")
+    await p.store.begin_effect(lease, key, "intent")
     with pytest.raises(ProviderAmbiguous):  # the provider records it, then drops the reply
         await provider.create_report(
-            idempotency_key(lease, KEY), BODY, fault=Fault.DROP_AFTER_ACCEPT
+            idempotency_key(lease, key), BODY, fault=Fault.DROP_AFTER_ACCEPT
         )
-    await gave_up(p, lease, retry=retry)
+    await gave_up(p, lease, key, retry=retry)
     return lease
 
 
@@ -155,6 +162,44 @@ async def test_a_final_verdict_is_kept_once_the_effect_is_known(
         assert not view.needs_reconciliation and view.last_error == "effect outcome unknown"
     assert await p.claim(limit=2) == []  # nothing runs again
     assert (await provider.stats())["accepted"] == 1  # the one call that got through
+
+
+async def test_a_receipt_that_fails_a_job_for_good_is_an_error_in_its_trace(
+    principals: Principals,
+    provider: ProviderClient,
+    provider_server: ProviderServer,
+    ledger_env: dict[str, str],
+) -> None:
+    """`accord reconcile`'s resolution span is the operation's last word when the resolution
+    fails the job (0055: given up for good), receipt or not: an error. Control: the same
+    answer for a job given up with a retry resumes it, no error."""
+    p = principals
+    again = await accepted_but_unanswered(p, provider, "a", key=DEMO_KEY)
+    final = await accepted_but_unanswered(p, provider, "b", key=DEMO_KEY, retry=False)
+    with otlp_receiver() as (endpoint, received):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "accord", "reconcile", "--settle-s", "0"],
+            env={
+                **ledger_env,
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_SERVICE_NAME": "reconcile",
+                "ACCORD_APP": "accord.demo:app",
+                "ACCORD_PG_DSN": p.dsn,
+                "ACCORD_DEMO_PROVIDER_URL": provider_server.url,
+            },
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert "resolved=2 resumed=1" in done.stdout.decode()
+        spans = received.named("reconcile ")
+    by_job = {s.attributes[telemetry.ATTR_JOB_ID]: s for s in spans}
+    assert set(by_job) == {again.job_id, final.job_id}
+    assert by_job[again.job_id].status_code == 0  # control: resumed, it goes on
+    assert by_job[final.job_id].status_code == 2
+    assert by_job[final.job_id].attributes[telemetry.ATTR_RECONCILE_JOB_STATE] == "failed"
+    assert await p.state(final.job_id) == "failed"
 
 
 async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_path: Path) -> None:

@@ -222,3 +222,25 @@ async def test_jobs_show_says_a_job_refused_for_disabled_effects_is_parked(
     assert "parked" not in control.stdout and "run after: 20" in control.stdout
     control_json = json.loads(accord(pg_dsn, "jobs", "show", str(other.job_id), "--json").stdout)
     assert datetime.fromisoformat(control_json["run_after"]).tzinfo is not None
+
+
+async def test_jobs_show_says_a_job_given_up_for_good_will_not_run_again(
+    pg_dsn: str, store: Rig
+) -> None:
+    """Migration 0055: a job whose handler gave it up without a retry while an effect was
+    unknown is failed once the effect is resolved; `accord jobs show` says so before a person
+    resolves it. Control: the job given up with a retry (lost_reply) says nothing of it."""
+    retried = await lost_reply(store, "report:again")
+    lease = await new_job(store, "report:final")
+    await store.begin_effect(lease, EFFECT_KEY, "intent-digest")
+    await store.finish_effect(lease, EFFECT_KEY, EffectState.UNKNOWN)
+    assert await store.fail(lease, "handler_defect", retry=False) == "unknown"
+    line = "given up without a retry: once its effects are resolved it is failed"
+    final = accord(pg_dsn, "jobs", "show", str(lease.job_id))
+    assert final.returncode == 0, final.stderr
+    assert "state: unknown" in final.stdout and line in final.stdout
+    assert json.loads(accord(pg_dsn, "jobs", "show", str(lease.job_id), "--json").stdout)[
+        "final_failure"
+    ]
+    control = accord(pg_dsn, "jobs", "show", str(retried.job_id)).stdout
+    assert "state: unknown" in control and line not in control
