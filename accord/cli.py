@@ -6,9 +6,11 @@ missing or invalid application, settings that cannot work, a schema behind the c
 the command with one line on stderr and exit status 2 (EXIT_REFUSED): running it again
 as it is would meet the same error. A service that did not answer, took no writes or was lost
 under a call (ServiceUnavailable, ConnectionLost, DatabaseReadOnly: a PostgreSQL session
-lost during a process's start, where nothing reconnects, among them) ends it the same way
+lost during a process's start, where nothing reconnects, among them; an error that one
+caused, such as the authority ledger's database down: LedgerUnavailable), and a runner
+journal whose write failed (JournalBroken: a new process reopens it), end it the same way
 with exit status 75 (EXIT_TEMPFAIL, sysexits' EX_TEMPFAIL): it may succeed once the service
-is back, so a supervisor can restart on 75 and stop on 2.
+or the disk is back, so a supervisor can restart on 75 and stop on 2.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 from accord import logs, observe
 from accord.commands import COMMANDS
 from accord.errors import SettingsInvalid
+from accord.jobs.errors import JournalBroken
 from accord.schemas import db
 from accord.schemas.errors import AccordError, ConfigError, ConnectionLost, ServiceUnavailable
 from accord.schemas.settings import Settings, load_settings
@@ -127,8 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error is None:
             raise
         print(f"accord: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_TEMPFAIL if isinstance(error, ServiceUnavailable) else EXIT_REFUSED
+        return EXIT_TEMPFAIL if temporary(error) else EXIT_REFUSED
     return code
+
+
+def temporary(error: AccordError) -> bool:
+    """Whether running the command again later may succeed: a service that failed, or an
+    error a service's failure caused (its cause chain), or a journal write that failed."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ServiceUnavailable | JournalBroken):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 if __name__ == "__main__":  # pragma: no cover

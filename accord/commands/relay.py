@@ -235,8 +235,8 @@ async def _prepare(settings: Settings, app: App) -> None:
     except topology.MISMATCH as exc:
         raise topology.mismatch(exc, exchange=names.exchange) from None
     except _BROKER_LOST as exc:
-        # Nothing in a start reconnects: one line and exit 2, and the supervisor starts the
-        # relay again, as after any failed start (the driver's error logged first).
+        # Nothing in a start reconnects: one line and exit 75, and the supervisor starts the
+        # relay again (the driver's error logged first).
         log.warning("the broker connection ended during the start", exc_info=exc)
         raise ConnectionLost(service="rabbitmq", error=type(exc).__name__) from None
     finally:  # bounded, and quiet when the connection is already gone

@@ -9,7 +9,8 @@ earlier run began whose outcome the database never recorded, and carries only th
 new journal segment (``journal_segment_bytes`` bounds each). The first SIGTERM (or SIGINT)
 stops claiming and lets in-flight handlers finish within ``--grace-s``, then cancels them
 (interrupted effects are recorded unknown); a second one cancels at once. Exit 0 after a
-clean stop, 2 on a refusal, non-zero after a crashed loop.
+clean stop, 2 on a refusal, 75 when a service or the journal failed (a restart may cure it),
+non-zero after any other crashed loop.
 """
 
 from __future__ import annotations

@@ -11,8 +11,14 @@ import asyncpg
 import pytest
 
 from accord import cli, observe
+from accord.jobs.errors import JournalBroken, LedgerUnavailable
 from accord.schemas.db import create_pool
-from accord.schemas.errors import BrokerAccessRefused, ConnectionLost, ServiceUnavailable
+from accord.schemas.errors import (
+    BrokerAccessRefused,
+    ConfigError,
+    ConnectionLost,
+    ServiceUnavailable,
+)
 from tests.support import free_port
 
 
@@ -76,3 +82,23 @@ def test_a_group_of_ended_sessions_logs_one_traceback(
     with caplog.at_level("WARNING", logger=cli.log.name):
         assert cli._accord_error(ExceptionGroup("start", [*ended, refused])) is refused
     assert not [r for r in caplog.records if "session ended" in r.getMessage()]
+
+
+def test_a_failure_a_restart_may_cure_exits_75_a_refusal_2() -> None:
+    """A supervisor restarts on 75 and stops on 2 (docs/operations.md, Exit status): a service
+    that failed, an error it caused (the ledger's database down), a journal write that failed
+    are 75; the same ledger error caused by the database's refusal, and a refusal, are 2."""
+    down = ServiceUnavailable(service="postgresql", at="127.0.0.1:1")
+    ledger_down = LedgerUnavailable("the ledger database did not answer")
+    ledger_down.__cause__ = down
+    ledger_refused = LedgerUnavailable("the ledger database refused")
+    ledger_refused.__cause__ = asyncpg.InsufficientPrivilegeError("permission denied")
+    cases = {
+        down: True,
+        ConnectionLost(service="rabbitmq"): True,
+        ledger_down: True,
+        JournalBroken("fsync failed"): True,
+        ledger_refused: False,
+        ConfigError("the configuration cannot work"): False,
+    }
+    assert {error: cli.temporary(error) for error in cases} == cases

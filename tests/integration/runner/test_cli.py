@@ -14,6 +14,7 @@ import pytest
 from accord.commands.worker import pool_size
 from accord.demo import DEFAULT_OWNER, report
 from accord.jobs import JobState
+from accord.jobs.ledger import PgLedger
 from accord.jobs.runner import scan_journal
 from tests.integration.runner.conftest import TENANT, Rig, wait_for
 from tests.support import free_port, scrape
@@ -54,6 +55,37 @@ async def test_accord_worker_refuses_to_start_when_it_should_not_serve(
     # none of them opened a journal or claimed anything
     assert not (tmp_path / "journal").exists()
     assert await rig.pool.fetchval("SELECT count(*) FROM jobs.jobs WHERE attempts > 0") == 0
+
+
+async def test_a_worker_whose_ledger_database_is_down_exits_75_not_2(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The authority ledger's database does not answer at the start (LedgerUnavailable, caused
+    by ServiceUnavailable): a restart may cure it, so the worker exits 75, which a supervisor
+    restarts on; a refusal exits 2, which it should not (docs/operations.md, Exit status).
+    Control: the same worker with a ledger database that answers runs a job."""
+    env = _env(rig.pg_dsn, tmp_path, rig.provider.url)
+    down = {**env, "ACCORD_LEDGER_PG_DSN": f"postgresql://postgres@127.0.0.1:{free_port()}/x"}
+    done = await anyio.run_process(CLI, env=down, cwd=ROOT, check=False)
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert done.returncode == 75, done.stderr.decode()[-2000:]
+    assert last.startswith("accord: LedgerUnavailable: "), last
+    await PgLedger(rig.pg_dsn).ensure()
+    job_id = await rig.submit_report("r-ledger")
+    process = await anyio.open_process(
+        [*CLI, "--poll-s", "0.1"], env={**env, "ACCORD_LEDGER_PG_DSN": rig.pg_dsn}, cwd=ROOT
+    )
+    try:
+
+        async def succeeded() -> bool:
+            return await rig.state(job_id) == JobState.SUCCEEDED
+
+        await wait_for(succeeded, within=30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            code = await process.wait()
+    assert code == 0
 
 
 async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
