@@ -84,6 +84,24 @@ COMMENT ON FUNCTION relay.prune_release_audit(p_retention_s double precision, p_
 --
 
 CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM relay.release_held(p_tenant, p_event_ids, p_who, p_evidence,
+                                     NULL::double precision)
+$$;
+
+--
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each';
+
+--
+-- Name: release_held(text, uuid[], text, text, double precision); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -100,10 +118,14 @@ BEGIN
     -- A new statement, hence a snapshot taken after the locks.
     RETURN QUERY
     SELECT g.id, o.id,
-           CASE WHEN o.id IS NULL THEN 'missing' ELSE 'not_held' END, NULL::bigint
+           CASE WHEN o.id IS NULL THEN 'missing'
+                WHEN o.state <> 'held' THEN 'not_held'
+                ELSE 'past_replay_window' END,
+           NULL::bigint
     FROM (SELECT DISTINCT unnest(p_event_ids) AS id) g
     LEFT JOIN relay.outbox o ON o.tenant = p_tenant AND o.event_id = g.id
     WHERE o.id IS NULL OR o.state <> 'held'
+       OR o.enqueued_at < now() - make_interval(secs => p_replay_window_s)
     ORDER BY g.id;
     IF FOUND THEN
         RETURN;  -- refused: nothing changed
@@ -126,10 +148,10 @@ BEGIN
 END $$;
 
 --
--- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: COMMENT; Schema: relay; Owner: -
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision); Type: COMMENT; Schema: relay; Owner: -
 --
 
-COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each';
+COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each; a row enqueued before now() - p_replay_window_s is refused past_replay_window (0056)';
 
 SET default_tablespace = '';
 
@@ -353,6 +375,13 @@ GRANT ALL ON FUNCTION relay.prune_release_audit(p_retention_s double precision, 
 
 REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) FROM PUBLIC;
 GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) TO accord_repair;
+
+--
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision); Type: ACL; Schema: relay; Owner: -
+--
+
+REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) TO accord_repair;
 
 --
 -- Name: TABLE awake; Type: ACL; Schema: relay; Owner: -

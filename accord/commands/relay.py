@@ -161,7 +161,12 @@ async def _release(args: argparse.Namespace, settings: Settings) -> int:
     try:
         async with conn.transaction():
             done = await outbox.release_held(
-                conn, args.tenant, args.event_ids, who=args.who, evidence=args.evidence
+                conn,
+                args.tenant,
+                args.event_ids,
+                who=args.who,
+                evidence=args.evidence,
+                replay_window_s=settings.inbox_replay_window_s,
             )
     finally:
         await conn.close()

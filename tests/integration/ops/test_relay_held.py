@@ -187,3 +187,56 @@ async def test_release_refusals_and_the_append_only_audit(
         await pg.execute("UPDATE relay.release_audit SET who = 'someone else'")
     with pytest.raises(asyncpg.IntegrityConstraintViolationError, match="append-only"):
         await pg.execute("DELETE FROM relay.release_audit")
+
+
+async def test_a_row_held_past_its_consumers_replay_window_is_refused_not_poisoned(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """Migration 0056. A held row's ce-time is its enqueue time; released once its consumers'
+    replay window had passed, it was published and poisoned too_old at its first delivery,
+    the release audited as if it had worked. `accord relay release-held` passes the window
+    (ACCORD_INBOX_REPLAY_WINDOW_S) and such a row is refused, all or nothing, saying what to
+    do; a tenth of the window is kept for the publish. Control: a row held within the window
+    is released."""
+    events = [unbound(n) for n in (1, 2, 3)]
+    async with pg.transaction():
+        for event in events:
+            await enqueue(pg, event, catalog=catalog_with_unbound_type())
+    aged = dict(zip((e.event_id for e in events), (7200, 3300, 1800), strict=True))
+    for event_id, age_s in aged.items():  # test-only: held, and enqueued that long ago
+        await pg.execute(
+            "UPDATE relay.outbox SET state = 'held', last_reason = 'unroutable',"
+            " enqueued_at = now() - make_interval(secs => $2) WHERE event_id = $1",
+            event_id,
+            float(age_s),
+        )
+    past, at_the_edge, within = (e.event_id for e in events)
+
+    def release(*ids: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "accord", "relay", "release-held", "--tenant", TENANT,
+             *[a for i in ids for a in ("--event-id", str(i))], "--who", "ops", "--evidence", "e"],
+            env={**os.environ, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": pg_dsn,
+                 "ACCORD_INBOX_REPLAY_WINDOW_S": "3600"},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    for ids in ([past], [at_the_edge], [past, within]):
+        refused = release(*ids)
+        assert refused.returncode == 2, refused.stdout
+        assert refused.stderr.startswith("accord: ReleaseRefused:"), refused.stderr
+        assert "past_replay_window" in refused.stderr and "as a new event" in refused.stderr
+    state = "SELECT state FROM relay.outbox WHERE event_id = $1"
+    assert [await pg.fetchval(state, i) for i in aged] == ["held"] * 3  # nothing changed
+    assert await audit_rows(pg) == 0
+    released = release(within)  # control
+    assert released.returncode == 0, released.stderr
+    assert await pg.fetchval(state, within) == "pending" and await audit_rows(pg) == 1
+    # The API without a window (a caller that knows of none) checks nothing, as before.
+    repair = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_repair"})
+    try:
+        async with repair.transaction():
+            done = await outbox.release_held(repair, TENANT, [past], who="w", evidence="e")
+        assert [r.event_id for r in done] == [past]
+    finally:
+        await repair.close()
