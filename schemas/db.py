@@ -222,6 +222,33 @@ def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
         raise ServiceUnavailable(service="postgresql", detail=str(exc), **where(dsn)) from exc
 
 
+# The most connections this login may hold at once (NULL: no limit applies to it): the
+# smallest of its role's and its database's CONNECTION LIMIT and the server's slots left to
+# non-superusers (max_connections less the reserved ones). A superuser is held to none of them.
+CONNECTION_ROOM = """
+SELECT CASE WHEN r.rolsuper THEN NULL ELSE
+    least(nullif(r.rolconnlimit, -1), nullif(d.datconnlimit, -1),
+          current_setting('max_connections')::int
+          - current_setting('superuser_reserved_connections')::int
+          - coalesce(current_setting('reserved_connections', true)::int, 0))
+END
+FROM pg_roles r, pg_database d
+WHERE r.rolname = session_user AND d.datname = current_database()
+"""
+
+
+async def connection_room(dsn: str) -> int | None:
+    """How many connections the DSN's login may hold at once, whoever else holds some (None:
+    no limit applies to it). A process that needs more at once can never start: that is a
+    refusal to name, not a busy server to wait out (53300, ServiceUnavailable)."""
+    conn = await connect(dsn)
+    try:
+        room: int | None = await conn.fetchval(CONNECTION_ROOM)
+    finally:
+        await conn.close()
+    return room
+
+
 async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection: ServiceUnavailable when unreachable (transient), a ServiceRefused
     (InvalidDsn, DatabaseLoginRefused, DatabaseMissing) when retrying cannot help."""

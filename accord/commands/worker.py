@@ -37,7 +37,7 @@ from accord.jobs.authority import AuthorityGate, authority_watch, require_author
 from accord.jobs.runner import LocalDirStore, Registered, Worker, WorkerConfig, open_journal
 from accord.ops import checks
 from accord.schemas import migrate
-from accord.schemas.db import create_pool
+from accord.schemas.db import connection_room, create_pool
 from accord.schemas.errors import ConfigError
 from accord.schemas.settings import MAX_LEASE_S, Settings
 
@@ -183,6 +183,17 @@ async def serve(
             workflow=options.workflow,
             known=sorted(h.workflow for h in handlers),
         )
+    size = pool_size(options.config.concurrency)
+    room = await connection_room(settings.pg_dsn)
+    if room is not None and size > room:
+        raise ConfigError(
+            "the worker opens its whole pool at the start (2 x --concurrency + 5 connections)"
+            " and this login may hold fewer at once: raise its CONNECTION LIMIT (role or"
+            " database) or max_connections, or lower --concurrency",
+            pool=size,
+            room=room,
+            concurrency=options.config.concurrency,
+        )
     # refuse a schema older than the code (accord's and the application's)
     await migrate.require_current_at(settings.pg_dsn, app_chains)
     # Execution authority only: the worker role can claim, renew, publish and record
@@ -196,7 +207,6 @@ async def serve(
     # leases lost, their effects left to reconciliation). A connection is replaced after a
     # loss, or after asyncpg's max_queries; each replacement shuts the gate until the next
     # check (brought forward at once).
-    size = pool_size(options.config.concurrency)
     pool = await create_pool(
         settings.pg_dsn,
         min_size=size,

@@ -36,7 +36,7 @@ from accord.demo.job import DEFAULT_OWNER
 from accord.jobs.runner import open_journal
 from accord.jobs.runner.journal_records import Claim
 from accord.schemas import topology
-from accord.schemas.db import DB_CONNECTION_LOST, connect
+from accord.schemas.db import DB_CONNECTION_LOST, connect, connection_room
 from accord.schemas.errors import ServiceUnavailable
 from tests.conftest import BrokerNames, delete_broker_names
 
@@ -149,6 +149,33 @@ async def test_a_role_at_its_connection_limit_is_transient(pg_dsn: str, pg_admin
         conn = await connect(dsn)  # control
         assert await conn.fetchval("SELECT current_user") == role
         await conn.close()
+
+
+async def test_a_worker_pool_larger_than_its_login_may_hold_is_a_refusal(
+    pg_dsn: str, pg_admin_dsn: str, tmp_path: Path
+) -> None:
+    """`accord worker` opens its whole pool at the start (2 x concurrency + 5). A login whose
+    CONNECTION LIMIT is below that met 53300 at every start, ServiceUnavailable, exit 75: a
+    supervisor restarted it for ever. It is a refusal naming both numbers, exit 2, before
+    anything connects past the check. Control: the room the check reads follows the role's
+    limit, and a superuser (the test's own DSN) is held to none."""
+    async with login_role(pg_admin_dsn, "CONNECTION LIMIT 5") as role:
+        dsn = with_db(pg_dsn, user=role)
+        env = {"ACCORD_PG_DSN": dsn, "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
+               "ACCORD_OBJECT_DIR": str(tmp_path / "objects")}  # fmt: skip
+        done = await asyncio.to_thread(
+            accord, "worker", "--workflow", "report", "--concurrency", "4", **env
+        )
+        one_line(done, "ConfigError", "CONNECTION LIMIT", "pool=13", "room=5")
+        assert not (tmp_path / "journal").exists()
+        assert await connection_room(dsn) == 5
+        admin = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 20")
+        finally:
+            await admin.close()
+        assert await connection_room(dsn) == 20  # control: 13 fit
+    assert await connection_room(pg_dsn) is None
 
 
 async def test_migrate_by_a_user_without_the_privileges_is_one_line(
