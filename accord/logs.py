@@ -117,6 +117,24 @@ class _Ready(logging.Filter):
 
 _HANDLER_MARK = "_accord_handler"
 
+#: asyncpg's pool, restoring its connection floor in the background after a lost connection.
+_POOL_LOGGER = "asyncpg.pool"
+_POOL_FLOOR = "Failed to restore the pool connection floor"
+
+
+class _PoolFloor(logging.Filter):
+    """asyncpg's pool logs a traceback (frames only here) each time it fails to reopen a lost
+    connection, every few seconds for as long as the server is away: the fault the process's
+    own loops already report in one line. Kept as one line naming the error's type."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith(_POOL_FLOOR):
+            error = record.exc_info[1]
+            record.msg = "postgresql: a lost pool connection not reopened yet (%s); retrying"
+            record.args = (type(error).__name__,)
+            record.exc_info = None
+        return True
+
 
 def configure(
     fmt: str = "text",
@@ -127,7 +145,8 @@ def configure(
 ) -> None:
     """Install accord's handlers on the root logger (once per process; a second call
     replaces the first's). Everything at ``level`` and above goes to stderr; ready records
-    also to stdout. Later ``logging.basicConfig`` calls then change nothing."""
+    also to stdout. Later ``logging.basicConfig`` calls then change nothing. asyncpg's pool's
+    retries of a lost connection are one line each, not a traceback (_PoolFloor)."""
     formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter()
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
@@ -140,3 +159,7 @@ def configure(
         setattr(handler, _HANDLER_MARK, True)
         root.addHandler(handler)
     root.setLevel(level.upper())
+    pool = logging.getLogger(_POOL_LOGGER)
+    for old_filter in [f for f in pool.filters if isinstance(f, _PoolFloor)]:
+        pool.removeFilter(old_filter)
+    pool.addFilter(_PoolFloor())

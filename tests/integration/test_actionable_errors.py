@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import logging
 import os
 import resource
 import signal
@@ -30,15 +32,17 @@ import aio_pika
 import asyncpg
 import pytest
 
+from accord import logs
 from accord.cli import EXIT_REFUSED, EXIT_TEMPFAIL
 from accord.demo import demo_topology
 from accord.demo.job import DEFAULT_OWNER
 from accord.jobs.runner import open_journal
 from accord.jobs.runner.journal_records import Claim
 from accord.schemas import topology
-from accord.schemas.db import DB_CONNECTION_LOST, connect, connection_room
+from accord.schemas.db import DB_CONNECTION_LOST, connect, connection_room, create_pool
 from accord.schemas.errors import ServiceUnavailable
 from tests.conftest import BrokerNames, delete_broker_names
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "accord.demo:app"
@@ -176,6 +180,45 @@ async def test_a_worker_pool_larger_than_its_login_may_hold_is_a_refusal(
             await admin.close()
         assert await connection_room(dsn) == 20  # control: 13 fit
     assert await connection_room(pg_dsn) is None
+
+
+async def test_a_pool_that_cannot_reopen_a_lost_connection_logs_one_line(
+    pg_dsn: str, pg_admin_dsn: str
+) -> None:
+    """A pool connection the server ended, while the server refuses a new one (its login at
+    CONNECTION LIMIT 0): asyncpg's pool retries in the background and logged a traceback at
+    each try ('Failed to restore the pool connection floor'), every few seconds for as long
+    as it lasted. One line naming the error's type instead (accord.logs)."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    err = io.StringIO()
+    logs.configure("text", "INFO", stderr=err, stdout=io.StringIO())
+    line = "postgresql: a lost pool connection not reopened yet (ServiceUnavailable); retrying"
+
+    async def logged() -> bool:
+        return line in err.getvalue()
+
+    try:
+        async with login_role(pg_admin_dsn) as role:
+            pool = await create_pool(with_db(pg_dsn, user=role), min_size=1, max_size=1)
+            try:
+                admin = await asyncpg.connect(pg_admin_dsn)
+                try:
+                    await admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+                    await admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+                        role,
+                    )
+                finally:
+                    await admin.close()
+                await wait_for(logged, within=20)
+            finally:
+                await pool.close()
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+    assert "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
 
 
 async def test_migrate_by_a_user_without_the_privileges_is_one_line(
