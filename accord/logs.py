@@ -23,7 +23,10 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+import asyncpg
 from opentelemetry import trace
+
+from accord.schemas.errors import ServiceUnavailable
 
 #: The ready line's marker (``accord.runtime.ready`` logs with it): the process serves (also
 #: sent to stdout).
@@ -125,14 +128,23 @@ _POOL_FLOOR = "Failed to restore the pool connection floor"
 class _PoolFloor(logging.Filter):
     """asyncpg's pool logs a traceback (frames only here) each time it fails to reopen a lost
     connection, every few seconds for as long as the server is away: the fault the process's
-    own loops already report in one line. Kept as one line naming the error's type."""
+    own loops already report in one line. A server's failure is kept as one line (accord's
+    ServiceUnavailable with its own words: host:port, user, database; else the error's type);
+    anything else (a defect in the pool's ``init``, say) keeps its traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and str(record.msg).startswith(_POOL_FLOOR):
-            error = record.exc_info[1]
-            record.msg = "postgresql: a lost pool connection not reopened yet (%s); retrying"
-            record.args = (type(error).__name__,)
-            record.exc_info = None
+        if not (record.exc_info and str(record.msg).startswith(_POOL_FLOOR)):
+            return True
+        error = record.exc_info[1]
+        if isinstance(error, ServiceUnavailable):
+            what = f"{type(error).__name__}: {error}"
+        elif isinstance(error, OSError | asyncpg.PostgresError):
+            what = type(error).__name__
+        else:
+            return True
+        record.msg = "postgresql: a lost pool connection not reopened yet (%s); retrying"
+        record.args = (what,)
+        record.exc_info = None
         return True
 
 

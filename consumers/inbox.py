@@ -309,3 +309,13 @@ async def delivery_counts(conn: Any, since: datetime) -> list[Any]:
 async def conflict_count(conn: Any) -> int:
     """Read-only: conflicts among all retained deliveries (accord status, /metrics)."""
     return int(await conn.fetchval(sql.CONFLICT_COUNT))
+
+
+async def admit_floor(conn: Any, window_s: float | None) -> datetime | None:
+    """Read-only: the oldest enqueue time (``ce-time``) every consumer still admits, by the
+    strictest of ``window_s`` and each consumer's declared replay window, less what a
+    release needs to reach them (a tenth of the window, at least a minute), and the latest
+    admit_from of a raised window (0046). An event enqueued before it would be refused as
+    ``too_old``. None: no window to go by."""
+    floor: datetime | None = await conn.fetchval(sql.ADMIT_FLOOR, window_s)
+    return floor

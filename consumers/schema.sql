@@ -23,6 +23,27 @@ SET row_security = off;
 CREATE SCHEMA consumers;
 
 --
+-- Name: admit_floor(double precision); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.admit_floor(p_window_s double precision) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT greatest(
+        statement_timestamp() - make_interval(secs => greatest(x.w - greatest(x.w / 10, 60), 0)),
+        (SELECT max(h.admit_from) FROM consumers.replay_horizons h))
+    FROM (SELECT least(p_window_s, (SELECT min(h.window_s) FROM consumers.replay_horizons h))
+                 AS w) x
+$$;
+
+--
+-- Name: FUNCTION admit_floor(p_window_s double precision); Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON FUNCTION consumers.admit_floor(p_window_s double precision) IS 'The oldest enqueue time every consumer still admits, less what a release needs to reach them: a held outbox row enqueued before it would be poisoned too_old (0056)';
+
+--
 -- Name: declare_window(text, double precision, double precision); Type: FUNCTION; Schema: consumers; Owner: -
 --
 
@@ -387,6 +408,14 @@ ALTER TABLE ONLY consumers.replay_promises
 --
 
 GRANT USAGE ON SCHEMA consumers TO accord_consumer;
+GRANT USAGE ON SCHEMA consumers TO accord_repair;
+
+--
+-- Name: FUNCTION admit_floor(p_window_s double precision); Type: ACL; Schema: consumers; Owner: -
+--
+
+REVOKE ALL ON FUNCTION consumers.admit_floor(p_window_s double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION consumers.admit_floor(p_window_s double precision) TO accord_repair;
 
 --
 -- Name: FUNCTION declare_window(p_consumer text, p_replay_window_s double precision, p_margin_s double precision); Type: ACL; Schema: consumers; Owner: -

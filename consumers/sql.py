@@ -212,3 +212,8 @@ SET_TRACE = "SELECT set_config('accord.trace', $1, true)"
 # Delete one bounded batch of at most $3 of consumer $1's poison records older than $2 seconds
 # (oldest first; consumers.prune_poison, the consumer role's only way to remove one); the count.
 PRUNE_POISON = "SELECT consumers.prune_poison($1, $2, $3)"
+
+# The oldest enqueue time every consumer still admits, by the strictest of window $1 and
+# each consumer's declared one, less a margin for a release's publish, and the latest
+# admit_from (consumers.admit_floor, 0056; NULL: nothing to go by).
+ADMIT_FLOOR = "SELECT consumers.admit_floor($1::float8)"

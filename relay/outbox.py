@@ -413,11 +413,6 @@ async def prune_release_audit(tx: Tx, retention_s: float, limit: int) -> int:
     return removed
 
 
-#: What a release leaves of the consumers' replay window at least: the relay must publish the
-#: row, and the consumers receive it, before its enqueue time leaves the window.
-RELEASE_WINDOW_LEFT = 0.1
-
-
 async def release_held(
     tx: Tx,
     tenant: str,
@@ -425,7 +420,7 @@ async def release_held(
     *,
     who: str,
     evidence: str,
-    replay_window_s: float | None = None,
+    admit_from: datetime | None = None,
 ) -> list[Released]:
     """Runs in the caller's transaction; never commits. Makes the held rows of ``tenant``
     with ``event_ids`` pending (publishable) again and writes one ``relay.release_audit`` row
@@ -434,31 +429,29 @@ async def release_held(
     each id that is missing or not held, ``refused``, or ``principal_required`` without a
     ``who`` and an ``evidence``) and changes nothing. Attempts stay as they were (history).
 
-    ``replay_window_s``: the consumers' replay window (``ACCORD_INBOX_REPLAY_WINDOW_S``). A
-    row enqueued so long ago that less than a tenth of it is left is refused too
+    ``admit_from``: the oldest enqueue time the consumers still admit
+    (``consumers.inbox.admit_floor``). A row enqueued before it is refused too
     (``past_replay_window``, 0056): its ``ce-time`` is its enqueue time, and a consumer would
-    refuse it as ``too_old`` at its first delivery; enqueue its content again as a new
-    event. None: not checked (the caller knows of no consumer window)."""
+    refuse it as ``too_old`` at its first delivery. None: not checked."""
     require_transaction(tx)
     ids = list(dict.fromkeys(event_ids))
     if not ids:
         raise ReleaseRefused("name at least one held event id", tenant=tenant)
-    if replay_window_s is not None and not duration_ok(replay_window_s):
-        raise ConfigError("the replay window must be seconds >= 0, at most 100 years")
-    usable = None if replay_window_s is None else replay_window_s * (1 - RELEASE_WINDOW_LEFT)
-    records = await tx.fetch(sql.RELEASE_HELD_AUDITED, tenant, ids, who, evidence, usable)
+    records = await tx.fetch(sql.RELEASE_HELD_AUDITED, tenant, ids, who, evidence, admit_from)
     refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
     if any(status == "principal_required" for status in refused.values()):
         raise ReleaseRefused("a release needs --who and --evidence", missing="principal")
     if "past_replay_window" in refused.values():
         raise ReleaseRefused(
-            "not released: a row was enqueued so long ago that its consumers would refuse it"
-            " as too_old (its ce-time is its enqueue time, past their replay window,"
-            " ACCORD_INBOX_REPLAY_WINDOW_S); enqueue its content again as a new event"
-            " (nothing changed)",
+            "not released (nothing changed): a row was enqueued before admit_from, the oldest"
+            " enqueue time the consumers still admit (the strictest replay window less a"
+            " margin for the publish: ACCORD_INBOX_REPLAY_WINDOW_S and each consumer's, in"
+            " accord status); published, it would be refused as too_old. It stays held;"
+            " enqueue its content again as a new event with the same operation id (a"
+            " consumer that applied it takes that for a duplicate)",
             tenant=tenant,
             refused=refused,
-            replay_window_s=replay_window_s,
+            admit_from=admit_from.isoformat() if admit_from is not None else None,
         )
     if refused:
         raise ReleaseRefused(

@@ -88,7 +88,7 @@ CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT * FROM relay.release_held(p_tenant, p_event_ids, p_who, p_evidence,
-                                     NULL::double precision)
+                                     NULL::timestamp with time zone)
 $$;
 
 --
@@ -98,10 +98,10 @@ $$;
 COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each';
 
 --
--- Name: release_held(text, uuid[], text, text, double precision); Type: FUNCTION; Schema: relay; Owner: -
+-- Name: release_held(text, uuid[], text, text, timestamp with time zone); Type: FUNCTION; Schema: relay; Owner: -
 --
 
-CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
+CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -125,7 +125,7 @@ BEGIN
     FROM (SELECT DISTINCT unnest(p_event_ids) AS id) g
     LEFT JOIN relay.outbox o ON o.tenant = p_tenant AND o.event_id = g.id
     WHERE o.id IS NULL OR o.state <> 'held'
-       OR o.enqueued_at < now() - make_interval(secs => p_replay_window_s)
+       OR o.enqueued_at < p_admit_from
     ORDER BY g.id;
     IF FOUND THEN
         RETURN;  -- refused: nothing changed
@@ -148,10 +148,10 @@ BEGIN
 END $$;
 
 --
--- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision); Type: COMMENT; Schema: relay; Owner: -
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone); Type: COMMENT; Schema: relay; Owner: -
 --
 
-COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each; a row enqueued before now() - p_replay_window_s is refused past_replay_window (0056)';
+COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each; a row enqueued before p_admit_from (consumers.admit_floor) is refused past_replay_window (0056)';
 
 SET default_tablespace = '';
 
@@ -377,11 +377,11 @@ REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_w
 GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) TO accord_repair;
 
 --
--- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision); Type: ACL; Schema: relay; Owner: -
+-- Name: FUNCTION release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone); Type: ACL; Schema: relay; Owner: -
 --
 
-REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) FROM PUBLIC;
-GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) TO accord_repair;
+REVOKE ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) TO accord_repair;
 
 --
 -- Name: TABLE awake; Type: ACL; Schema: relay; Owner: -

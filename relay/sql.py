@@ -161,12 +161,12 @@ ORDER BY 1
 """
 
 # Release held rows of tenant $1 with event ids $2 as principal $3 with evidence $4 (all or
-# nothing, relay.release_held in relay/schema.sql), refusing a row enqueued more than $5
-# seconds ago (NULL: unchecked): each released row with its audit id, or else each refused id
-# with its status (missing, not_held, past_replay_window; principal_required).
+# nothing, relay.release_held in relay/schema.sql), refusing a row enqueued before $5 (NULL:
+# unchecked): each released row with its audit id, or else each refused id with its status
+# (missing, not_held, past_replay_window; principal_required).
 RELEASE_HELD_AUDITED = (
     "SELECT event_id, outbox_id, status, audit_id"
-    " FROM relay.release_held($1, $2::uuid[], $3, $4, $5::float8)"
+    " FROM relay.release_held($1, $2::uuid[], $3, $4, $5::timestamptz)"
 )
 
 # Held rows, oldest first, optionally of tenant $1, at most $2: identifiers, type, the reason

@@ -222,28 +222,40 @@ def _mapped(dsn: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
         raise ServiceUnavailable(service="postgresql", detail=str(exc), **where(dsn)) from exc
 
 
-# The most connections this login may hold at once (NULL: no limit applies to it): the
-# smallest of its role's and its database's CONNECTION LIMIT and the server's slots left to
-# non-superusers (max_connections less the reserved ones). A superuser is held to none of them.
+# The most connections this login may hold at once: the smallest of its role's and its
+# database's CONNECTION LIMIT and the server's slots left to it (max_connections less those
+# reserved for superusers, and on PostgreSQL 16 and later for pg_use_reserved_connections,
+# unless it is a member); a superuser is held to max_connections alone. NULL when the server
+# sees the connection come from another port than the client's own ($1): a pooler (PgBouncer)
+# or a proxy is in between, whose own limits apply, not these.
 CONNECTION_ROOM = """
-SELECT CASE WHEN r.rolsuper THEN NULL ELSE
-    least(nullif(r.rolconnlimit, -1), nullif(d.datconnlimit, -1),
-          current_setting('max_connections')::int
-          - current_setting('superuser_reserved_connections')::int
-          - coalesce(current_setting('reserved_connections', true)::int, 0))
+SELECT CASE
+    WHEN inet_client_port() IS DISTINCT FROM $1::int THEN NULL
+    WHEN r.rolsuper THEN current_setting('max_connections')::int
+    ELSE least(nullif(r.rolconnlimit, -1), nullif(d.datconnlimit, -1),
+               current_setting('max_connections')::int
+               - current_setting('superuser_reserved_connections')::int
+               - CASE WHEN u.member THEN 0
+                      ELSE coalesce(current_setting('reserved_connections', true)::int, 0) END)
 END
-FROM pg_roles r, pg_database d
+FROM pg_roles r, pg_database d,
+     (SELECT coalesce(bool_or(pg_has_role(session_user, p.oid, 'MEMBER')), false) AS member
+      FROM pg_roles p WHERE p.rolname = 'pg_use_reserved_connections') u
 WHERE r.rolname = session_user AND d.datname = current_database()
 """
 
 
 async def connection_room(dsn: str) -> int | None:
     """How many connections the DSN's login may hold at once, whoever else holds some (None:
-    no limit applies to it). A process that needs more at once can never start: that is a
-    refusal to name, not a busy server to wait out (53300, ServiceUnavailable)."""
+    not known: a pooler or a proxy is in between). A process that needs more at once can
+    never start: that is a refusal to name, not a busy server to wait out (53300,
+    ServiceUnavailable)."""
     conn = await connect(dsn)
     try:
-        room: int | None = await conn.fetchval(CONNECTION_ROOM)
+        transport = getattr(conn, "_transport", None)  # asyncpg keeps its socket's there
+        local = transport.get_extra_info("sockname") if transport is not None else None
+        port = local[1] if isinstance(local, tuple) and len(local) >= 2 else None
+        room: int | None = await conn.fetchval(CONNECTION_ROOM, port)
     finally:
         await conn.close()
     return room

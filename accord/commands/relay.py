@@ -35,6 +35,7 @@ from accord.app import App
 from accord.commands import args
 from accord.commands.common import check_retention, optional_app, prefix, require_app
 from accord.commands.repair import repair_connection
+from accord.consumers import inbox
 from accord.ops import checks
 from accord.ops.health import Check
 from accord.relay import ExchangeMissing, Relay, RelayConfig, outbox
@@ -160,14 +161,11 @@ async def _release(args: argparse.Namespace, settings: Settings) -> int:
     conn = await repair_connection(settings)
     try:
         async with conn.transaction():
+            floor = await inbox.admit_floor(conn, settings.inbox_replay_window_s)
             done = await outbox.release_held(
-                conn,
-                args.tenant,
-                args.event_ids,
-                who=args.who,
-                evidence=args.evidence,
-                replay_window_s=settings.inbox_replay_window_s,
-            )
+                conn, args.tenant, args.event_ids, who=args.who, evidence=args.evidence,
+                admit_from=floor,
+            )  # fmt: skip
     finally:
         await conn.close()
     for r in done:

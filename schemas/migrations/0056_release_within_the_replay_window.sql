@@ -1,12 +1,35 @@
 -- 0056 A held row released past its consumers' replay window is refused, not published to be
 -- poisoned (a left-alone defect of the release). A row's ce-time is its enqueue time (DESIGN
--- §3), and a consumer refuses a message older than its replay window as too_old: it cannot
--- tell it from a redelivery whose inbox row retention already removed. A held row released
--- after that window was published and poisoned at its first delivery, the release audited as
--- if it had worked. relay.release_held takes the window (p_replay_window_s; NULL: unchecked,
--- as the four-argument form, which calls it) and refuses such a row with
--- past_replay_window, all or nothing as for every other refusal.
-CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
+-- §3), and a consumer refuses a message older than its replay window, or than the admit_from
+-- of a raised window (0046), as too_old: it cannot tell it from a redelivery whose inbox row
+-- retention already removed. A held row released past that was published and poisoned at its
+-- first delivery, the release audited as if it had worked.
+--   * consumers.admit_floor: the oldest enqueue time every consumer still admits, by the
+--     strictest window (the caller's, ACCORD_INBOX_REPLAY_WINDOW_S, and each consumer's
+--     declared one) less what a release needs to reach them (a tenth of it, at least a
+--     minute), and the latest admit_from. The repair role may ask it.
+--   * relay.release_held takes that floor (p_admit_from; NULL: unchecked, as the
+--     four-argument form, which calls it) and refuses a row enqueued before it with
+--     past_replay_window, all or nothing as for every other refusal.
+CREATE FUNCTION consumers.admit_floor(p_window_s double precision) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT greatest(
+        statement_timestamp() - make_interval(secs => greatest(x.w - greatest(x.w / 10, 60), 0)),
+        (SELECT max(h.admit_from) FROM consumers.replay_horizons h))
+    FROM (SELECT least(p_window_s, (SELECT min(h.window_s) FROM consumers.replay_horizons h))
+                 AS w) x
+$$;
+
+COMMENT ON FUNCTION consumers.admit_floor(p_window_s double precision) IS 'The oldest enqueue time every consumer still admits, less what a release needs to reach them: a held outbox row enqueued before it would be poisoned too_old (0056)';
+
+REVOKE ALL ON FUNCTION consumers.admit_floor(double precision) FROM PUBLIC;
+-- The schema's usage lets the repair role call it; no table of the schema is granted.
+GRANT USAGE ON SCHEMA consumers TO accord_repair;
+GRANT EXECUTE ON FUNCTION consumers.admit_floor(double precision) TO accord_repair;
+
+CREATE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -30,7 +53,7 @@ BEGIN
     FROM (SELECT DISTINCT unnest(p_event_ids) AS id) g
     LEFT JOIN relay.outbox o ON o.tenant = p_tenant AND o.event_id = g.id
     WHERE o.id IS NULL OR o.state <> 'held'
-       OR o.enqueued_at < now() - make_interval(secs => p_replay_window_s)
+       OR o.enqueued_at < p_admit_from
     ORDER BY g.id;
     IF FOUND THEN
         RETURN;  -- refused: nothing changed
@@ -52,7 +75,7 @@ BEGIN
     SELECT x.event_id, x.outbox_id, NULL::text, x.audit_id FROM audited x ORDER BY x.outbox_id;
 END $$;
 
-COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_replay_window_s double precision) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each; a row enqueued before now() - p_replay_window_s is refused past_replay_window (0056)';
+COMMENT ON FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text, p_admit_from timestamp with time zone) IS 'Release held outbox rows of a tenant (all or nothing), one relay.release_audit row each; a row enqueued before p_admit_from (consumers.admit_floor) is refused past_replay_window (0056)';
 
 -- The four-argument form, unchecked as before, calls it; one owner for both.
 CREATE OR REPLACE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
@@ -60,16 +83,16 @@ CREATE OR REPLACE FUNCTION relay.release_held(p_tenant text, p_event_ids uuid[],
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT * FROM relay.release_held(p_tenant, p_event_ids, p_who, p_evidence,
-                                     NULL::double precision)
+                                     NULL::timestamp with time zone)
 $$;
 
 DO $$
 BEGIN
     EXECUTE format(
-        'ALTER FUNCTION relay.release_held(text, uuid[], text, text, double precision) OWNER TO %I',
+        'ALTER FUNCTION relay.release_held(text, uuid[], text, text, timestamp with time zone) OWNER TO %I',
         (SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
          WHERE p.oid = 'relay.release_held(text,uuid[],text,text)'::regprocedure));
 END $$;
 
-REVOKE ALL ON FUNCTION relay.release_held(text, uuid[], text, text, double precision) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION relay.release_held(text, uuid[], text, text, double precision) TO accord_repair;
+REVOKE ALL ON FUNCTION relay.release_held(text, uuid[], text, text, timestamp with time zone) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay.release_held(text, uuid[], text, text, timestamp with time zone) TO accord_repair;

@@ -42,6 +42,7 @@ from accord.schemas import topology
 from accord.schemas.db import DB_CONNECTION_LOST, connect, connection_room, create_pool
 from accord.schemas.errors import ServiceUnavailable
 from tests.conftest import BrokerNames, delete_broker_names
+from tests.integration.ops.proxy import Proxy
 from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,8 @@ async def test_a_worker_pool_larger_than_its_login_may_hold_is_a_refusal(
     CONNECTION LIMIT is below that met 53300 at every start, ServiceUnavailable, exit 75: a
     supervisor restarted it for ever. It is a refusal naming both numbers, exit 2, before
     anything connects past the check. Control: the room the check reads follows the role's
-    limit, and a superuser (the test's own DSN) is held to none."""
+    limit, a superuser (the test's own DSN) is held to max_connections alone, and through a
+    proxy (as through PgBouncer, whose own limits apply) it is not known: no refusal."""
     async with login_role(pg_admin_dsn, "CONNECTION LIMIT 5") as role:
         dsn = with_db(pg_dsn, user=role)
         env = {"ACCORD_PG_DSN": dsn, "ACCORD_JOURNAL_DIR": str(tmp_path / "journal"),
@@ -179,7 +181,31 @@ async def test_a_worker_pool_larger_than_its_login_may_hold_is_a_refusal(
         finally:
             await admin.close()
         assert await connection_room(dsn) == 20  # control: 13 fit
-    assert await connection_room(pg_dsn) is None
+        proxy = Proxy.of(dsn)
+        try:
+            assert await connection_room(proxy.url(dsn)) is None
+        finally:
+            proxy.close()
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        assert await connection_room(pg_dsn) == int(await admin.fetchval("SHOW max_connections"))
+    finally:
+        await admin.close()
+
+
+@contextlib.contextmanager
+def accord_logs() -> Iterator[io.StringIO]:
+    """What accord's own log configuration writes to stderr meanwhile (then as it was)."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    err = io.StringIO()
+    logs.configure("text", "INFO", stderr=err, stdout=io.StringIO())
+    try:
+        yield err
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+        root.setLevel(level)
 
 
 async def test_a_pool_that_cannot_reopen_a_lost_connection_logs_one_line(
@@ -189,16 +215,12 @@ async def test_a_pool_that_cannot_reopen_a_lost_connection_logs_one_line(
     CONNECTION LIMIT 0): asyncpg's pool retries in the background and logged a traceback at
     each try ('Failed to restore the pool connection floor'), every few seconds for as long
     as it lasted. One line naming the error's type instead (accord.logs)."""
-    root = logging.getLogger()
-    before, level = list(root.handlers), root.level
-    err = io.StringIO()
-    logs.configure("text", "INFO", stderr=err, stdout=io.StringIO())
-    line = "postgresql: a lost pool connection not reopened yet (ServiceUnavailable); retrying"
+    line = "postgresql: a lost pool connection not reopened yet (ServiceUnavailable: "
 
     async def logged() -> bool:
-        return line in err.getvalue()
+        return line in err.getvalue() and "too many connections" in err.getvalue()
 
-    try:
+    with accord_logs() as err:
         async with login_role(pg_admin_dsn) as role:
             pool = await create_pool(with_db(pg_dsn, user=role), min_size=1, max_size=1)
             try:
@@ -214,11 +236,21 @@ async def test_a_pool_that_cannot_reopen_a_lost_connection_logs_one_line(
                 await wait_for(logged, within=20)
             finally:
                 await pool.close()
-    finally:
-        for handler in [h for h in root.handlers if h not in before]:
-            root.removeHandler(handler)
-        root.setLevel(level)
     assert "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
+
+
+def test_a_pool_floor_failure_that_is_no_server_s_keeps_its_traceback() -> None:
+    """Control of the above: the pool's ``init`` runs at each reconnect too, and a defect there
+    (not a server's failure) keeps its traceback rather than read as a retry."""
+    with accord_logs() as err:
+        try:
+            raise TypeError("init() takes 1 positional argument")
+        except TypeError:
+            logging.getLogger("asyncpg.pool").warning(
+                "Failed to restore the pool connection floor; retrying", exc_info=True
+            )
+    assert "Failed to restore the pool connection floor" in err.getvalue()
+    assert "Traceback" in err.getvalue() and "builtins.TypeError" in err.getvalue()
 
 
 async def test_migrate_by_a_user_without_the_privileges_is_one_line(

@@ -194,10 +194,12 @@ async def test_a_row_held_past_its_consumers_replay_window_is_refused_not_poison
 ) -> None:
     """Migration 0056. A held row's ce-time is its enqueue time; released once its consumers'
     replay window had passed, it was published and poisoned too_old at its first delivery,
-    the release audited as if it had worked. `accord relay release-held` passes the window
-    (ACCORD_INBOX_REPLAY_WINDOW_S) and such a row is refused, all or nothing, saying what to
-    do; a tenth of the window is kept for the publish. Control: a row held within the window
-    is released."""
+    the release audited as if it had worked. `accord relay release-held` reads the oldest
+    enqueue time the consumers still admit (the strictest of ACCORD_INBOX_REPLAY_WINDOW_S
+    and each consumer's declared window, less a tenth of it for the publish) and refuses a
+    row enqueued before, all or nothing, saying what to do. Control: a row held within the
+    window is released; then a consumer declaring a stricter window (10 minutes) makes the
+    same age refused."""
     events = [unbound(n) for n in (1, 2, 3)]
     async with pg.transaction():
         for event in events:
@@ -232,7 +234,17 @@ async def test_a_row_held_past_its_consumers_replay_window_is_refused_not_poison
     released = release(within)  # control
     assert released.returncode == 0, released.stderr
     assert await pg.fetchval(state, within) == "pending" and await audit_rows(pg) == 1
-    # The API without a window (a caller that knows of none) checks nothing, as before.
+    # A consumer that declared a ten-minute window refuses what is older: so does a release.
+    await pg.execute("SELECT consumers.declare_window('report', 600, 60)")
+    await pg.execute(
+        "UPDATE relay.outbox SET state = 'held', enqueued_at = now() - interval '30 minutes'"
+        " WHERE event_id = $1",
+        within,
+    )
+    stricter = release(within)
+    assert stricter.returncode == 2 and "past_replay_window" in stricter.stderr, stricter.stderr
+    assert "same operation id" in stricter.stderr
+    # The API without a floor (a caller that knows of none) checks nothing, as before.
     repair = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_repair"})
     try:
         async with repair.transaction():
