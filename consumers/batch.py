@@ -63,6 +63,8 @@ AfterCommit = Callable[[], None]
 _ACKED = (InboxOutcome.NEW, InboxOutcome.DUPLICATE)
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 _MAX_COUNT = 2**31 - 1
+#: The longest a batch waits before a requeue (BatchProcessor.retry_backoff_s).
+RETRY_BACKOFF_MAX_S = 5.0
 # While a rebuild holds a projection's guard, its consumer tries again after this, doubling.
 GUARD_WAIT_S, GUARD_WAIT_MAX_S = 0.05, 1.0
 BUSY_WAIT_MAX_S = 5.0  # a server read-only or out of resources: a failover takes seconds
@@ -116,6 +118,12 @@ class BatchProcessor:
     #: How a batch waits ``seconds`` while a rebuild holds its guard (the consumer runtime
     #: marks its lane idle meanwhile: waiting for a rebuild is not being stuck).
     guard_wait: Callable[[float], Awaitable[None]] = anyio.sleep
+    #: How long a batch waits before it requeues a message that failed transiently at its
+    #: first delivery, doubling with each delivery counted (at most RETRY_BACKOFF_MAX_S): a
+    #: lock or a row another transaction holds, a deadlock, a downstream that is busy, are
+    #: seldom gone a millisecond later, and a requeue at once spent a message's whole
+    #: delivery limit within that millisecond. 0: at once.
+    retry_backoff_s: float = 0.0
 
     async def process(
         self, conn: Any, messages: Sequence[aio_pika.abc.AbstractIncomingMessage]
@@ -348,6 +356,7 @@ class BatchProcessor:
         """After the commit: requeue or poison the failed messages one by one, then ack the
         applied and duplicate ones with one cumulative ack (see the module docstring)."""
         doomed: list[Item] = []
+        retried: list[Item] = []
         applied: list[Item] = []
         for item in items:
             if item.outcome is not None:
@@ -361,21 +370,11 @@ class BatchProcessor:
                 if item.delivery.delivery_count >= self.delivery_limit:
                     doomed.append(item)  # the broker would dead-letter it on this return
                 else:
-                    # reject, not nack: from RabbitMQ 4.3 only a reject counts a failed
-                    # delivery (x-delivery-count), and so reaches the delivery limit; a nack
-                    # returns it uncounted (https://www.rabbitmq.com/docs/4.3/nack). Before
-                    # 4.3 both count.
-                    await item.message.reject(requeue=True)
-                    item.settled = True
-                    item.span.set_attribute(
-                        telemetry.ATTR_ERROR_TYPE, type(item.transient).__name__
-                    )
-                    self.stats.retried += 1
-                    observe.delivered(self.consumer.name, "retried")
-                    with trace.use_span(item.span, end_on_exit=False):  # its trace ids
-                        log.info("retry %s", _ids(item, item.transient))
+                    retried.append(item)
             else:
                 applied.append(item)
+        if retried:
+            await self._retry(retried)
         if doomed:
             await self._poison(conn, doomed)  # records committed, then rejected
         if applied:
@@ -390,6 +389,24 @@ class BatchProcessor:
                 else:
                     self.stats.duplicate += 1
                     observe.delivered(self.consumer.name, str(item.outcome))
+
+    async def _retry(self, retried: list[Item]) -> None:
+        """Requeue each after the batch's backoff (by the most deliveries one of them had)."""
+        if self.retry_backoff_s > 0:
+            # The exponent is capped first: 2.0 ** a publisher's count may overflow a float.
+            counted = min(30, max(item.delivery.delivery_count for item in retried))
+            await anyio.sleep(min(RETRY_BACKOFF_MAX_S, self.retry_backoff_s * 2.0**counted))
+        for item in retried:
+            # reject, not nack: from RabbitMQ 4.3 only a reject counts a failed delivery
+            # (x-delivery-count), and so reaches the delivery limit; a nack returns it
+            # uncounted (https://www.rabbitmq.com/docs/4.3/nack). Before 4.3 both count.
+            await item.message.reject(requeue=True)
+            item.settled = True
+            item.span.set_attribute(telemetry.ATTR_ERROR_TYPE, type(item.transient).__name__)
+            self.stats.retried += 1
+            observe.delivered(self.consumer.name, "retried")
+            with trace.use_span(item.span, end_on_exit=False):  # its trace ids
+                log.info("retry %s", _ids(item, item.transient))
 
     async def _poison(self, conn: Any, doomed: list[Item]) -> None:
         """Poison records in one short transaction, committed before any reject."""

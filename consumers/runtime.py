@@ -89,6 +89,10 @@ class RuntimeConfig:
     # The class is a projection (App.projection): each of its transactions takes the rebuild
     # guard, so `accord replay --rebuild` can run beside this consumer without losing an event.
     projection: bool = False
+    # A message that failed transiently is requeued after this long at its first delivery,
+    # doubling with each delivery counted, at most 5 s (BatchProcessor.retry_backoff_s): with
+    # the default delivery limit of 5, its retries span about 6 s rather than a millisecond.
+    retry_backoff_s: float = 0.2
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -105,6 +109,10 @@ class RuntimeConfig:
             raise ConfigError(
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",
                 batch_linger_s=self.batch_linger_s,
+            )
+        if not duration_ok(self.retry_backoff_s):
+            raise ConfigError(
+                "retry_backoff_s must be seconds >= 0", retry_backoff_s=self.retry_backoff_s
             )
         if not (duration_ok(self.poison_depth_every_s) and self.poison_depth_every_s > 0):
             raise ConfigError(
@@ -173,6 +181,7 @@ class ConsumerRuntime:
             max_body_bytes=self.config.max_body_bytes,
             guard=self.config.workflow if self.config.projection else None,
             guard_wait=self._guard_wait,
+            retry_backoff_s=self.config.retry_backoff_s,
         )
         self._stopping = anyio.Event()
         self._run_scope: CancelScope | None = None

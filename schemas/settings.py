@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     consumer_tenants: str = ""
     # A consumer poisons a message body larger than this (typed reason too_large), unread.
     consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    # A message that failed transiently is requeued after this long at its first delivery,
+    # doubling with each delivery counted, at most 5 s (0: at once).
+    consumer_retry_backoff_s: float = Field(default=0.2, ge=0, le=MAX_DURATION_S)
     job_lease_s: float = Field(default=60.0, gt=0, le=MAX_LEASE_S)
     # Once all of a worker's slots were taken, a freed slot waits this long before its claim,
     # so that the slots freeing meanwhile share one claim (0: claim at once).

@@ -71,6 +71,7 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
         declare=settings.topology_declare,
         poison_retention_s=settings.poison_retention_s,
         projection=declared.reset is not None,
+        retry_backoff_s=settings.consumer_retry_backoff_s,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import uuid
@@ -22,6 +23,7 @@ from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
     CATALOG,
+    INSERT_EFFECT,
     amqp_message,
     counts,
     declare_topology,
@@ -122,6 +124,39 @@ async def test_always_transient_handler_is_dead_lettered_after_the_limit(
     )
     dead = await drain_queue(amqp_url, topo.poison_queue("report"))
     assert [m.message_id for m in dead] == [str(bad.event_id)]
+
+
+async def test_a_transient_failure_is_requeued_after_a_growing_backoff(
+    amqp_url: str, pg_dsn: str, effects_pg: asyncpg.Connection, topo: Topology
+) -> None:
+    """A handler that fails transiently three times (a lock another transaction holds, say),
+    then succeeds: each requeue waits retry_backoff_s at the first delivery, doubling with each
+    delivery counted, so its retries span 0.2 + 0.4 + 0.8 s rather than a millisecond, and
+    it is applied once, within its delivery limit. Control: with no backoff the same retries
+    come back at once."""
+    spans: dict[float, list[float]] = {}
+    for backoff in (0.2, 0.0):
+        seen: list[float] = []
+        handlers = Handlers("report")
+
+        @handlers.on("report.accepted", 1)
+        async def fails_thrice(tx: Any, event: Event, seen: list[float] = seen) -> None:
+            seen.append(anyio.current_time())
+            if len(seen) <= 3:
+                raise TransientFailure("the row is locked")
+            await tx.execute(INSERT_EFFECT, event.tenant, event.operation_id, event.event_id)
+
+        runtime = runtime_for(amqp_url, pg_dsn, topo, handlers, retry_backoff_s=backoff)
+        applied = functools.partial(_delivered, effects_pg, len(spans) + 1)
+        async with running(runtime):
+            await publish_events(amqp_url, topo, [report()])
+            await wait_for(applied)
+        assert len(seen) == 4 and runtime.stats.retried == 3 and runtime.stats.new == 1
+        spans[backoff] = [b - a for a, b in itertools.pairwise(seen)]
+    waits = zip(spans[0.2], (0.2, 0.4, 0.8), strict=True)
+    assert all(gap >= 0.95 * wait for gap, wait in waits), spans
+    assert sum(spans[0.0]) < sum(spans[0.2]) / 2, spans  # control: at once
+    assert await effects_pg.fetchval("SELECT count(*) FROM consumers.poison") == 0
 
 
 def _bad_messages() -> list[tuple[PoisonReason, str, aio_pika.Message]]:
