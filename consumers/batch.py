@@ -11,7 +11,9 @@ can say whose write broke it), each message is applied in a transaction of its o
 only the offender's commit fails. A missing grant stops the consumer from any pass.
 
 Settling: the failed messages one by one (requeue, or poison record then reject), then
-one cumulative ack (``multiple``) for the applied ones. The runtime guarantees that a
+one cumulative ack (``multiple``) for the applied ones; with requeues, which wait out a
+backoff first, the applied ones delivered before the first requeued one are acked before
+the wait and the rest after (two acks). The runtime guarantees that a
 batch holds the oldest unsettled deliveries of its channel (one channel per worker, taken
 in order), so that ack covers exactly this batch. One settle command per batch rather
 than one per message matters on RabbitMQ: a channel's quorum-queue client buffers settles
@@ -353,8 +355,13 @@ class BatchProcessor:
         return bool(carrier)
 
     async def _settle(self, conn: Any, items: list[Item]) -> None:
-        """After the commit: requeue or poison the failed messages one by one, then ack the
-        applied and duplicate ones with one cumulative ack (see the module docstring)."""
+        """After the commit: poison the doomed messages, ack the applied ones delivered before
+        every retried one (a cumulative ack), wait out the retries' backoff and requeue them,
+        then ack the applied ones delivered after (a second cumulative ack). A cumulative ack
+        never covers a delivery still unsettled (see the module docstring), and what the
+        commit applied is acked before the wait where it can be: a lane stopped during the
+        wait returns only the retried messages and the applied ones delivered after them
+        (duplicates when they come back)."""
         doomed: list[Item] = []
         retried: list[Item] = []
         applied: list[Item] = []
@@ -373,22 +380,30 @@ class BatchProcessor:
                     retried.append(item)
             else:
                 applied.append(item)
-        if retried:
-            await self._retry(retried)
         if doomed:
             await self._poison(conn, doomed)  # records committed, then rejected
-        if applied:
-            # Every earlier delivery of this channel is settled by now: ack up to the last.
-            last = max(applied, key=lambda item: item.message.delivery_tag or 0)
-            await last.message.ack(multiple=True)
-            for item in applied:
-                item.settled = True
-                if item.outcome is InboxOutcome.NEW:
-                    self.stats.new += 1
-                    observe.delivered(self.consumer.name, "new", item.delivery.enqueued_at)
-                else:
-                    self.stats.duplicate += 1
-                    observe.delivered(self.consumer.name, str(item.outcome))
+        first_retried = min((_tag(item) for item in retried), default=None)
+        if first_retried is None:
+            await self._ack(applied)
+            return
+        await self._ack([item for item in applied if _tag(item) < first_retried])
+        await self._retry(retried)
+        await self._ack([item for item in applied if _tag(item) > first_retried])
+
+    async def _ack(self, applied: list[Item]) -> None:
+        """One cumulative ack up to the last of ``applied``: every earlier delivery of this
+        channel is settled by then (the caller's order)."""
+        if not applied:
+            return
+        await max(applied, key=_tag).message.ack(multiple=True)
+        for item in applied:
+            item.settled = True
+            if item.outcome is InboxOutcome.NEW:
+                self.stats.new += 1
+                observe.delivered(self.consumer.name, "new", item.delivery.enqueued_at)
+            else:
+                self.stats.duplicate += 1
+                observe.delivered(self.consumer.name, str(item.outcome))
 
     async def _retry(self, retried: list[Item]) -> None:
         """Requeue each after the batch's backoff (by the most deliveries one of them had)."""
@@ -498,3 +513,7 @@ def _ids(item: Item, exc: BaseException | None) -> str:
     if exc is not None:
         parts.append(f"error={type(exc).__name__}")
     return " ".join(parts)
+
+
+def _tag(item: Item) -> int:
+    return item.message.delivery_tag or 0

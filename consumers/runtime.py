@@ -30,7 +30,13 @@ from opentelemetry import trace
 
 from accord import observe
 from accord.consumers import inbox
-from accord.consumers.batch import DEFAULT_MAX_BODY_BYTES, AfterCommit, BatchProcessor, Stats
+from accord.consumers.batch import (
+    DEFAULT_MAX_BODY_BYTES,
+    RETRY_BACKOFF_MAX_S,
+    AfterCommit,
+    BatchProcessor,
+    Stats,
+)
 from accord.consumers.errors import ConnectionLost
 from accord.consumers.handlers import Handlers
 from accord.consumers.inbox import Consumer
@@ -110,9 +116,11 @@ class RuntimeConfig:
                 "batch_linger_s must be at least 0 and shorter than the drain timeout",
                 batch_linger_s=self.batch_linger_s,
             )
-        if not duration_ok(self.retry_backoff_s):
+        if not 0 <= self.retry_backoff_s <= RETRY_BACKOFF_MAX_S:
             raise ConfigError(
-                "retry_backoff_s must be seconds >= 0", retry_backoff_s=self.retry_backoff_s
+                f"retry_backoff_s must be 0 to {RETRY_BACKOFF_MAX_S:g} seconds (the longest"
+                " wait before a requeue)",
+                retry_backoff_s=self.retry_backoff_s,
             )
         if not (duration_ok(self.poison_depth_every_s) and self.poison_depth_every_s > 0):
             raise ConfigError(

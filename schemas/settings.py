@@ -83,8 +83,9 @@ class Settings(BaseSettings):
     # A consumer poisons a message body larger than this (typed reason too_large), unread.
     consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
     # A message that failed transiently is requeued after this long at its first delivery,
-    # doubling with each delivery counted, at most 5 s (0: at once).
-    consumer_retry_backoff_s: float = Field(default=0.2, ge=0, le=MAX_DURATION_S)
+    # doubling with each delivery counted, at most 5 s (0: at once; consumers.batch's
+    # RETRY_BACKOFF_MAX_S: a first wait above it would be that cap at every delivery).
+    consumer_retry_backoff_s: float = Field(default=0.2, ge=0, le=5.0)
     job_lease_s: float = Field(default=60.0, gt=0, le=MAX_LEASE_S)
     # Once all of a worker's slots were taken, a freed slot waits this long before its claim,
     # so that the slots freeing meanwhile share one claim (0: claim at once).
