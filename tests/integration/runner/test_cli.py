@@ -6,10 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import Process
 
 from accord.commands.worker import pool_size
 from accord.demo import DEFAULT_OWNER, report
@@ -22,6 +24,17 @@ from tests.support import free_port, scrape
 ROOT = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-m", "accord", "worker", "--workflow", "report"]
 pytestmark = pytest.mark.timeout(90)
+
+
+async def _succeeded(rig: Rig, job_id: int) -> bool:
+    return await rig.state(job_id) == JobState.SUCCEEDED
+
+
+async def _stopped(process: Process) -> int:
+    """SIGTERM, then the exit status (within 30 s)."""
+    process.send_signal(signal.SIGTERM)
+    with anyio.fail_after(30):
+        return await process.wait()
 
 
 def _env(pg_dsn: str, tmp: Path, provider_url: str = "http://127.0.0.1:9") -> dict[str, str]:
@@ -76,15 +89,9 @@ async def test_a_worker_whose_ledger_database_is_down_exits_75_not_2(
         [*CLI, "--poll-s", "0.1"], env={**env, "ACCORD_LEDGER_PG_DSN": rig.pg_dsn}, cwd=ROOT
     )
     try:
-
-        async def succeeded() -> bool:
-            return await rig.state(job_id) == JobState.SUCCEEDED
-
-        await wait_for(succeeded, within=30)
+        await wait_for(partial(_succeeded, rig, job_id), within=30)
     finally:
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            code = await process.wait()
+        code = await _stopped(process)
     assert code == 0
 
 
@@ -97,11 +104,7 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
         [*CLI, "--lease-s", "5", "--poll-s", "0.1"], env=env, cwd=ROOT, stderr=subprocess.PIPE
     )
     try:
-
-        async def succeeded() -> bool:
-            return await rig.state(job_id) == JobState.SUCCEEDED
-
-        await wait_for(succeeded, within=30)
+        await wait_for(partial(_succeeded, rig, job_id), within=30)
         # its connections carry its name in PostgreSQL; the test's own pool does not
         names = await rig.pool.fetch(
             "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
@@ -114,9 +117,7 @@ async def test_accord_worker_runs_the_report_job_and_stops_on_sigterm(
         mine = await rig.pool.fetchval("SELECT current_setting('application_name')")
         assert mine != "accord worker report"
     finally:
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            code = await process.wait()
+        code = await _stopped(process)
     assert code == 0
     done = await report(rig.pool, TENANT, "r-cli")
     assert done is not None and done.provider_receipt == rig.provider.evidence()[0].receipt_id
@@ -145,16 +146,10 @@ async def test_a_worker_keeps_trace_contexts_only_while_its_spans_leave_it(
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-
-        async def succeeded() -> bool:
-            return await rig.state(job_id) == JobState.SUCCEEDED
-
-        await wait_for(succeeded, within=30)
+        await wait_for(partial(_succeeded, rig, job_id), within=30)
         figures = await anyio.to_thread.run_sync(scrape, port)
     finally:
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            assert await process.wait() == 0
+        assert await _stopped(process) == 0
     assert figures is not None and figures["accord_jobs_finished_total"] >= 1  # measuring
     kept = await rig.pool.fetchrow(
         "SELECT j.attempt_trace IS NOT NULL AS attempt,"
@@ -210,9 +205,7 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
 
         await wait_for(refused, within=30)
     finally:
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            await process.wait()
+        await _stopped(process)
     assert (
         await rig.pool.fetchval("SELECT count(*) FROM jobs.effects WHERE job_id = $1", job_id) == 0
     )
@@ -243,11 +236,6 @@ async def test_registration_with_effects_disabled_keeps_the_effect_from_beginnin
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
 
-        async def succeeded() -> bool:
-            return await rig.state(job_id) == JobState.SUCCEEDED
-
-        await wait_for(succeeded, within=30)
+        await wait_for(partial(_succeeded, rig, job_id), within=30)
     finally:
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            await process.wait()
+        await _stopped(process)
