@@ -3,7 +3,8 @@
 A poison record holds a typed reason, the identifiers that could be read, a summary of
 the headers and the body's size and SHA-256, never the raw payload. The runtime writes
 it in its own short transaction and only then rejects the message to the dead-letter
-queue, so every dead-lettered message it decided on has its record.
+queue, so every dead-lettered message it decided on has its record; a redelivery of a
+message whose reject was lost after that commit finds the record and writes no second one.
 
 Everything a record keeps is made storable first (``storable``): text taken from a
 message (a header value, a duplicate key, a message id) may hold NUL or a lone surrogate,
@@ -188,7 +189,9 @@ def body_fingerprint(body: bytes) -> tuple[int, str]:
 
 
 async def record_poison(tx: Any, record: PoisonRecord) -> int:
-    """Runs in the caller's transaction; never commits. Stores one poison record; returns its id."""
+    """Runs in the caller's transaction; never commits. Stores one poison record; returns its
+    id. A redelivered message this consumer already recorded for the same reason (its reject
+    lost after the record's commit) gets that record's id, and nothing is written."""
     require_transaction(tx)
     poison_id: int = await tx.fetchval(
         sql.INSERT_POISON,

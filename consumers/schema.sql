@@ -397,6 +397,12 @@ CREATE INDEX inbox_retention_idx ON consumers.inbox USING btree (consumer, GREAT
 CREATE INDEX poison_created_idx ON consumers.poison USING btree (consumer, created_at);
 
 --
+-- Name: poison_redelivery_idx; Type: INDEX; Schema: consumers; Owner: -
+--
+
+CREATE INDEX poison_redelivery_idx ON consumers.poison USING btree (consumer, body_sha256);
+
+--
 -- Name: replay_promises replay_promises_consumer_fkey; Type: FK CONSTRAINT; Schema: consumers; Owner: -
 --
 
@@ -472,6 +478,36 @@ GRANT INSERT ON TABLE consumers.poison TO accord_consumer;
 --
 
 GRANT SELECT(id) ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.consumer; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(consumer) ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.reason; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(reason) ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.message_id; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(message_id) ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.publish_id; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(publish_id) ON TABLE consumers.poison TO accord_consumer;
+
+--
+-- Name: COLUMN poison.body_sha256; Type: ACL; Schema: consumers; Owner: -
+--
+
+GRANT SELECT(body_sha256) ON TABLE consumers.poison TO accord_consumer;
 
 --
 -- Name: TABLE replay_horizons; Type: ACL; Schema: consumers; Owner: -

@@ -7,23 +7,27 @@ from __future__ import annotations
 from typing import Any
 
 import aio_pika
+import aiormq
 import anyio
 import asyncpg
 import pytest
 
-from accord.consumers import Handlers
+from accord.consumers import Handlers, PermanentFailure
 from accord.consumers import runtime as consumer_runtime
 from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
     INSERT_EFFECT,
     WORKFLOW,
+    amqp_message,
     declare_topology,
+    publish,
     publish_events,
     queue_depth,
     report,
     running,
     runtime_for,
+    wire_message,
 )
 from tests.support import wait_for
 
@@ -174,3 +178,56 @@ async def test_a_delivery_to_a_closed_lane_is_left_unacked_not_requeued() -> Non
     send.close()
     await lane._feed(Delivery())  # type: ignore[arg-type]
     assert nacked == []
+
+
+async def test_a_reject_lost_after_its_poison_record_writes_no_second_record(
+    amqp_url: str,
+    pg_dsn: str,
+    pg: asyncpg.Connection,
+    topo: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The poison record commits, then the reject is lost with its channel: the broker
+    returns the message, redelivered, and the consumer decides it again. Before, a second
+    record was written for the one message the poison queue then held; now the redelivery
+    finds the first record (same consumer, reason, body, message and publish id) and only
+    rejects. Control: the same message delivered afresh (a put-back by `accord dead-letters`
+    after a fix, say: not redelivered) is a new decision and gets a record of its own."""
+    handlers = Handlers(WORKFLOW)
+
+    @handlers.on("report.accepted", 1)
+    async def refuse(tx: Any, event: Event) -> None:
+        raise PermanentFailure("this report can never be applied")
+
+    rejects: list[bool] = []
+    reject = aio_pika.IncomingMessage.reject
+
+    async def lost_once(self: aio_pika.IncomingMessage, requeue: bool = False) -> None:
+        rejects.append(self.redelivered)
+        if len(rejects) == 1:  # the channel goes with the reject: the broker returns it
+            await self.channel.close()
+            raise aiormq.exceptions.ChannelInvalidStateError("the channel closed")
+        await reject(self, requeue=requeue)
+
+    monkeypatch.setattr(aio_pika.IncomingMessage, "reject", lost_once)
+    await declare_topology(amqp_url, topo)
+    event = report("refused")
+    message = wire_message(event)
+    poison_queue = topo.poison_queue(WORKFLOW)
+    runtime = runtime_for(amqp_url, pg_dsn, topo, handlers=handlers)
+    records = "SELECT redelivered FROM consumers.poison WHERE operation_id = $1 ORDER BY id"
+    async with running(runtime):
+        await publish(amqp_url, topo, [(event.ce_type, amqp_message(message))])
+
+        async def dead(n: int) -> bool:
+            return await queue_depth(amqp_url, poison_queue) == n
+
+        await wait_for(lambda: dead(1), within=30)
+        assert rejects == [False, True]  # decided twice: the redelivery was rejected
+        assert [r["redelivered"] for r in await pg.fetch(records, "refused")] == [False]
+
+        # Control: the same message, delivered afresh, is decided and recorded anew.
+        await publish(amqp_url, topo, [(event.ce_type, amqp_message(message))])
+        await wait_for(lambda: dead(2), within=30)
+        assert rejects == [False, True, False]
+        assert [r["redelivered"] for r in await pg.fetch(records, "refused")] == [False, False]
