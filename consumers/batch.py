@@ -426,14 +426,18 @@ class BatchProcessor:
     async def _poison(self, conn: Any, doomed: list[Item]) -> None:
         """Poison records in one short transaction, committed before any reject."""
         records = [self._record(item) for item in doomed]
+        before: list[int | None] = []  # each one's earlier record, None when written now
         async with conn.transaction():
             for item, record in zip(doomed, records, strict=True):
-                await poison.record_poison(conn, record)
-                if item.outcome is InboxOutcome.CONFLICT and item.event is not None:
+                poison_id, wrote = await poison.record_poison(conn, record)
+                # A redelivery decided before (its reject lost after the record's commit):
+                # the record and the conflict's delivery row are there already.
+                before.append(None if wrote else poison_id)
+                if wrote and item.outcome is InboxOutcome.CONFLICT and item.event is not None:
                     await inbox.record_delivery(
                         conn, self.consumer, item.event, item.delivery, InboxOutcome.CONFLICT
                     )
-        for item, record in zip(doomed, records, strict=True):
+        for item, record, earlier in zip(doomed, records, before, strict=True):
             await item.message.reject(requeue=False)
             item.settled = True
             self.stats.poisoned += 1
@@ -443,7 +447,13 @@ class BatchProcessor:
             item.span.set_attribute(telemetry.ATTR_ERROR_TYPE, str(record.reason))
             item.span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.reason)))
             with trace.use_span(item.span, end_on_exit=False):  # its trace ids
-                log.warning("poison reason=%s %s", record.reason, _ids(item, None))
+                if earlier is None:
+                    log.warning("poison reason=%s %s", record.reason, _ids(item, None))
+                else:
+                    log.warning(
+                        "poison reason=%s %s (recorded before: poison record %d)",
+                        record.reason, _ids(item, None), earlier,
+                    )  # fmt: skip
 
     def _record(self, item: Item) -> poison.PoisonRecord:
         if item.permanent is not None:
@@ -475,6 +485,7 @@ class BatchProcessor:
             message_id=_raw_id(item.message.message_id),
             # Parsed (canonical UUID text) when the message parsed; else as it came.
             publish_id=item.delivery.publish_id or _raw_id(headers.get("publish-id")),
+            move_id=_raw_id(headers.get(wire.MOVE_ID)),
         )
 
 

@@ -10,23 +10,25 @@ once the cause is fixed, move messages back to the class's queue.
 
 Moving a message: published to the class's queue itself (the default exchange, by the
 queue's name: no other class's queue gets a copy), persistent, mandatory, with publisher
-confirms, its body, message id and headers as they were but for the broker's dead-letter
-and delivery-count headers; then acknowledged in the poison queue. A crash between the two
-leaves a copy in both, which the inbox absorbs (at least once, never lost). A message a pass
-does not move (a look, another reason, a publish the broker refused) is put back the same way:
-a copy published to the poison queue's tail, its dead-letter headers kept, confirmed before
-its original is acknowledged. Nothing is held unacknowledged through a pass, and a return
-counts against no delivery limit (RabbitMQ 4 gives quorum queues one by default, and the
-poison queue has no dead-letter exchange): only a copy the poison queue refuses returns its
-original (a nack, which 4.3 does not count, as it does a reject), and the pass stops there
-rather than read it again; an error returns the message in hand the same way. A pass
-reads at most what the queue held when it began, oldest first: copies put back, and messages
-dead-lettered meanwhile, land behind those and are not read twice.
+confirms, its body, message id and headers as they were but for the broker's dead-letter and
+delivery-count headers, with a fresh ``accord-move-id`` (a poison record tells this life of
+the message from the one before by it); then acknowledged in the poison queue. A crash
+between the two leaves a copy in both, which the inbox absorbs (at least once, never lost).
+A message a pass does not move (a look, another reason, a publish the broker refused) is put
+back the same way: a copy published to the poison queue's tail, its dead-letter headers
+kept, confirmed before its original is acknowledged. Nothing is held unacknowledged through
+a pass, and a return counts against no delivery limit (RabbitMQ 4 gives quorum queues one by
+default, and the poison queue has no dead-letter exchange): only a copy the poison queue
+refuses returns its original (a nack, which 4.3 does not count, as it does a reject), and
+the pass stops there rather than read it again; an error returns the message in hand the
+same way. A pass reads at most what the queue held when it began, oldest first: copies put
+back, and messages dead-lettered meanwhile, land behind those and are not read twice.
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,6 +200,8 @@ async def _publish(
     (its type)."""
     dropped = DEATH_HEADERS | {COUNT_HEADER} if fresh else {COUNT_HEADER}
     headers = {k: v for k, v in (message.headers or {}).items() if k not in dropped}
+    if fresh:  # a new life: its poison record, if it comes to one, is a record of its own
+        headers[wire.MOVE_ID] = str(uuid.uuid4())
     copy = aio_pika.Message(
         message.body,
         headers=headers,

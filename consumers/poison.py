@@ -4,7 +4,8 @@ A poison record holds a typed reason, the identifiers that could be read, a summ
 the headers and the body's size and SHA-256, never the raw payload. The runtime writes
 it in its own short transaction and only then rejects the message to the dead-letter
 queue, so every dead-lettered message it decided on has its record; a redelivery of a
-message whose reject was lost after that commit finds the record and writes no second one.
+message whose reject was lost after that commit finds the record and writes no second one
+(the same life of the message: its publish id, body, message id and move id).
 
 Everything a record keeps is made storable first (``storable``): text taken from a
 message (a header value, a duplicate key, a message id) may hold NUL or a lone surrogate,
@@ -144,6 +145,8 @@ class PoisonRecord:
     event_type: str | None = None
     message_id: str | None = None
     publish_id: str | None = None
+    #: The ``accord-move-id`` header of a message ``accord dead-letters`` moved back.
+    move_id: str | None = None
 
     @classmethod
     def from_record(cls, record: Any) -> PoisonRecord:
@@ -163,6 +166,7 @@ class PoisonRecord:
             event_type=record["event_type"],
             message_id=record["message_id"],
             publish_id=record["publish_id"],
+            move_id=record.get("move_id"),
         )
 
 
@@ -188,13 +192,14 @@ def body_fingerprint(body: bytes) -> tuple[int, str]:
     return len(body), hashlib.sha256(body).hexdigest()
 
 
-async def record_poison(tx: Any, record: PoisonRecord) -> int:
+async def record_poison(tx: Any, record: PoisonRecord) -> tuple[int, bool]:
     """Runs in the caller's transaction; never commits. Stores one poison record; returns its
-    id. A redelivered message this consumer already recorded for the same reason (its reject
-    lost after the record's commit) gets that record's id, and nothing is written."""
+    id and True. A redelivered message this consumer already recorded in the same life (its
+    reject lost after the record's commit) gets that record's id and False: nothing is
+    written (consumers.record_poison, 0057)."""
     require_transaction(tx)
-    poison_id: int = await tx.fetchval(
-        sql.INSERT_POISON,
+    row = await tx.fetchrow(
+        sql.RECORD_POISON,
         record.consumer,
         record.queue,
         str(record.reason),
@@ -210,8 +215,9 @@ async def record_poison(tx: Any, record: PoisonRecord) -> int:
         json.dumps(record.headers),
         record.body_size,
         record.body_sha256,
+        record.move_id,
     )
-    return poison_id
+    return int(row["poison_id"]), bool(row["written"])
 
 
 async def poison_counts(conn: Any) -> list[Any]:

@@ -145,6 +145,46 @@ END $$;
 COMMENT ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of one consumer''s poison records older than the retention, never shorter than its declared replay horizon; the count (0027)';
 
 --
+-- Name: record_poison(text, text, text, jsonb, text, text, text, text, text, text, boolean, integer, jsonb, integer, text, text); Type: FUNCTION; Schema: consumers; Owner: -
+--
+
+CREATE FUNCTION consumers.record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text) RETURNS TABLE(poison_id bigint, written boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_redelivered AND p_publish_id IS NOT NULL THEN
+        SELECT p.id INTO v_id FROM consumers.poison p
+        WHERE p.consumer = p_consumer AND p.publish_id = p_publish_id
+          AND p.body_sha256 = p_body_sha256
+          AND p.message_id IS NOT DISTINCT FROM p_message_id
+          AND p.move_id IS NOT DISTINCT FROM p_move_id
+        ORDER BY p.id DESC LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT v_id, false;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO consumers.poison
+        (consumer, queue, reason, detail, tenant, operation_id, event_id, event_type,
+         message_id, publish_id, redelivered, delivery_count, headers, body_size, body_sha256,
+         move_id)
+    VALUES (p_consumer, p_queue, p_reason, p_detail, p_tenant, p_operation_id, p_event_id,
+            p_event_type, p_message_id, p_publish_id, p_redelivered, p_delivery_count,
+            p_headers, p_body_size, p_body_sha256, p_move_id)
+    RETURNING id INTO v_id;
+    RETURN QUERY SELECT v_id, true;
+END $$;
+
+--
+-- Name: FUNCTION record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text); Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON FUNCTION consumers.record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text) IS 'Write one poison record and return its id, or, for a redelivered message this consumer already recorded in the same life (publish id, body hash, message id, move id), return that record''s id and write nothing (0057)';
+
+--
 -- Name: replay_horizon(text); Type: FUNCTION; Schema: consumers; Owner: -
 --
 
@@ -240,11 +280,18 @@ CREATE TABLE consumers.poison (
     body_size integer NOT NULL,
     body_sha256 text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    move_id text,
     CONSTRAINT poison_body_sha256_check CHECK ((body_sha256 ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT poison_body_size_check CHECK ((body_size >= 0)),
     CONSTRAINT poison_delivery_count_check CHECK ((delivery_count >= 0)),
     CONSTRAINT poison_reason_check CHECK ((reason = ANY (ARRAY['malformed'::text, 'malformed_json'::text, 'duplicate_key'::text, 'non_finite_number'::text, 'body_not_object'::text, 'missing_header'::text, 'bad_header'::text, 'duplicate_header'::text, 'bad_specversion'::text, 'bad_content_type'::text, 'bad_attribute'::text, 'unknown_type'::text, 'unknown_version'::text, 'invalid_event'::text, 'no_handler'::text, 'digest_mismatch'::text, 'tenant_mismatch'::text, 'conflict'::text, 'too_old'::text, 'rejected'::text, 'retries_exhausted'::text, 'tenant_conflict'::text, 'too_large'::text, 'data_exception'::text, 'integrity_violation'::text, 'statement_refused'::text, 'in_future'::text])))
 );
+
+--
+-- Name: COLUMN poison.move_id; Type: COMMENT; Schema: consumers; Owner: -
+--
+
+COMMENT ON COLUMN consumers.poison.move_id IS 'The accord-move-id header of a message accord dead-letters moved back (a fresh UUID per move); NULL for one never moved (0057)';
 
 --
 -- Name: poison_id_seq; Type: SEQUENCE; Schema: consumers; Owner: -
@@ -400,7 +447,7 @@ CREATE INDEX poison_created_idx ON consumers.poison USING btree (consumer, creat
 -- Name: poison_redelivery_idx; Type: INDEX; Schema: consumers; Owner: -
 --
 
-CREATE INDEX poison_redelivery_idx ON consumers.poison USING btree (consumer, body_sha256);
+CREATE INDEX poison_redelivery_idx ON consumers.poison USING btree (consumer, publish_id) WHERE (publish_id IS NOT NULL);
 
 --
 -- Name: replay_promises replay_promises_consumer_fkey; Type: FK CONSTRAINT; Schema: consumers; Owner: -
@@ -436,6 +483,13 @@ GRANT ALL ON FUNCTION consumers.declare_window(p_consumer text, p_replay_window_
 
 REVOKE ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION consumers.prune_poison(p_consumer text, p_retention_s double precision, p_limit integer) TO accord_consumer;
+
+--
+-- Name: FUNCTION record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text); Type: ACL; Schema: consumers; Owner: -
+--
+
+REVOKE ALL ON FUNCTION consumers.record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text) FROM PUBLIC;
+GRANT ALL ON FUNCTION consumers.record_poison(p_consumer text, p_queue text, p_reason text, p_detail jsonb, p_tenant text, p_operation_id text, p_event_id text, p_event_type text, p_message_id text, p_publish_id text, p_redelivered boolean, p_delivery_count integer, p_headers jsonb, p_body_size integer, p_body_sha256 text, p_move_id text) TO accord_consumer;
 
 --
 -- Name: FUNCTION replay_horizon(p_consumer text); Type: ACL; Schema: consumers; Owner: -
@@ -478,36 +532,6 @@ GRANT INSERT ON TABLE consumers.poison TO accord_consumer;
 --
 
 GRANT SELECT(id) ON TABLE consumers.poison TO accord_consumer;
-
---
--- Name: COLUMN poison.consumer; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(consumer) ON TABLE consumers.poison TO accord_consumer;
-
---
--- Name: COLUMN poison.reason; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(reason) ON TABLE consumers.poison TO accord_consumer;
-
---
--- Name: COLUMN poison.message_id; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(message_id) ON TABLE consumers.poison TO accord_consumer;
-
---
--- Name: COLUMN poison.publish_id; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(publish_id) ON TABLE consumers.poison TO accord_consumer;
-
---
--- Name: COLUMN poison.body_sha256; Type: ACL; Schema: consumers; Owner: -
---
-
-GRANT SELECT(body_sha256) ON TABLE consumers.poison TO accord_consumer;
 
 --
 -- Name: TABLE replay_horizons; Type: ACL; Schema: consumers; Owner: -

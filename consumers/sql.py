@@ -152,27 +152,13 @@ WITH doomed AS (
 DELETE FROM consumers.deliveries AS d USING doomed WHERE d.id = doomed.id
 """
 
-# Record one poisoned message: typed reason, identifiers, header summary, body size and hash;
-# its id. One record per decision (0057): a redelivered message ($11) that already has a
-# record from this consumer with the same reason, body hash, message id and publish id was
-# decided before, its reject lost after that record's commit, so that record's id comes
-# back and nothing is written. A message delivered afresh is always a new decision.
-INSERT_POISON = """
-WITH earlier AS (
-    SELECT p.id FROM consumers.poison p
-    WHERE $11::boolean AND p.consumer = $1 AND p.body_sha256 = $15 AND p.reason = $3
-      AND p.message_id IS NOT DISTINCT FROM $9 AND p.publish_id IS NOT DISTINCT FROM $10
-    ORDER BY p.id DESC LIMIT 1
-), written AS (
-    INSERT INTO consumers.poison
-        (consumer, queue, reason, detail, tenant, operation_id, event_id, event_type,
-         message_id, publish_id, redelivered, delivery_count, headers, body_size, body_sha256)
-    SELECT $1::text, $2::text, $3::text, $4::jsonb, $5::text, $6::text, $7::text, $8::text,
-           $9::text, $10::text, $11::boolean, $12::integer, $13::jsonb, $14::integer, $15::text
-    WHERE NOT EXISTS (SELECT 1 FROM earlier)
-    RETURNING id
-)
-SELECT id FROM written UNION ALL SELECT id FROM earlier
+# Record one poisoned message: typed reason, identifiers, header summary, body size and hash,
+# move id; its id and whether it was written. One record per decision (0057): a redelivered
+# message this consumer already recorded in the same life (publish id, body hash, message
+# id, move id) had its reject lost after that record's commit: nothing is written.
+RECORD_POISON = """
+SELECT poison_id, written FROM consumers.record_poison(
+    $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $14, $15, $16)
 """
 
 # Inbox decisions received at or after $1, by consumer, tenant and outcome (new, duplicate =

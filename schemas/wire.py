@@ -45,6 +45,10 @@ REQUIRED = (
 )  # fmt: skip
 # Headers read without a CloudEvents prefix (besides the attributes).
 PLAIN = ("publish-id", "traceparent", "tracestate")
+#: Stamped by ``accord dead-letters`` on each message it moves back to its class's queue (a
+#: fresh UUID per move): a consumer's poison record tells one life of a message from the
+#: next by it, the publish id staying the same across a move (consumers.record_poison).
+MOVE_ID = "accord-move-id"
 _TRACE = ("traceparent", "tracestate")
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")  # below 2**63: PostgreSQL's bigint

@@ -12,7 +12,7 @@ import anyio
 import asyncpg
 import pytest
 
-from accord.consumers import Handlers, PermanentFailure
+from accord.consumers import Handlers, PermanentFailure, TransientFailure, dead_letters
 from accord.consumers import runtime as consumer_runtime
 from accord.schemas.events import Event
 from accord.schemas.topology import Topology
@@ -190,20 +190,22 @@ async def test_a_reject_lost_after_its_poison_record_writes_no_second_record(
     """The poison record commits, then the reject is lost with its channel: the broker
     returns the message, redelivered, and the consumer decides it again. Before, a second
     record was written for the one message the poison queue then held; now the redelivery
-    finds the first record (same consumer, reason, body, message and publish id) and only
-    rejects. Control: the same message delivered afresh (a put-back by `accord dead-letters`
-    after a fix, say: not redelivered) is a new decision and gets a record of its own."""
+    finds the first record (the same life: publish id, body, message id, move id) and is only
+    rejected. Controls: the copy `accord dead-letters` moves back, retried once and so
+    redelivered before its decision, is a new life with a record of its own (its move id);
+    the same message published afresh gets one too."""
     handlers = Handlers(WORKFLOW)
+    verdicts = [PermanentFailure, PermanentFailure, TransientFailure, PermanentFailure]
 
     @handlers.on("report.accepted", 1)
-    async def refuse(tx: Any, event: Event) -> None:
-        raise PermanentFailure("this report can never be applied")
+    async def judge(tx: Any, event: Event) -> None:
+        raise (verdicts.pop(0) if verdicts else PermanentFailure)("judged")
 
-    rejects: list[bool] = []
+    rejects: list[tuple[bool, bool]] = []
     reject = aio_pika.IncomingMessage.reject
 
     async def lost_once(self: aio_pika.IncomingMessage, requeue: bool = False) -> None:
-        rejects.append(self.redelivered)
+        rejects.append((self.redelivered, requeue))
         if len(rejects) == 1:  # the channel goes with the reject: the broker returns it
             await self.channel.close()
             raise aiormq.exceptions.ChannelInvalidStateError("the channel closed")
@@ -214,20 +216,36 @@ async def test_a_reject_lost_after_its_poison_record_writes_no_second_record(
     event = report("refused")
     message = wire_message(event)
     poison_queue = topo.poison_queue(WORKFLOW)
-    runtime = runtime_for(amqp_url, pg_dsn, topo, handlers=handlers)
-    records = "SELECT redelivered FROM consumers.poison WHERE operation_id = $1 ORDER BY id"
+    runtime = runtime_for(amqp_url, pg_dsn, topo, handlers=handlers, retry_backoff_s=0)
+    records = (
+        "SELECT redelivered, move_id IS NOT NULL AS moved FROM consumers.poison"
+        " WHERE operation_id = $1 ORDER BY id"
+    )
+
+    async def recorded() -> list[tuple[bool, bool]]:
+        return [(r["redelivered"], r["moved"]) for r in await pg.fetch(records, "refused")]
+
+    async def dead(n: int) -> bool:
+        return await queue_depth(amqp_url, poison_queue) == n
+
     async with running(runtime):
         await publish(amqp_url, topo, [(event.ce_type, amqp_message(message))])
-
-        async def dead(n: int) -> bool:
-            return await queue_depth(amqp_url, poison_queue) == n
-
         await wait_for(lambda: dead(1), within=30)
-        assert rejects == [False, True]  # decided twice: the redelivery was rejected
-        assert [r["redelivered"] for r in await pg.fetch(records, "refused")] == [False]
+        assert rejects == [(False, False), (True, False)]  # decided twice, rejected again
+        assert await recorded() == [(False, False)]
 
-        # Control: the same message, delivered afresh, is decided and recorded anew.
+        # Control: moved back; a retry redelivers the copy before it is decided again.
+        moved = await dead_letters.move_back(amqp_url, topo, WORKFLOW, reason="rejected", limit=10)
+        assert len(moved.moved) == 1
+        await wait_for(lambda: dead(1), within=30)
+        await wait_for(lambda: _rows(recorded, 2), within=30)
+        assert await recorded() == [(False, False), (True, True)]
+
+        # Control: the same message published afresh is decided and recorded anew.
         await publish(amqp_url, topo, [(event.ce_type, amqp_message(message))])
         await wait_for(lambda: dead(2), within=30)
-        assert rejects == [False, True, False]
-        assert [r["redelivered"] for r in await pg.fetch(records, "refused")] == [False, False]
+        assert await recorded() == [(False, False), (True, True), (False, False)]
+
+
+async def _rows(read: Any, n: int) -> bool:
+    return len(await read()) == n

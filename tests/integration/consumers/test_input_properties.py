@@ -142,7 +142,7 @@ async def test_every_refused_delivery_gets_a_storable_poison_record(
     tx = pg.transaction()
     await tx.start()
     try:
-        poison_id = await poison.record_poison(pg, record)
+        poison_id, _ = await poison.record_poison(pg, record)
         stored = await pg.fetchrow(
             "SELECT reason, detail FROM consumers.poison WHERE id = $1", poison_id
         )
