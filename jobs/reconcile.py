@@ -8,8 +8,11 @@ evidence that nothing was dispatched (``failed_before_dispatch``: the job may ru
 definite answer, or no lookup at all, leaves the effect unresolved; once it is older than the
 configured age it is *escalated* (jobs.effect_escalations, a state for status and metrics).
 
-A "never seen" is only trusted once the effect is older than ``settle_s``: a request still in
-flight towards the provider could otherwise be accepted just after the lookup.
+A "never seen" is only trusted ``settle_s`` after the attempt that began the effect could last
+have sent (``quiet_since``, 0058: its begin, its recorded finish, or its job's last change once
+the job stopped running): a request still in flight towards the provider could otherwise be
+accepted just after the lookup. A worker cut off from the database sends until its own lease
+ends, so the settle must be at least the job lease.
 
 A resolution that leaves its job ``unknown`` with nothing unresolved (an effect of it
 succeeded: typically the provider accepted and the reply was lost) also *resumes* the job in
@@ -58,6 +61,10 @@ class UnresolvedEffect:
     begun_at: datetime
     escalated_at: datetime | None
     age_s: float
+    #: Seconds since the attempt that began it could last have sent (``quiet_since``: its
+    #: begin, its recorded finish, or its job's last change once not running, 0058); None
+    #: where not read from jobs.reconciliation (then "never seen" is trusted only at settle 0).
+    quiet_s: float | None = None
 
     @classmethod
     def from_record(cls, row: Mapping[str, Any]) -> UnresolvedEffect:
@@ -190,7 +197,9 @@ async def reconcile(
         except LookupUnavailable:
             left.append((effect, Left.LOOKUP_UNAVAILABLE))
             continue
-        if answer.receipt is None and not effect.age_s >= settle_s:  # NaN: settling
+        # "Never seen" is trusted once nothing of the attempt can still be on its way: the
+        # window runs from its last possible send, not from the begin (NaN: settling).
+        if answer.receipt is None and not (effect.quiet_s or 0.0) >= settle_s:
             left.append((effect, Left.SETTLING))
             continue
         done, resumed_job = await _resolve(conn, effect, answer, who)

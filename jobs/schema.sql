@@ -1729,11 +1729,22 @@ CREATE VIEW jobs.reconciliation AS
     e.attempt_id,
     e.generation,
     e.begun_at,
-    x.escalated_at
+    x.escalated_at,
+    GREATEST(e.begun_at, e.finished_at,
+        CASE
+            WHEN (j.state <> 'running'::text) THEN j.updated_at
+            ELSE NULL::timestamp with time zone
+        END) AS quiet_since
    FROM ((jobs.effects e
      JOIN jobs.jobs j ON ((j.job_id = e.job_id)))
      LEFT JOIN jobs.effect_escalations x ON (((x.job_id = e.job_id) AND (x.effect_key = e.effect_key) AND (x.seq = e.seq))))
   WHERE ((e.state = 'unknown'::text) OR ((e.state = 'pending'::text) AND (j.state <> 'running'::text)));
+
+--
+-- Name: COLUMN reconciliation.quiet_since; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON COLUMN jobs.reconciliation.quiet_since IS 'Since when the attempt that began the effect can send no more: its begin, its recorded finish, or its job''s last change once not running, whichever is latest; reconcile trusts a "never seen" only settle_s after it (0058)';
 
 --
 -- Name: registration_audit; Type: TABLE; Schema: jobs; Owner: -
