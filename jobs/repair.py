@@ -171,8 +171,9 @@ async def resume(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
     lost) goes back to ``queued``, resumable for exactly one claim: that run gets each
     succeeded effect's recorded outcome (``Store.start_effect``) instead of dispatching it
     again. No automatic loop does this. Raises RepairRefused (running, missing,
-    not_resumable: only ``unknown`` resumes, a canceled job stays canceled;
-    effects_unresolved: resolve them first; restore_unresolved; no_principal; no_evidence)."""
+    not_resumable: only ``unknown`` resumes, a canceled job stays canceled; final_failure:
+    its handler gave it up without a retry (0059); effects_unresolved: resolve them first;
+    restore_unresolved; no_principal; no_evidence)."""
     require_transaction(tx)
     row = await tx.fetchrow(repair_sql.RESUME, job_id, who, evidence)
     _refused(row["status"], job_id=job_id, state=row["job_state"])

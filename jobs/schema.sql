@@ -1172,6 +1172,8 @@ BEGIN
             WHEN j.job_id IS NULL THEN 'missing'
             WHEN j.state = 'running' THEN 'running'
             WHEN j.state <> 'unknown' THEN 'not_resumable'
+            -- its handler gave it up without a retry (0055): never run again
+            WHEN j.final_failure THEN 'final_failure'
             WHEN jobs.unresolved_effects(p_job_id) THEN 'effects_unresolved'
             WHEN EXISTS (SELECT 1 FROM jobs.authority_restores r
                          WHERE r.tenant = j.tenant AND r.resolved_at IS NULL)

@@ -10,6 +10,7 @@ import pytest
 
 from accord.demo import app as demo_app
 from accord.jobs import EffectState, JobConflict, JobState, Store, repair, submit
+from accord.jobs.errors import RepairRefused
 from accord.jobs.models import Lease
 from accord.schemas import migrate
 from accord.schemas.errors import MigrationError, MigrationTampered, SchemaAhead, SchemaBehind
@@ -448,5 +449,62 @@ async def test_0055_keeps_the_verdict_of_jobs_the_runner_gave_up_for_good(
                 )
             states[reason] = resolved.job_state
         assert states == {"effect_conflict": JobState.FAILED, "effect_unknown": JobState.QUEUED}
+    finally:
+        await conn.close()
+
+
+async def test_0059_fails_the_jobs_given_up_for_good_that_waited_for_a_resume(
+    empty_pg_dsn: str,
+) -> None:
+    """A database at 0054 holding two unknown jobs whose effect a person resolved succeeded
+    (the provider took it, the reply was lost): one the runner gave up for a handler defect
+    (retry=False), one for the unknown effect (retry=True). Both waited for a resume. 0055
+    marked the first, and no resolution came after it to fail it: `accord repair resume`
+    queued it, running again what its handler had given up on. 0059 fails it; a resume of a
+    job so marked is refused (final_failure). Control: the other job is resumed."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=54)
+        store = Store(conn, backoff_base_s=0.0)
+        await store.register_workflow("w", "o", effects_enabled=True)
+        jobs: dict[str, int] = {}
+        for reason, retry in (("effect_conflict", False), ("effect_unknown", True)):
+            async with conn.transaction():
+                done = await submit(
+                    conn, tenant="acme", workflow="w", operation_id=reason, digest="d"
+                )
+            [lease] = await store.claim("w", "o", lease_s=30)
+            await store.begin_effect(lease, "k", "i")
+            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
+            assert await store.fail(lease, reason, retry=retry) is JobState.UNKNOWN
+            async with conn.transaction():
+                resolved = await repair.resolve_effect(
+                    conn, done.job_id, "k", EffectState.SUCCEEDED, who="t", evidence="receipt"
+                )
+            assert resolved.job_state is JobState.UNKNOWN  # awaiting a person's resume
+            jobs[reason] = done.job_id
+        await migrate.migrate(conn, through=58)
+        stuck = "SELECT state, final_failure FROM jobs.jobs WHERE job_id = $1"
+        assert tuple(await conn.fetchrow(stuck, jobs["effect_conflict"])) == ("unknown", True)
+        await migrate.migrate(conn)
+        states = dict(await conn.fetch("SELECT last_error, state FROM jobs.jobs"))
+        assert states == {"effect_conflict": "failed", "effect_unknown": "unknown"}
+        # A resume of a job given up for good is refused, whatever brought it there.
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(
+                "UPDATE jobs.jobs SET final_failure = true WHERE job_id = $1",
+                jobs["effect_unknown"],
+            )
+        with pytest.raises(RepairRefused) as refused:
+            async with conn.transaction():
+                await repair.resume(conn, jobs["effect_unknown"], who="t", evidence="e")
+        assert refused.value.fields["reason"] == "final_failure"
+        await conn.execute(
+            "UPDATE jobs.jobs SET final_failure = false WHERE job_id = $1", jobs["effect_unknown"]
+        )
+        async with conn.transaction():  # control: the job given up with a retry resumes
+            resumed = await repair.resume(conn, jobs["effect_unknown"], who="t", evidence="e")
+        assert resumed.state is JobState.QUEUED
     finally:
         await conn.close()
