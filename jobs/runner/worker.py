@@ -68,6 +68,21 @@ HANDLER_DEFECTS = (
     ObjectKeyInvalid,
 )
 
+
+def handler_defect(error: BaseException | None) -> Exception | None:
+    """The handler's own defect in ``error``: itself, or the first one inside an exception
+    group (a handler's own task group raises its children's errors as one). A retry runs
+    the same code and meets it again, so its job fails without one."""
+    if isinstance(error, HANDLER_DEFECTS):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        found: BaseException | None = error.subgroup(HANDLER_DEFECTS)
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return found if isinstance(found, HANDLER_DEFECTS) else None
+    return None
+
+
 __all__ = ["Ending", "Finished", "Handler", "Registered", "Worker", "WorkerConfig", "WorkerStats"]
 
 log = logging.getLogger("accord.worker")
@@ -434,11 +449,19 @@ class Worker:
         except anyio.get_cancelled_exc_class():
             # Shutdown cancelled the handler: record that honestly before going. A broken
             # journal ends the worker too, and may cancel a job before its own append fails:
-            # the reason is then the journal's, as if that append had raised.
-            broken = self._journal.broken
-            reason = error_reason(broken) if broken is not None else "worker_stopped"
+            # the reason is then the journal's, as if that append had raised. A defect the
+            # handler raised before the stop landed (while its heartbeat wound down) keeps
+            # its verdict: failed, not given back to meet the same defect again.
+            broken, defect = self._journal.broken, handler_defect(error)
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                finished = await self._give_up(ctx, store, Ending.STOPPED, reason)
+                if broken is not None:
+                    finished = await self._give_up(ctx, store, Ending.STOPPED, error_reason(broken))
+                elif defect is not None and not ctx.published and ctx.fence_lost is None:
+                    finished = await self._give_up(
+                        ctx, store, Ending.FAILED, error_reason(defect), retry=False
+                    )
+                else:
+                    finished = await self._give_up(ctx, store, Ending.STOPPED, "worker_stopped")
                 self._ended(ctx.lease, finished, span, seen)
             raise
         return await self._settle(ctx, store, scope, error)
@@ -499,8 +522,10 @@ class Worker:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
         if isinstance(error, JournalBroken):  # the worker's fault, not the job's: it stops
             return await self._give_up(ctx, store, Ending.STOPPED, error_reason(error))
-        retry = not isinstance(error, HANDLER_DEFECTS)
-        return await self._give_up(ctx, store, Ending.FAILED, error_reason(error), retry=retry)
+        defect = handler_defect(error)
+        if defect is not None:  # a retry would meet it again: failed at once
+            return await self._give_up(ctx, store, Ending.FAILED, error_reason(defect), retry=False)
+        return await self._give_up(ctx, store, Ending.FAILED, error_reason(error))
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""

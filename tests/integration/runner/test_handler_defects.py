@@ -26,7 +26,14 @@ from accord.jobs import (
     JobState,
 )
 from accord.jobs.repair import resolve_effect
-from accord.jobs.runner import EffectUnknown, FailedBeforeDispatch, Handler, JobContext, Success
+from accord.jobs.runner import (
+    EffectUnknown,
+    FailedBeforeDispatch,
+    Handler,
+    JobContext,
+    Success,
+    Worker,
+)
 from tests.integration.runner.conftest import Rig, running, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -178,3 +185,97 @@ async def test_a_defect_after_an_unknown_effect_is_kept_until_the_effect_is_reso
     row = await rig.job(ended[True])
     assert (row["state"], row["attempts"]) == (JobState.FAILED, 1)
     assert row["last_error"] == IdempotencyKeyMismatch.reason
+
+
+async def _never_sent() -> Success:
+    raise AssertionError("a defect is met before anything is sent")
+
+
+async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler meets a defect of its own (a key of its own making), and a stop (now)
+    lands while its attempt's heartbeat is still winding down (a renew in flight, held
+    here for a second). Before, the stop's ending (worker_stopped, with a retry) replaced
+    the defect's verdict and the job was queued to meet it again; now it is failed.
+    Control: a stop while a handler still runs gives its job back."""
+    winding = anyio.Event()
+    heartbeat = Worker._heartbeat
+
+    async def slow_to_end(self: Worker, *args: Any) -> None:
+        try:
+            await heartbeat(self, *args)
+        finally:
+            winding.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(1.0)
+
+    monkeypatch.setattr(Worker, "_heartbeat", slow_to_end)
+    running_now = anyio.Event()
+
+    async def defect(ctx: JobContext) -> None:
+        await ctx.effect("mail.send", {"to": "a"}, _never_sent, idempotency_key="mine")
+
+    async def long(ctx: JobContext) -> None:
+        running_now.set()
+        await anyio.sleep(60)
+
+    for workflow, handler, started in (("defect", defect, winding), ("long", long, running_now)):
+        await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+        job = await rig.submit_job(f"{workflow}-1", workflow)
+        worker = rig.worker({workflow: (handler, 30.0)}, journal=workflow)
+        async with running(worker):
+            with anyio.fail_after(20):
+                await started.wait()
+            worker.stop(now=True)
+
+            async def ended(job: int = job) -> bool:
+                return await rig.state(job) != "running"
+
+            await wait_for(ended)
+        row = await rig.job(job)
+        if workflow == "defect":
+            assert (row["state"], row["last_error"]) == ("failed", "idempotency_key_mismatch")
+        else:
+            assert (row["state"], row["last_error"]) == ("queued", "worker_stopped")
+
+
+async def test_a_defect_raised_inside_the_handler_s_own_task_group_fails_the_job(
+    rig: Rig,
+) -> None:
+    """A handler running its effects in a task group of its own: a defect reaches the worker
+    inside an exception group. Before, the group read as a transient failure and the job was
+    retried to poison, meeting the defect at each attempt; now it fails at once. Control: a
+    transient error in the same group is retried."""
+
+    def grouped(defect: bool) -> Handler:
+        async def handler(ctx: JobContext) -> None:
+            async def one() -> None:
+                if defect:
+                    key = "mine"
+                    await ctx.effect("mail.send", {"to": "a"}, _never_sent, idempotency_key=key)
+                raise ConnectionError("the provider went away")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one)
+
+        return handler
+
+    for defect in (True, False):
+        workflow = f"grouped-{defect}".lower()
+        await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+        job = await rig.submit_job(f"{workflow}-1", workflow)
+        worker = rig.worker({workflow: (grouped(defect), 10.0)}, journal=workflow)
+        async with running(worker):
+
+            async def tried(job: int = job) -> bool:
+                row = await rig.job(job)
+                return row["state"] == "failed" or row["attempts"] >= 2
+
+            await wait_for(tried)
+        row = await rig.job(job)
+        if defect:
+            assert (row["state"], row["attempts"]) == ("failed", 1)
+            assert row["last_error"] == "idempotency_key_mismatch"
+        else:
+            assert row["state"] != "failed" and row["attempts"] >= 2  # control: retried
