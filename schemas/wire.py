@@ -198,7 +198,9 @@ def _canonical_uuid(name: str, text: str, problem: str) -> uuid.UUID:
 
 def parse_time(text: str) -> datetime:
     """An RFC 3339 date-time with an explicit offset (or Z), timezone-aware; ValueError
-    for anything else (no offset, a space, week dates, an impossible date, a leap second)."""
+    for anything else (no offset, a space, week dates, an impossible date, a leap second, an
+    instant outside years 1..9999 once in UTC: ``0001-01-01T00:30:00+01:00``, which no
+    database write could take)."""
     found = _RFC3339.fullmatch(text)
     if found is None:
         raise ValueError("not an RFC 3339 date-time with an offset")
@@ -212,9 +214,14 @@ def parse_time(text: str) -> datetime:
         offset = timedelta(hours=hours, minutes=minutes)
         tz = timezone(-offset if sign == "-" else offset) if offset else UTC
     micro = int((fraction or "0").ljust(6, "0")[:6])
-    return datetime(
+    value = datetime(
         int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
     )
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("outside years 1..9999 once in UTC") from None
+    return value
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

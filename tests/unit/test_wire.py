@@ -296,6 +296,26 @@ def test_rfc3339_times_with_an_offset_read_timezone_aware(text: str, expected: d
     assert inbound.event.occurred_at.utcoffset() == expected.utcoffset()
 
 
+@pytest.mark.parametrize(
+    ("edge", "past"),
+    [
+        ("0001-01-01T01:00:00+01:00", "0001-01-01T00:30:00+01:00"),
+        ("9999-12-31T23:00:00-00:59", "9999-12-31T23:30:00-01:00"),
+    ],
+)
+@pytest.mark.parametrize("header", ["ce-time", "ce-occurredat"])
+def test_a_time_outside_the_years_once_in_utc_is_a_bad_attribute(
+    edge: str, past: str, header: str
+) -> None:
+    """Valid RFC 3339 whose instant falls before year 1 or after 9999 once in UTC: no write
+    can take it (asyncpg cannot encode it), so it is refused where it is read, not met by the
+    inbox's statement. Control: the same edge inside the range reads."""
+    assert from_amqp(GOOD_BODY, broken({header: edge}))  # control
+    with pytest.raises(MalformedMessage) as info:
+        from_amqp(GOOD_BODY, broken({header: past}))
+    assert info.value.fields["problem"] == "bad_attribute"
+
+
 def test_sdk_times_with_an_offset_and_fraction_read() -> None:
     when = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=-5)))
     ce = CloudEvent(
