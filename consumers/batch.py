@@ -25,7 +25,9 @@ Judging: a body over ``max_body_bytes`` is poisoned unread (``too_large``); the 
 the catalog raise only typed errors, all permanent. A failure while applying is classified
 once (``_classify``): accord's permanent errors, and PostgreSQL's refusals of the content
 by SQLSTATE class (``verdicts.database_refusal``: 22, 23, 42), poison only that message at once;
-everything else is transient (requeued, bounded by the delivery limit).
+everything else is transient (requeued, bounded by the delivery limit). A refusal is judged
+on the savepoint pass's fresh snapshot, a one-message batch's too: a unique key another
+transaction took between a handler's check and its insert refuses only the first run.
 """
 
 from __future__ import annotations
@@ -254,9 +256,11 @@ class BatchProcessor:
             verdicts.raise_if_lost(conn, exc)
             for item in ready:
                 item.outcome = None
-            if len(ready) == 1:  # it was that message's own failure: no need to redo
-                _classify(conn, ready[0], exc)
+            if len(ready) == 1 and verdicts.database_refusal(exc) is None:
+                _classify(conn, ready[0], exc)  # that message's own failure: no need to redo
                 return 0
+            # A refusal of content is judged again on a fresh snapshot, one message as a
+            # batch's: a unique key another transaction took meanwhile refuses only once.
         try:
             async with conn.transaction():
                 await self._begin(conn)

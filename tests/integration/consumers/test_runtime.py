@@ -23,6 +23,7 @@ from accord.schemas.events import Event
 from accord.schemas.topology import Topology
 from tests.integration.consumers.support import (
     CATALOG,
+    CREATE_EFFECTS,
     INSERT_EFFECT,
     amqp_message,
     counts,
@@ -454,6 +455,63 @@ async def test_refused_content_is_poisoned_at_once_and_the_consumer_keeps_going(
         str(m.message_id) for m in bad.values()
     )
     assert await queue_depth(amqp_url, topo.queue("report")) == 0
+
+
+KEYS = "CREATE TABLE public.keys (k text PRIMARY KEY)"
+
+
+@pytest.mark.parametrize("taken", [False, True])
+async def test_a_key_another_lane_took_meanwhile_is_not_a_refusal(
+    amqp_url: str, pg_dsn: str, pg: asyncpg.Connection, topo: Topology, taken: bool
+) -> None:
+    """Two one-message batches on two lanes, each handler checking for a shared key and
+    inserting it when missing: both check before either inserts, so one insert meets the
+    other's committed key (23505). Before, a one-message batch judged that at once and
+    poisoned a sound message integrity_violation, where in a batch of several the savepoint
+    pass ran it again and it applied. Now the refusal is judged again on a fresh snapshot:
+    both apply. Control (``taken``): a handler that inserts a key it never checks, already
+    present, is still poisoned integrity_violation, on its first delivery."""
+    await pg.execute(KEYS)
+    if taken:
+        await pg.execute("INSERT INTO public.keys (k) VALUES ('K')")
+    checked = 0
+    both = anyio.Event()
+    handlers = Handlers("report")
+
+    @handlers.on("report.accepted", 1)
+    async def shared_key(tx: Any, event: Event) -> None:
+        nonlocal checked
+        if taken or not await tx.fetchval("SELECT true FROM public.keys WHERE k = 'K'"):
+            checked += 1
+            if checked >= 2:
+                both.set()
+            with anyio.move_on_after(5):
+                await both.wait()  # both lanes checked before either inserts
+            await tx.execute("INSERT INTO public.keys (k) VALUES ('K')")
+        await tx.execute(INSERT_EFFECT, event.tenant, event.operation_id, event.event_id)
+
+    await pg.execute(CREATE_EFFECTS)
+    await declare_topology(amqp_url, topo)
+    runtime = runtime_for(amqp_url, pg_dsn, topo, handlers, concurrency=2, batch_max=1)
+    events = [report("first"), report("second")]
+    async with running(runtime):
+        await publish_events(amqp_url, topo, events)
+
+        async def settled() -> bool:
+            done = await pg.fetchval("SELECT count(*) FROM public.effects")
+            return bool(done + await pg.fetchval("SELECT count(*) FROM consumers.poison") == 2)
+
+        await wait_for(settled, within=30)
+    poisoned = await pg.fetch("SELECT reason, redelivered FROM consumers.poison")
+    if taken:
+        assert [(r["reason"], r["redelivered"]) for r in poisoned] == [
+            ("integrity_violation", False),
+            ("integrity_violation", False),
+        ]
+    else:
+        assert poisoned == []
+        assert await pg.fetchval("SELECT count(*) FROM public.effects") == 2
+    assert runtime.stats.retried == 0
 
 
 async def _jobs(pg: asyncpg.Connection, n: int) -> bool:
