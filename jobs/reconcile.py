@@ -8,11 +8,12 @@ evidence that nothing was dispatched (``failed_before_dispatch``: the job may ru
 definite answer, or no lookup at all, leaves the effect unresolved; once it is older than the
 configured age it is *escalated* (jobs.effect_escalations, a state for status and metrics).
 
-A "never seen" is only trusted ``settle_s`` after the attempt that began the effect could last
-have sent (``quiet_since``, 0058: its begin, its recorded finish, or its job's last change once
-the job stopped running): a request still in flight towards the provider could otherwise be
-accepted just after the lookup. A worker cut off from the database sends until its own lease
-ends, so the settle must be at least the job lease.
+A "never seen" is only trusted ``settle_s`` after the job's attempts could last have sent
+(``jobs.reconciliation.quiet_since``, 0058: past the effect's begin and finish, and, once the
+job stopped running, its last change and every lease it granted, since a worker cut off from
+the database runs its handler until its own lease ends): a request still in flight towards
+the provider could otherwise be accepted just after the lookup. This holds for calls that
+end when their handler is cancelled (docs/runner.md).
 
 A resolution that leaves its job ``unknown`` with nothing unresolved (an effect of it
 succeeded: typically the provider accepted and the reply was lost) also *resumes* the job in
@@ -61,9 +62,9 @@ class UnresolvedEffect:
     begun_at: datetime
     escalated_at: datetime | None
     age_s: float
-    #: Seconds since the attempt that began it could last have sent (``quiet_since``: its
-    #: begin, its recorded finish, or its job's last change once not running, 0058); None
-    #: where not read from jobs.reconciliation (then "never seen" is trusted only at settle 0).
+    #: Seconds since the job's attempts could last have sent (``quiet_since``, 0058; negative
+    #: while a granted lease runs); None where not read from jobs.reconciliation (then "never
+    #: seen" is trusted only at settle 0).
     quiet_s: float | None = None
 
     @classmethod
@@ -197,8 +198,8 @@ async def reconcile(
         except LookupUnavailable:
             left.append((effect, Left.LOOKUP_UNAVAILABLE))
             continue
-        # "Never seen" is trusted once nothing of the attempt can still be on its way: the
-        # window runs from its last possible send, not from the begin (NaN: settling).
+        # "Never seen" is trusted once nothing of the job's attempts can still be on its way:
+        # the window runs from their last possible send, not from the begin (NaN: settling).
         if answer.receipt is None and not (effect.quiet_s or 0.0) >= settle_s:
             left.append((effect, Left.SETTLING))
             continue

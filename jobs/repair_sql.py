@@ -61,14 +61,14 @@ ADVANCE_EPOCH = (
 # Escalate up to $2 unresolved effects begun more than $1 seconds ago.
 ESCALATE = "SELECT job_id, effect_key, seq, tenant, age_s FROM jobs.repair_escalate($1, $2)"
 
-# Up to $1 effects needing reconciliation, oldest first, with their age in seconds and the
-# seconds since their attempt could last have sent (quiet_since, 0058).
+# Up to $1 effects needing reconciliation, the longest quiet first, with their age in seconds
+# and the seconds since their job's attempts could last have sent (quiet_since, 0058).
 RECONCILIATION = (
     "SELECT tenant, job_id, workflow, operation_id, job_state, effect_key, seq, intent_digest,"
     " state, receipt, attempt_id, generation, begun_at, escalated_at,"
     " extract(epoch FROM now() - begun_at)::double precision AS age_s,"
     " extract(epoch FROM now() - quiet_since)::double precision AS quiet_s"
-    " FROM jobs.reconciliation ORDER BY begun_at LIMIT $1"
+    " FROM jobs.reconciliation ORDER BY quiet_since, begun_at LIMIT $1"
 )
 
 # The audit rows of job $1, oldest first.

@@ -297,7 +297,10 @@ BEGIN
     UPDATE jobs.jobs j
     SET state = 'running', owner = p_owner, attempt_id = gen_random_uuid(),
         generation = j.generation + 1, epoch = picked.epoch, attempts = j.attempts + 1,
-        lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
+        lease_expires_at = now() + make_interval(secs => p_lease_s),
+        lease_granted_until = greatest(j.lease_granted_until,
+                                       now() + make_interval(secs => p_lease_s)),
+        updated_at = now()
     FROM picked
     -- The redundant ANY lets the primary key find the picked rows (a hash join would scan
     -- the whole table per claim); picked, a locking CTE, runs exactly once.
@@ -424,6 +427,8 @@ BEGIN
     SET state = jobs.next_state(j.job_id, j.attempts, j.max_attempts, p_retry),
         final_failure = NOT p_retry,
         lease_expires_at = NULL, last_error = p_error, updated_at = now(),
+        -- the attempt itself says its handler ended: nothing of it is sending any more
+        lease_granted_until = clock_timestamp(),
         run_after = CASE WHEN v_park THEN 'infinity'::timestamptz
                          ELSE now() + jobs.backoff(j.attempts, p_backoff_base_s, p_backoff_max_s)
                     END
@@ -855,6 +860,8 @@ BEGIN
     -- jobs.fence_check holds this row and found it running under this lease.
     UPDATE jobs.jobs j
     SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_s),
+        lease_granted_until = greatest(j.lease_granted_until,
+                                       clock_timestamp() + make_interval(secs => p_lease_s)),
         updated_at = now()
     WHERE j.job_id = p_job_id AND j.generation = p_generation AND j.attempt_id = p_attempt_id
     RETURNING j.lease_expires_at INTO v_until;
@@ -1594,6 +1601,7 @@ CREATE TABLE jobs.jobs (
     attempt_trace jsonb,
     tenant_frozen boolean DEFAULT false NOT NULL,
     final_failure boolean DEFAULT false NOT NULL,
+    lease_granted_until timestamp with time zone,
     CONSTRAINT jobs_lease_check CHECK ((((state = 'running'::text) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::text) OR ((owner IS NOT NULL) AND (attempt_id IS NOT NULL) AND (epoch IS NOT NULL))))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'poison'::text, 'canceled'::text, 'unknown'::text, 'held'::text])))
@@ -1610,6 +1618,12 @@ COMMENT ON COLUMN jobs.jobs.tenant_frozen IS 'jobs.tenants.frozen of the job''s 
 --
 
 COMMENT ON COLUMN jobs.jobs.final_failure IS 'The last attempt gave the job up without a retry (jobs.fail with p_retry false): once no effect of it is unresolved it is failed, never queued or resumed (0055)';
+
+--
+-- Name: COLUMN jobs.lease_granted_until; Type: COMMENT; Schema: jobs; Owner: -
+--
+
+COMMENT ON COLUMN jobs.jobs.lease_granted_until IS 'The latest lease end ever granted to an attempt of the job (claim, renew); never lowered by a cut, drain or rescue: no attempt sends after it (0058)';
 
 --
 -- Name: CONSTRAINT jobs_lease_check ON jobs; Type: COMMENT; Schema: jobs; Owner: -
@@ -1734,9 +1748,11 @@ CREATE VIEW jobs.reconciliation AS
     x.escalated_at,
     GREATEST(e.begun_at, e.finished_at,
         CASE
-            WHEN (j.state <> 'running'::text) THEN j.updated_at
+            WHEN (j.state <> 'running'::text) THEN GREATEST(j.updated_at, j.lease_granted_until)
             ELSE NULL::timestamp with time zone
-        END) AS quiet_since
+        END, ( SELECT max(r.detected_at) AS max
+           FROM jobs.authority_restores r
+          WHERE (r.tenant = e.tenant))) AS quiet_since
    FROM ((jobs.effects e
      JOIN jobs.jobs j ON ((j.job_id = e.job_id)))
      LEFT JOIN jobs.effect_escalations x ON (((x.job_id = e.job_id) AND (x.effect_key = e.effect_key) AND (x.seq = e.seq))))
@@ -1746,7 +1762,7 @@ CREATE VIEW jobs.reconciliation AS
 -- Name: COLUMN reconciliation.quiet_since; Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON COLUMN jobs.reconciliation.quiet_since IS 'Since when the attempt that began the effect can send no more: its begin, its recorded finish, or its job''s last change once not running, whichever is latest; reconcile trusts a "never seen" only settle_s after it (0058)';
+COMMENT ON COLUMN jobs.reconciliation.quiet_since IS 'Since when nothing of the job''s attempts can still be sending: the effect''s begin or recorded finish, the job''s last change and granted lease end once it no longer runs, its tenant''s latest detected restore, whichever is latest; reconcile trusts a "never seen" only settle_s after it (0058)';
 
 --
 -- Name: registration_audit; Type: TABLE; Schema: jobs; Owner: -

@@ -124,8 +124,8 @@ class Settings(BaseSettings):
     consumer_role: str = "accord_consumer"
     # Unresolved effects older than this are escalated (never resolved by time).
     effect_escalate_after_s: float = Field(default=3600.0, ge=0, le=MAX_DURATION_S)
-    # A provider's "never seen" is trusted only this long after the effect's attempt could
-    # last have sent (0058); `accord reconcile` refuses less than job_lease_s.
+    # A provider's "never seen" is trusted only this long after the job's attempts could
+    # last have sent (jobs.reconciliation.quiet_since, 0058): what a request in flight takes.
     reconcile_settle_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
     object_dir: str = "var/objects"
     metrics_port: int = Field(default=0, ge=0, le=65535)

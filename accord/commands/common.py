@@ -39,19 +39,6 @@ def prefix(app: App, settings: Settings) -> str:
     return settings.topology_prefix or app.name
 
 
-def longest_lease(settings: Settings, app: App | None) -> tuple[str, float]:
-    """The longest lease a job may hold, and what sets it: ``ACCORD_JOB_LEASE_S`` or a job
-    class's own ``lease_s`` in the application (a worker started with a longer ``--lease-s``
-    of its own is not known here)."""
-    leases = {"ACCORD_JOB_LEASE_S": settings.job_lease_s}
-    if app is not None:
-        jobs = app.jobs.values()
-        leases |= {
-            f"the {j.workflow} job's lease_s": j.lease_s for j in jobs if j.lease_s is not None
-        }
-    return max(leases.items(), key=lambda item: item[1])
-
-
 def check_retention(settings: Settings) -> None:
     """Raise SettingsInvalid (one line, exit 2) unless every retention outlives the replay
     horizon: a finished job (its operation key) and a poison record must outlive every

@@ -20,7 +20,7 @@ import anyio
 
 from accord import runtime
 from accord.commands import args
-from accord.commands.common import longest_lease, optional_app
+from accord.commands.common import optional_app
 from accord.errors import SettingsInvalid
 from accord.jobs.runner.objects import LocalDirStore, collect_garbage
 from accord.schemas import migrate
@@ -52,7 +52,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     """Raises SettingsInvalid (exit 2, nothing read or removed) for a retention shorter than
     a job's lease (the settings' or one the application declares)."""
-    named, longest = longest_lease(settings, optional_app(args, settings))
+    app = optional_app(args, settings)
+    leases = {"ACCORD_JOB_LEASE_S": settings.job_lease_s}
+    if app is not None:
+        jobs = app.jobs.values()
+        leases |= {
+            f"the {j.workflow} job's lease_s": j.lease_s for j in jobs if j.lease_s is not None
+        }
+    named, longest = max(leases.items(), key=lambda item: item[1])
     if args.retention_s < longest:
         raise SettingsInvalid(
             f"--retention-s {args.retention_s:g} is shorter than a job's lease"

@@ -6,8 +6,8 @@ receipt of the effect's idempotency key (the same key the runner sent:
 jobs.runner.effects.idempotency_key); an effect whose key no provider owns, or whose owner
 offers no lookup, or whose job class the application does not declare, is not asked about.
 A receipt resolves it to ``succeeded``; a
-definite "never seen", ``reconcile_settle_s`` after the effect's attempt could last have sent
-(its begin, its recorded finish, or its job's rescue, cancel or failure), resolves it to
+definite "never seen", ``reconcile_settle_s`` after the job's attempts could last have sent
+(``jobs.reconciliation.quiet_since``: past every lease the job granted), resolves it to
 ``failed_before_dispatch`` (the job may run again); anything else leaves it unknown. A
 resolution that leaves the job with every effect outcome known (one succeeded) also resumes
 it (`accord repair resume`, audited, the provider's answer as evidence): its next run reuses
@@ -31,9 +31,8 @@ from opentelemetry.trace import Status, StatusCode
 from accord import runtime
 from accord.app import App, ReceiptLookup
 from accord.commands import args
-from accord.commands.common import longest_lease, require_app
+from accord.commands.common import require_app
 from accord.commands.repair import repair_connection
-from accord.errors import SettingsInvalid
 from accord.jobs import reconcile
 from accord.jobs import sql as jobs_sql
 from accord.jobs.errors import LookupUnavailable
@@ -175,9 +174,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--settle-s",
         type=args.seconds(),
         default=None,
-        help='trust a "never accepted" only this long after the effect\'s attempt could last'
-        " have sent (default: ACCORD_RECONCILE_SETTLE_S, which must be at least"
-        " ACCORD_JOB_LEASE_S)",
+        help='trust a "never accepted" only this long after the job\'s attempts could last'
+        " have sent (its quiet_since; default: ACCORD_RECONCILE_SETTLE_S)",
     )
     parser.set_defaults(handler=handle)
 
@@ -192,16 +190,6 @@ async def _main(args: argparse.Namespace, settings: Settings, app: App) -> int:
         settings.effect_escalate_after_s if args.escalate_after_s is None else args.escalate_after_s
     )
     settle_s = settings.reconcile_settle_s if args.settle_s is None else args.settle_s
-    named, longest = longest_lease(settings, app)
-    if args.settle_s is None and settle_s < longest:
-        # A worker cut off from the database sends until its own lease ends: a shorter
-        # settle could trust a "never seen" while its request is still on the way.
-        raise SettingsInvalid(
-            f"ACCORD_RECONCILE_SETTLE_S={settle_s:g} is shorter than a job's lease"
-            f" ({named}={longest:g}): a worker cut off from the database may still be sending"
-            " until its lease ends after its job was rescued; raise it to at least the"
-            " longest lease (or pass --settle-s to decide for this pass)"
-        )
     asked: dict[tuple[int, str, int], str] = {}
     conn = await repair_connection(settings)
     try:

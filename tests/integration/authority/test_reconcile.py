@@ -202,72 +202,58 @@ async def test_a_receipt_that_fails_a_job_for_good_is_an_error_in_its_trace(
     assert await p.state(final.job_id) == "failed"
 
 
-async def _backdate(p: Principals, table: str, column: str, job_id: int) -> None:
-    """Move ``column`` of job ``job_id``'s row(s) in ``table`` two minutes back (test-only,
+async def _backdate(p: Principals, table: str, columns: str, job_id: int, s: int) -> None:
+    """Move ``columns`` of job ``job_id``'s row(s) in ``table`` ``s`` seconds back (test-only,
     as the owner with triggers off: the effect guard refuses any change of a pending row)."""
+    moved = ", ".join(f"{c} = {c} - make_interval(secs => $2)" for c in columns.split())
     async with p.owner.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute(
-            f"UPDATE {table} SET {column} = {column} - interval '120 s' WHERE job_id = $1",
-            job_id,
-        )
+        await conn.execute(f"UPDATE {table} SET {moved} WHERE job_id = $1", job_id, s)
 
 
-async def test_never_seen_settles_from_when_the_attempt_could_last_send(
-    principals: Principals, provider: ProviderClient
+@pytest.mark.parametrize("cut", ["expired", "rotated"])
+async def test_never_seen_settles_from_when_no_attempt_can_still_send(
+    principals: Principals, provider: ProviderClient, cut: str
 ) -> None:
-    """An effect begun two minutes ago whose job was rescued just now (its lease cut: a
-    class transfer, an epoch rotation, a worker cut off from the database): the worker may
-    still be sending until its own lease ends, so the provider's "never seen" is not trusted
-    yet. Before, the settle ran from the begin: resolved failed_before_dispatch at once and
-    the job queued to dispatch again. Control: the job stopped two minutes ago too, and the
-    same answer resolves it."""
+    """An effect begun five minutes ago whose job was rescued just now: its lease expired,
+    or a rotation of the tenant's epoch cut it short (its worker, cut off from the database,
+    runs on until the lease it was granted ends). The provider's "never seen" is not trusted
+    while an attempt may still be sending. Before, the settle ran from the begin: resolved
+    failed_before_dispatch at once and the job queued to dispatch again. Stage by stage: the
+    rescue just now holds it; with the rescue five minutes back, the lease granted (a minute
+    from the claim) still holds it after a cut; with that lease past too, it resolves."""
     p = principals
     await p.submit("a")
-    lease = await p.claim_one()
+    lease = await p.claim_one(lease_s=60)
     await p.store.begin_effect(lease, KEY, "intent")
-    await _backdate(p, "jobs.effects", "begun_at", lease.job_id)
-    await p.expire(lease.job_id)
+    await _backdate(p, "jobs.effects", "begun_at", lease.job_id, 300)
+    if cut == "expired":
+        await p.expire(lease.job_id)
+    else:
+        async with p.owner.acquire() as conn:
+            await conn.execute("SELECT jobs.rotate_epoch($1)", lease.tenant)
     assert [r.job_id for r in (await p.store.rescue()).rescued] == [lease.job_id]
     assert await p.state(lease.job_id) == "unknown"
     lookup = provider_lookup(provider)  # the provider never saw it
     async with p.repair.acquire() as conn:
-        report = await reconcile.reconcile(
-            conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=60
-        )
-        assert report.resolved == ()
+
+        async def settle() -> reconcile.ReconcileReport:
+            return await reconcile.reconcile(
+                conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=10
+            )
+
+        report = await settle()  # rescued just now
         assert [(e.job_id, why) for e, why in report.left] == [(lease.job_id, Left.SETTLING)]
-        (effect,) = [e for e, _ in report.left]
-        assert effect.age_s >= 120 and effect.quiet_s is not None and effect.quiet_s < 60
-        await _backdate(p, "jobs.jobs", "updated_at", lease.job_id)  # control
-        report = await reconcile.reconcile(
-            conn, lookup, who="reconciler", escalate_after_s=3600, settle_s=60
-        )
+        assert report.left[0][0].age_s >= 300
+        await _backdate(p, "jobs.jobs", "updated_at", lease.job_id, 300)
+        report = await settle()  # the lease granted at the claim runs for a minute more
+        assert [(e.job_id, why) for e, why in report.left] == [(lease.job_id, Left.SETTLING)]
+        assert report.left[0][0].quiet_s is not None and report.left[0][0].quiet_s < 0
+        await _backdate(p, "jobs.jobs", "lease_granted_until", lease.job_id, 300)
+        report = await settle()  # control: nothing of it can be on its way any more
     assert [(r.job_id, r.outcome, r.job_state) for r in report.resolved] == [
         (lease.job_id, EffectState.FAILED_BEFORE_DISPATCH, JobState.QUEUED)
     ]
-
-
-async def test_a_settle_shorter_than_the_job_lease_is_refused(
-    principals: Principals, ledger_env: dict[str, str]
-) -> None:
-    """`accord reconcile` with ACCORD_RECONCILE_SETTLE_S below ACCORD_JOB_LEASE_S: refused,
-    exit 2, naming both (a worker cut off from the database sends until its lease ends).
-    Controls: the settle raised to the lease, or an explicit --settle-s, runs the pass."""
-    env = {**ledger_env, "ACCORD_APP": "accord.demo:app", "ACCORD_PG_DSN": principals.dsn}
-    env["ACCORD_JOB_LEASE_S"] = "120"
-    command = [sys.executable, "-m", "accord", "reconcile"]
-    short = await anyio.run_process(command, env=env, check=False)
-    assert short.returncode == 2, short.stderr.decode()[-2000:]
-    err = short.stderr.decode()
-    assert "ACCORD_RECONCILE_SETTLE_S" in err and "ACCORD_JOB_LEASE_S" in err
-    assert len(err.strip().splitlines()) == 1
-    raised = await anyio.run_process(
-        command, env={**env, "ACCORD_RECONCILE_SETTLE_S": "120"}, check=False
-    )
-    assert raised.returncode == 0, raised.stderr.decode()[-2000:]
-    explicit = await anyio.run_process([*command, "--settle-s", "0"], env=env, check=False)
-    assert explicit.returncode == 0, explicit.stderr.decode()[-2000:]
 
 
 async def test_no_definite_answer_leaves_it_unknown(principals: Principals, tmp_path: Path) -> None:
