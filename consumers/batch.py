@@ -278,7 +278,8 @@ class BatchProcessor:
                 if item.permanent is None:
                     item.outcome, item.transient = None, exc
             return 0
-        return 1
+        # A commit that applied nothing (every message refused) is not counted as one.
+        return int(any(item.outcome in _ACKED for item in ready))
 
     async def _apply_each(self, conn: Any, ready: list[Item]) -> int:
         """Each message not yet judged permanent in a transaction of its own (a commit

@@ -1750,12 +1750,14 @@ CREATE VIEW jobs.reconciliation AS
         CASE
             WHEN (j.state <> 'running'::text) THEN GREATEST(j.updated_at, j.lease_granted_until)
             ELSE NULL::timestamp with time zone
-        END, ( SELECT max(r.detected_at) AS max
-           FROM jobs.authority_restores r
-          WHERE (r.tenant = e.tenant))) AS quiet_since
-   FROM ((jobs.effects e
+        END, rs.seen_at) AS quiet_since
+   FROM (((jobs.effects e
      JOIN jobs.jobs j ON ((j.job_id = e.job_id)))
      LEFT JOIN jobs.effect_escalations x ON (((x.job_id = e.job_id) AND (x.effect_key = e.effect_key) AND (x.seq = e.seq))))
+     LEFT JOIN ( SELECT r.tenant,
+            max(GREATEST(r.detected_at, r.last_seen_at)) AS seen_at
+           FROM jobs.authority_restores r
+          GROUP BY r.tenant) rs ON ((rs.tenant = e.tenant)))
   WHERE ((e.state = 'unknown'::text) OR ((e.state = 'pending'::text) AND (j.state <> 'running'::text)));
 
 --

@@ -270,7 +270,10 @@ class Store:
 
     async def fail(self, lease: Lease, reason: str, *, retry: bool) -> JobState:
         """Fenced: gives the job up. Returns its new state: queued (retry, with backoff),
-        poison (attempts used up), failed (no retry) or unknown (an effect forbids a rerun)."""
+        poison (attempts used up), failed (no retry) or unknown (an effect forbids a rerun).
+        Call it only once every call of this attempt has ended: it ends the attempt's
+        granted lease (0058), from which `accord reconcile` counts that nothing of the
+        attempt is still being sent."""
         async with self._connection() as conn:
             row = await conn.fetchrow(sql.FAIL, *lease.fence_args(), reason, retry, *self._backoff)
         if row["status"] is not None:

@@ -65,9 +65,11 @@ def parse_since(text: str) -> datetime | float:
         return seconds
     try:
         stamp = datetime.fromisoformat(text)
-    except ValueError:
+        stamp = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+        stamp.astimezone(UTC)  # 0001-01-01T00:30+01:00 is before year 1 in UTC
+    except (ValueError, OverflowError):
         raise InvalidSince(since=text) from None
-    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+    return stamp
 
 
 @dataclass(frozen=True, slots=True)

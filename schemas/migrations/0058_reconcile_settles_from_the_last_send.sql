@@ -14,8 +14,8 @@
 --     before it is dispatched; one it began would have kept the job from being claimed).
 --   * jobs.reconciliation.quiet_since: since when nothing of the job's attempts can still
 --     be sending: the latest of the effect's begin and recorded finish and, once the job no
---     longer runs, its last change and lease_granted_until, and the tenant's latest detected
---     restore (an attempt of the lost history may have run until then). Reconcile's settle
+--     longer runs, its last change and lease_granted_until, and when the tenant's latest
+--     restore was last seen (an attempt of the lost history may have run until then). Reconcile's settle
 --     window (ACCORD_RECONCILE_SETTLE_S: what a request in flight may still take) runs from
 --     there, and it reads the effects in that order.
 ALTER TABLE jobs.jobs ADD COLUMN lease_granted_until timestamptz;
@@ -148,12 +148,14 @@ CREATE OR REPLACE VIEW jobs.reconciliation AS
            greatest(e.begun_at, e.finished_at,
                     CASE WHEN j.state <> 'running'
                          THEN greatest(j.updated_at, j.lease_granted_until) END,
-                    (SELECT max(r.detected_at) FROM jobs.authority_restores r
-                     WHERE r.tenant = e.tenant)) AS quiet_since
+                    rs.seen_at) AS quiet_since
     FROM jobs.effects e
     JOIN jobs.jobs j ON j.job_id = e.job_id
     LEFT JOIN jobs.effect_escalations x
         ON x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq
+    -- a restore's last sighting: the lost history's attempts may have run until then
+    LEFT JOIN (SELECT r.tenant, max(greatest(r.detected_at, r.last_seen_at)) AS seen_at
+               FROM jobs.authority_restores r GROUP BY r.tenant) rs ON rs.tenant = e.tenant
     WHERE e.state = 'unknown' OR (e.state = 'pending' AND j.state <> 'running');
 
 COMMENT ON COLUMN jobs.reconciliation.quiet_since IS 'Since when nothing of the job''s attempts can still be sending: the effect''s begin or recorded finish, the job''s last change and granted lease end once it no longer runs, its tenant''s latest detected restore, whichever is latest; reconcile trusts a "never seen" only settle_s after it (0058)';

@@ -511,6 +511,7 @@ async def test_a_key_another_lane_took_meanwhile_is_not_a_refusal(
     else:
         assert poisoned == []
         assert await pg.fetchval("SELECT count(*) FROM public.effects") == 2
+        assert checked == 2  # the race happened: both checked before either inserted
     assert runtime.stats.retried == 0
 
 

@@ -196,10 +196,10 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
 ) -> None:
     """The handler meets a defect of its own (a key of its own making), and a stop (now)
     lands while its attempt's heartbeat is still winding down (a renew in flight, held
-    here for a second). Before, the stop's ending (worker_stopped, with a retry) replaced
+    here until the stop). Before, the stop's ending (worker_stopped, with a retry) replaced
     the defect's verdict and the job was queued to meet it again; now it is failed.
     Control: a stop while a handler still runs gives its job back."""
-    winding = anyio.Event()
+    winding, stopped = anyio.Event(), anyio.Event()
     heartbeat = Worker._heartbeat
 
     async def slow_to_end(self: Worker, *args: Any) -> None:
@@ -207,8 +207,8 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
             await heartbeat(self, *args)
         finally:
             winding.set()
-            with anyio.CancelScope(shield=True):
-                await anyio.sleep(1.0)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await stopped.wait()  # the stop lands while this attempt winds down
 
     monkeypatch.setattr(Worker, "_heartbeat", slow_to_end)
     running_now = anyio.Event()
@@ -228,6 +228,7 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
             with anyio.fail_after(20):
                 await started.wait()
             worker.stop(now=True)
+            stopped.set()
 
             async def ended(job: int = job) -> bool:
                 return await rig.state(job) != "running"
