@@ -177,10 +177,14 @@ JOB_EFFECTS = """
 SELECT e.effect_key, e.seq, e.state, e.receipt, e.intent_digest, e.attempt_id, e.generation,
        e.begun_at, e.finished_at, x.escalated_at,
        EXTRACT(EPOCH FROM now() - e.begun_at)::float8 AS age_s,
-       a.audit_id AS resolved_audit, a.who AS resolved_by, a.evidence AS resolved_evidence
+       a.audit_id AS resolved_audit, a.who AS resolved_by, a.evidence AS resolved_evidence,
+       q.quiet_since, EXTRACT(EPOCH FROM now() - q.quiet_since)::float8 AS quiet_s
 FROM jobs.effects e
 LEFT JOIN jobs.effect_escalations x
     ON x.job_id = e.job_id AND x.effect_key = e.effect_key AND x.seq = e.seq
+-- an unresolved one's quiet_since (0058): since when nothing of the job can be sending it
+LEFT JOIN jobs.reconciliation q
+    ON q.job_id = e.job_id AND q.effect_key = e.effect_key AND q.seq = e.seq
 LEFT JOIN LATERAL (
     SELECT r.audit_id, r.who, r.evidence FROM jobs.repair_audit r
     WHERE r.job_id = e.job_id AND r.effect_key = e.effect_key AND r.seq = e.seq

@@ -66,6 +66,11 @@ class EffectDetail:
     resolved_audit: int | None
     resolved_by: str | None
     resolved_evidence: str | None
+    #: For one reconcile may resolve: since when nothing of its job's attempts can still be
+    #: sending (jobs.reconciliation.quiet_since, 0058), and the seconds since (negative while
+    #: a granted lease runs); None otherwise.
+    quiet_since: datetime | None = None
+    quiet_s: float | None = None
 
     @property
     def unresolved(self) -> bool:

@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -96,10 +96,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = optional_app(args, settings)
-    return int(runtime.run(_main, args, settings.pg_dsn, app))
+    return int(runtime.run(_main, args, settings, app))
 
 
-async def _main(args: argparse.Namespace, dsn: str, app: App | None) -> int:
+async def _main(args: argparse.Namespace, settings: Settings, app: App | None) -> int:
+    dsn = settings.pg_dsn
     conn = await connect(dsn)
     try:
         await migrate.require_current(conn, app.migration_chains() if app else ())
@@ -113,10 +114,10 @@ async def _main(args: argparse.Namespace, dsn: str, app: App | None) -> int:
         job = await views.show_job(conn, args.job_id)
     finally:
         await conn.close()
-    unknown = [effect_step(job, e, app) for e in job.unresolved]
+    unknown = [effect_step(job, e, app, settings.reconcile_settle_s) for e in job.unresolved]
     steps = next_steps(job, unknown)
     if args.json:
-        print(_json({**_plain_dict(job), "unresolved": unknown, "next_steps": steps}))
+        print(_json({**_plain_dict(job), "unresolved": _plain(unknown), "next_steps": steps}))
     else:
         print(render(job, unknown, steps))
     return 0
@@ -135,9 +136,13 @@ def _unresolved(job: views.JobDetail, e: views.EffectDetail) -> reconcile.Unreso
     )  # fmt: skip
 
 
-def effect_step(job: views.JobDetail, e: views.EffectDetail, app: App | None) -> dict[str, Any]:
+def effect_step(
+    job: views.JobDetail, e: views.EffectDetail, app: App | None, settle_s: float = 0.0
+) -> dict[str, Any]:
     """For an effect whose outcome is not known: its idempotency key, the provider that owns
-    the key, and what evidence resolves it."""
+    the key, and what evidence resolves it. While an attempt of the job may still be sending
+    (``quiet_since`` plus ``settle_s``, ACCORD_RECONCILE_SETTLE_S, is ahead), it says that a
+    provider's "never seen" is no evidence yet, and from when it is (``never_seen_from``)."""
     key = effect_idempotency_key(_unresolved(job, e))
     resolve = RESOLVE.format(job=job.job_id, key=e.effect_key)
     step: dict[str, Any] = {"effect_key": e.effect_key, "seq": e.seq, "idempotency_key": key}
@@ -173,6 +178,14 @@ def effect_step(job: views.JobDetail, e: views.EffectDetail, app: App | None) ->
         )
     else:
         why = f"reconcile asks provider {owner.name} for idempotency key {key}; or {resolve}"
+    if e.quiet_since is not None and e.quiet_s is not None and e.quiet_s < settle_s:
+        trusted = e.quiet_since + timedelta(seconds=settle_s)
+        step["never_seen_from"] = trusted
+        why = (
+            f"nothing of the job is sent after {_text(e.quiet_since)} (the end of the leases"
+            f" it granted), but a request in flight may still land: a provider's \"never"
+            f' seen" is evidence only from {_text(trusted)}; {why}'
+        )
     step["evidence"] = why
     return step
 

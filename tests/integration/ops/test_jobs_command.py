@@ -90,6 +90,8 @@ async def test_jobs_show_names_the_unknown_effect_its_key_and_the_evidence_neede
     assert f"{EFFECT_KEY} #1 unknown" in out
     assert f"outcome unknown: idempotency key {key}  provider: report_provider" in out
     assert f"reconcile asks provider report_provider for idempotency key {key}" in out
+    # Given up just now: a "never seen" is no evidence for ACCORD_RECONCILE_SETTLE_S yet.
+    assert 'a provider\'s "never seen" is evidence only from' in out
     resolve = (
         f"`accord repair resolve-effect --job {job} --key {EFFECT_KEY}"
         " --outcome succeeded|failed_before_dispatch --who NAME --evidence REF`"
@@ -103,9 +105,28 @@ async def test_jobs_show_names_the_unknown_effect_its_key_and_the_evidence_neede
     assert data["job_id"] == lease.job_id and data["waiting_reason"] == "unresolved_effect"
     assert data["unresolved"] == [
         {"effect_key": EFFECT_KEY, "seq": 1, "idempotency_key": key,
-         "provider": "report_provider", "evidence": data["next_steps"][0]},
+         "provider": "report_provider", "evidence": data["next_steps"][0],
+         "never_seen_from": data["unresolved"][0]["never_seen_from"]},
     ]  # fmt: skip
+    assert data["unresolved"][0]["never_seen_from"] > data["effects"][0]["begun_at"]
     assert SECRET not in json.dumps(data)
+
+    # Control: the attempt ended two minutes ago, past the settle: no such note.
+    owner = await asyncpg.connect(pg_dsn)
+    try:
+        async with owner.transaction():
+            await owner.execute("SET LOCAL session_replication_role = replica")
+            for table, columns in (
+                ("jobs.jobs", ("updated_at", "lease_granted_until")),
+                ("jobs.effects", ("begun_at", "finished_at")),
+            ):
+                moved = ", ".join(f"{c} = {c} - interval '120 s'" for c in columns)
+                await owner.execute(f"UPDATE {table} SET {moved} WHERE job_id = $1", lease.job_id)
+    finally:
+        await owner.close()
+    settled = accord(pg_dsn, "jobs", "show", job, "--app", "accord.demo:app").stdout
+    assert f"reconcile asks provider report_provider for idempotency key {key}" in settled
+    assert "is evidence only from" not in settled
 
     # Without an application: the key and the repair command, no provider named.
     bare = accord(pg_dsn, "jobs", "show", job, app="")
