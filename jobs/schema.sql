@@ -73,11 +73,17 @@ BEGIN
         RETURN;
     END IF;
     UPDATE jobs.tenants x SET frozen = true, updated_at = now() WHERE x.tenant = p_tenant;
+    -- Unknown jobs too (0060): resolved after the advance, an unattended reconcile would
+    -- have queued or resumed them; they keep their last error (why they were unknown).
     WITH h AS (
         UPDATE jobs.jobs j
         SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
-            last_error = 'restore_detected', updated_at = now()
-        WHERE j.tenant = p_tenant AND (j.state = 'queued' OR j.state = 'running')
+            last_error = CASE WHEN j.state = 'unknown' THEN j.last_error
+                              ELSE 'restore_detected' END,
+            updated_at = now()
+        -- spelled as ORs: each state's partial index (queued, running, attention) serves it
+        WHERE j.tenant = p_tenant
+          AND (j.state = 'queued' OR j.state = 'running' OR j.state = 'unknown')
         RETURNING 1
     ) SELECT count(*) INTO v_held FROM h;
     -- The ledger's restriction at its highest epoch: what the repair's advance must keep.
@@ -109,13 +115,16 @@ CREATE FUNCTION jobs.authority_lock(p_tenant text) RETURNS TABLE(epoch bigint, f
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
+DECLARE
+    t jobs.tenants%ROWTYPE;
 BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
-    RETURN QUERY
-        SELECT t.epoch, t.frozen,
-               EXISTS (SELECT 1 FROM jobs.authority_restores r
-                       WHERE r.tenant = p_tenant AND r.resolved_at IS NULL)
-        FROM jobs.tenants t WHERE t.tenant = p_tenant FOR UPDATE;
+    SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
+    -- A new statement, hence a snapshot taken after the lock: a restore another advance
+    -- resolved while this one waited reads resolved.
+    RETURN QUERY SELECT t.epoch, t.frozen,
+                        EXISTS (SELECT 1 FROM jobs.authority_restores r
+                                WHERE r.tenant = p_tenant AND r.resolved_at IS NULL);
 END $$;
 
 --
@@ -1035,7 +1044,10 @@ BEGIN
         RETURN;
     END IF;
     UPDATE jobs.jobs x
-    SET state = CASE WHEN jobs.blocking_effects(x.job_id) THEN 'unknown' ELSE 'queued' END,
+    SET state = CASE WHEN x.final_failure AND NOT jobs.unresolved_effects(x.job_id)
+                          THEN 'failed'  -- given up for good (0055): never run again
+                     WHEN jobs.blocking_effects(x.job_id) THEN 'unknown'
+                     ELSE 'queued' END,
         generation = x.generation + 1, run_after = now(), updated_at = now()
     WHERE x.job_id = p_job_id RETURNING x.state INTO j.state;
     RETURN QUERY SELECT NULL::text, j.state,

@@ -159,9 +159,11 @@ async def test_resume_refuses_what_it_must(principals: Principals) -> None:
     assert await refused(p, canceled) == "not_resumable"
     queued = await p.submit("queued")
     assert await refused(p, queued) == "not_resumable"
-    # an open restore detection of the tenant: validate and advance the epoch first
+    # an open restore detection of the tenant holds it (0060): released by a person after
+    # the epoch's advance, never resumed
     await p.owner.execute("SELECT * FROM jobs.authority_hold('acme', 99)")
-    assert await refused(p, stuck) == "restore_unresolved"
+    assert await p.state(stuck) == "held"
+    assert await refused(p, stuck) == "not_resumable"
     trail = await audit(p.repair, job_id=ambiguous)
     assert [a.action for a in trail] == ["resolve_effect", "resume"]
     for job in (stuck, canceled, queued):

@@ -85,6 +85,7 @@ class MJob:
     effects: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     published_by: Any = None
     resumable: bool = False  # resumed by repair, not claimed since (resumed_generation)
+    final_failure: bool = False  # its last fail said no retry (0055): never resumed (0059)
 
     def effect_states(self) -> set[str]:
         return {s for records in self.effects.values() for s, _ in records}
@@ -341,6 +342,7 @@ class Machine(RuleBasedStateMachine):
             state = self.run(call)
             job = self.by_id(lease.job_id)
             self.leave_running(job, retry=retry)
+            job.final_failure = not retry  # jobs.fail keeps the verdict (0055)
             assert state == job.state
 
     @rule(i=st.integers(0, 50))
@@ -485,6 +487,8 @@ class Machine(RuleBasedStateMachine):
             expected: str | None = "running"
         elif job.state != "unknown":
             expected = "not_resumable"
+        elif job.final_failure:
+            expected = "final_failure"
         elif job.effect_states() & UNRESOLVED:
             expected = "effects_unresolved"
         else:
