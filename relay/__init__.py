@@ -2,6 +2,7 @@
 
 from accord.relay.errors import (
     ConnectionLost,
+    DiscardRefused,
     DuplicateEvent,
     ExchangeMissing,
     JoinedStatementInvalid,
@@ -20,6 +21,7 @@ from accord.relay.outbox import (
     OutboxStats,
     Prepared,
     Settlement,
+    discard_held,
     enqueue,
     enqueue_joined,
     prepare,
@@ -31,6 +33,7 @@ from accord.relay.relay import Relay, RelayConfig, RelayStats
 __all__ = [
     "AmqpPublisher",
     "ConnectionLost",
+    "DiscardRefused",
     "DuplicateEvent",
     "ExchangeMissing",
     "Joined",
@@ -52,6 +55,7 @@ __all__ = [
     "Settlement",
     "Unroutable",
     "amqp_publisher",
+    "discard_held",
     "enqueue",
     "enqueue_joined",
     "prepare",

@@ -13,6 +13,8 @@ PublishFailed subclass, mapped once from aio-pika/aiormq at the seam
         ├── JoinedStatementInvalid   enqueue_joined's domain statement has no RETURNING
         ├── ReleaseRefused           a held-row release named a row that is not held (or no
         │                            principal): nothing was changed
+        ├── DiscardRefused           a held-row discard named a row that is not held (or no
+        │                            principal): nothing was changed
         └── PublishFailed            the broker did not confirm the publish: not published
             ├── Nacked               the broker answered basic.nack (transient)
             ├── PublishTimeout       no confirm within the timeout (transient)
@@ -107,6 +109,13 @@ class ReleaseRefused(RelayError):
     --evidence; nothing was changed."""
 
     reason = "release_refused"
+
+
+class DiscardRefused(RelayError):
+    """Not discarded: every named row must be held, and the discard needs --who and
+    --evidence; nothing was changed."""
+
+    reason = "discard_refused"
 
 
 class JoinedStatementInvalid(RelayError):

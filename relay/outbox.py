@@ -3,7 +3,8 @@
 Invariant: a row is ``published`` only after the broker confirmed a publish of it, and
 only by the relay that holds its lease token; every other outcome (nack, return,
 timeout, lost connection, a relay that died) leaves it ``pending`` and eligible again,
-or ``held`` for a permanent failure. Rows are never deleted before they are published.
+or ``held`` for a permanent failure. Rows are never deleted before they are published, but
+for a held row a person discards (``discard_held``, audited).
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from accord.relay import sql
-from accord.relay.errors import DuplicateEvent, JoinedStatementInvalid, ReleaseRefused
+from accord.relay.errors import (
+    DiscardRefused,
+    DuplicateEvent,
+    JoinedStatementInvalid,
+    ReleaseRefused,
+)
 from accord.relay.statement import split_with
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
@@ -448,7 +454,8 @@ async def release_held(
             " margin for the publish: ACCORD_INBOX_REPLAY_WINDOW_S and each consumer's, in"
             " accord status); published, it would be refused as too_old. It stays held;"
             " enqueue its content again as a new event with the same operation id (a"
-            " consumer that applied it takes that for a duplicate)",
+            " consumer that applied it takes that for a duplicate), then discard the held"
+            " row (`accord relay discard-held`)",
             tenant=tenant,
             refused=refused,
             admit_from=admit_from.isoformat() if admit_from is not None else None,
@@ -456,6 +463,34 @@ async def release_held(
     if refused:
         raise ReleaseRefused(
             "not released: every named row must be held (nothing changed)",
+            tenant=tenant,
+            refused=refused,
+        )
+    return [Released(r["outbox_id"], r["event_id"], r["audit_id"]) for r in records]
+
+
+async def discard_held(
+    tx: Tx, tenant: str, event_ids: Sequence[uuid.UUID], *, who: str, evidence: str
+) -> list[Released]:
+    """Runs in the caller's transaction; never commits. Removes the held rows of ``tenant``
+    with ``event_ids`` for good (their body is not kept) and writes one
+    ``relay.release_audit`` row each (action ``discard``), in the same transaction (the SQL
+    function relay.discard_held; the repair principal may run it): for a row that will never
+    be published (a body over the broker's limit, a type nothing binds, a row past the
+    consumers' replay window whose content was enqueued again). All or nothing: raises
+    DiscardRefused (naming each id that is missing or not held, or ``principal_required``)
+    and changes nothing. A row that is not held is never removed."""
+    require_transaction(tx)
+    ids = list(dict.fromkeys(event_ids))
+    if not ids:
+        raise DiscardRefused("name at least one held event id", tenant=tenant)
+    records = await tx.fetch(sql.DISCARD_HELD, tenant, ids, who, evidence)
+    refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
+    if any(status == "principal_required" for status in refused.values()):
+        raise DiscardRefused("a discard needs --who and --evidence", missing="principal")
+    if refused:
+        raise DiscardRefused(
+            "not discarded: every named row must be held (nothing changed)",
             tenant=tenant,
             refused=refused,
         )
@@ -532,6 +567,8 @@ class ReleaseAudit:
     db_user: str
     db_role: str
     evidence: str
+    #: ``release`` (made publishable again) or ``discard`` (removed for good, 0061).
+    action: str = "release"
 
     @classmethod
     def from_record(cls, r: Mapping[str, Any]) -> ReleaseAudit:

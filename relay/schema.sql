@@ -41,6 +41,56 @@ BEGIN
 END $$;
 
 --
+-- Name: discard_held(text, uuid[], text, text); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) RETURNS TABLE(event_id uuid, outbox_id bigint, status text, audit_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF coalesce(p_who, '') = '' OR coalesce(p_evidence, '') = '' THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::bigint, 'principal_required'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM relay.outbox o
+    WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids)
+    ORDER BY o.id
+    FOR UPDATE;
+    -- A new statement, hence a snapshot taken after the locks.
+    RETURN QUERY
+    SELECT g.id, o.id, CASE WHEN o.id IS NULL THEN 'missing' ELSE 'not_held' END, NULL::bigint
+    FROM (SELECT DISTINCT unnest(p_event_ids) AS id) g
+    LEFT JOIN relay.outbox o ON o.tenant = p_tenant AND o.event_id = g.id
+    WHERE o.id IS NULL OR o.state <> 'held'
+    ORDER BY g.id;
+    IF FOUND THEN
+        RETURN;  -- refused: nothing changed
+    END IF;
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM relay.outbox o
+        WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids) AND o.state = 'held'
+        RETURNING o.id, o.event_id, o.last_reason, o.attempts
+    ), audited AS (
+        INSERT INTO relay.release_audit AS a (tenant, event_id, outbox_id, held_reason,
+                                              attempts, who, db_user, db_role, evidence, action)
+        SELECT p_tenant, g.event_id, g.id, g.last_reason, g.attempts, p_who, session_user,
+               current_setting('role'), p_evidence, 'discard'
+        FROM gone g
+        RETURNING a.event_id, a.outbox_id, a.audit_id
+    )
+    SELECT x.event_id, x.outbox_id, NULL::text, x.audit_id FROM audited x ORDER BY x.outbox_id;
+END $$;
+
+--
+-- Name: FUNCTION discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON FUNCTION relay.discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Remove held outbox rows of a tenant for good (all or nothing), one relay.release_audit row each (action discard); a row that is not held is refused (0061)';
+
+--
 -- Name: prune_release_audit(double precision, integer); Type: FUNCTION; Schema: relay; Owner: -
 --
 
@@ -248,6 +298,8 @@ CREATE TABLE relay.release_audit (
     db_user text NOT NULL,
     db_role text NOT NULL,
     evidence text NOT NULL,
+    action text DEFAULT 'release'::text NOT NULL,
+    CONSTRAINT release_audit_action_check CHECK ((action = ANY (ARRAY['release'::text, 'discard'::text]))),
     CONSTRAINT release_audit_evidence_check CHECK ((evidence <> ''::text)),
     CONSTRAINT release_audit_who_check CHECK ((who <> ''::text))
 );
@@ -256,7 +308,13 @@ CREATE TABLE relay.release_audit (
 -- Name: TABLE release_audit; Type: COMMENT; Schema: relay; Owner: -
 --
 
-COMMENT ON TABLE relay.release_audit IS 'Append-only: one row per held outbox row an operator released (relay.release_held)';
+COMMENT ON TABLE relay.release_audit IS 'Append-only: one row per held outbox row an operator released (relay.release_held) or discarded (relay.discard_held)';
+
+--
+-- Name: COLUMN release_audit.action; Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON COLUMN relay.release_audit.action IS 'release: made publishable again (relay.release_held); discard: removed for good (relay.discard_held, 0061)';
 
 --
 -- Name: release_audit_audit_id_seq; Type: SEQUENCE; Schema: relay; Owner: -
@@ -361,6 +419,13 @@ CREATE TRIGGER release_audit_no_truncate BEFORE TRUNCATE ON relay.release_audit 
 GRANT USAGE ON SCHEMA relay TO accord_worker;
 GRANT USAGE ON SCHEMA relay TO accord_relay;
 GRANT USAGE ON SCHEMA relay TO accord_repair;
+
+--
+-- Name: FUNCTION discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text); Type: ACL; Schema: relay; Owner: -
+--
+
+REVOKE ALL ON FUNCTION relay.discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) FROM PUBLIC;
+GRANT ALL ON FUNCTION relay.discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) TO accord_repair;
 
 --
 -- Name: FUNCTION prune_release_audit(p_retention_s double precision, p_limit integer); Type: ACL; Schema: relay; Owner: -

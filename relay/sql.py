@@ -169,6 +169,12 @@ RELEASE_HELD_AUDITED = (
     " FROM relay.release_held($1, $2::uuid[], $3, $4, $5::timestamptz)"
 )
 
+# Discard held rows $2 of tenant $1 for good as principal $3 with evidence $4: all or nothing,
+# one audit row each (relay.discard_held, 0061).
+DISCARD_HELD = (
+    "SELECT event_id, outbox_id, status, audit_id FROM relay.discard_held($1, $2::uuid[], $3, $4)"
+)
+
 # Held rows, oldest first, optionally of tenant $1, at most $2: identifiers, type, the reason
 # they are held and their attempts (never the body).
 HELD_ROWS = """
@@ -182,7 +188,7 @@ LIMIT $2
 # The release audit of tenant $1 (optionally of event $2), oldest first.
 RELEASE_AUDIT = """
 SELECT audit_id, at, tenant, event_id, outbox_id, held_reason, attempts, who, db_user, db_role,
-       evidence
+       evidence, action
 FROM relay.release_audit
 WHERE tenant = $1 AND ($2::uuid IS NULL OR event_id = $2)
 ORDER BY audit_id

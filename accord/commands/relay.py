@@ -3,6 +3,7 @@
     accord relay                       run the relay
     accord relay held [--tenant T] [--limit N] [--json]
     accord relay release-held --tenant T --event-id ID [--event-id ID ...] --who W --evidence E
+    accord relay discard-held --tenant T --event-id ID [--event-id ID ...] --who W --evidence E
 
 `accord relay` refuses to start on a schema older than the code, declares the application's
 topology (idempotent), then runs one :class:`accord.relay.Relay` as the PostgreSQL role
@@ -14,7 +15,11 @@ non-zero so the supervisor restarts it.
 holds them, attempts, enqueued at; never the body). `release-held` makes named held rows
 publishable again once their cause is gone (a queue now binds the type), as the repair role
 (ACCORD_REPAIR_ROLE), all or nothing, with one relay.release_audit row per row released in the
-same transaction; a row that is not held refuses the whole release.
+same transaction; a row that is not held refuses the whole release. `discard-held` removes
+named held rows for good (a row that will never be published: a body over the broker's limit,
+a type nothing binds, a row past the consumers' replay window whose content was enqueued
+again), the same way: repair role, all or nothing, one relay.release_audit row each (action
+``discard``), a row that is not held refusing the whole discard.
 """
 
 from __future__ import annotations
@@ -98,6 +103,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a reference to why it is safe (the new binding)",
     )
     release.set_defaults(handler=handle_release)
+    discard = ops.add_parser(
+        "discard-held",
+        help="remove held rows for good (repair role, audited)",
+        description="Remove the named held rows of one tenant for good (their body is not"
+        " kept), as the repair role, all or nothing, with one relay.release_audit row each"
+        " (action discard) in the same transaction: for a row that will never be published."
+        " Refused (nothing changes) when a named row is missing or not held.",
+    )
+    discard.add_argument(
+        "--tenant", type=args.text, required=True, help="the tenant whose rows these are"
+    )
+    discard.add_argument(
+        "--event-id",
+        dest="event_ids",
+        action="append",
+        required=True,
+        type=uuid.UUID,
+        metavar="ID",
+        help="the event id of a held row (`accord relay held`); repeat for more",
+    )
+    discard.add_argument(
+        "--who", type=args.text, required=True, help="the person or tool discarding"
+    )
+    discard.add_argument(
+        "--evidence",
+        type=args.text,
+        required=True,
+        help="a reference to why it is given up (the event enqueued again, say)",
+    )
+    discard.set_defaults(handler=handle_discard)
     parser.set_defaults(handler=handle)
 
 
@@ -128,6 +163,10 @@ def handle_held(args: argparse.Namespace, settings: Settings) -> int:
 
 def handle_release(args: argparse.Namespace, settings: Settings) -> int:
     return int(runtime.run(_release, args, settings))
+
+
+def handle_discard(args: argparse.Namespace, settings: Settings) -> int:
+    return int(runtime.run(_discard, args, settings))
 
 
 async def _held(args: argparse.Namespace, dsn: str, chains: tuple[migrate.Chain, ...]) -> int:
@@ -171,6 +210,23 @@ async def _release(args: argparse.Namespace, settings: Settings) -> int:
     for r in done:
         print(
             f"released outbox={r.outbox_id} tenant={args.tenant} event_id={r.event_id}"
+            f" audit={r.audit_id}"
+        )
+    return 0
+
+
+async def _discard(args: argparse.Namespace, settings: Settings) -> int:
+    conn = await repair_connection(settings)
+    try:
+        async with conn.transaction():
+            done = await outbox.discard_held(
+                conn, args.tenant, args.event_ids, who=args.who, evidence=args.evidence
+            )
+    finally:
+        await conn.close()
+    for r in done:
+        print(
+            f"discarded outbox={r.outbox_id} tenant={args.tenant} event_id={r.event_id}"
             f" audit={r.audit_id}"
         )
     return 0

@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from accord.demo.catalog import demo_catalog
-from accord.relay import Relay, ReleaseRefused, outbox
+from accord.relay import DiscardRefused, Relay, ReleaseRefused, outbox
 from accord.schemas.events import Catalog, Event, EventType
 from accord.schemas.topology import Topology
 from tests.conftest import BrokerNames
@@ -252,3 +252,67 @@ async def test_a_row_held_past_its_consumers_replay_window_is_refused_not_poison
         assert [r.event_id for r in done] == [past]
     finally:
         await repair.close()
+
+
+async def test_discard_held_removes_a_held_row_for_good_and_audits_it(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """Migration 0061. A row held for good (here: its content enqueued again after a release
+    was refused past the replay window) stayed in the outbox and the held figures for ever.
+    `accord relay discard-held` removes it, as the repair role, with an audit row (action
+    discard), and the release audit's pruner may take that row once it is old. Controls: a
+    pending row beside it refuses the whole discard (nothing removed, no audit), the relay
+    principal cannot discard, and a discard needs --who and --evidence."""
+    held, pending = unbound(1), unbound(2)
+    async with pg.transaction():
+        for event in (held, pending):
+            await enqueue(pg, event, catalog=catalog_with_unbound_type())
+    await pg.execute(
+        "UPDATE relay.outbox SET state = 'held', last_reason = 'unroutable', attempts = 2"
+        " WHERE event_id = $1",
+        held.event_id,
+    )
+
+    def discard(*ids: object, who: str = "ops-anna") -> subprocess.CompletedProcess[str]:
+        return accord(
+            pg_dsn, "relay", "discard-held", "--tenant", TENANT,
+            *[a for i in ids for a in ("--event-id", str(i))],
+            "--who", who, "--evidence", "ticket-7: enqueued again as a new event",
+        )  # fmt: skip
+
+    refused = discard(held.event_id, pending.event_id)  # control: a pending row beside it
+    assert refused.returncode == 2 and refused.stderr.startswith("accord: DiscardRefused:")
+    assert "not_held" in refused.stderr and str(pending.event_id) in refused.stderr
+    assert await audit_rows(pg) == 0
+    assert await pg.fetchval("SELECT count(*) FROM relay.outbox WHERE tenant = $1", TENANT) == 2
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await pg.execute("SET ROLE accord_relay; SELECT relay.discard_held('acme', '{}', 'w', 'e')")
+    await pg.execute("RESET ROLE")
+    repair = await asyncpg.connect(pg_dsn, server_settings={"role": "accord_repair"})
+    try:
+        with pytest.raises(DiscardRefused) as caught:
+            async with repair.transaction():
+                await outbox.discard_held(repair, TENANT, [held.event_id], who="", evidence="e")
+        assert caught.value.fields["missing"] == "principal"
+    finally:
+        await repair.close()
+
+    done = discard(held.event_id)
+    assert done.returncode == 0, done.stderr
+    assert "discarded outbox=" in done.stdout and str(held.event_id) in done.stdout
+    state = "SELECT state FROM relay.outbox WHERE event_id = $1"
+    assert await pg.fetchval(state, held.event_id) is None  # gone
+    assert await pg.fetchval(state, pending.event_id) == "pending"  # untouched
+    (audit,) = await outbox.release_audit(pg, TENANT, held.event_id)
+    assert (audit.action, audit.held_reason, audit.attempts) == ("discard", "unroutable", 2)
+    assert (audit.who, audit.db_role) == ("ops-anna", "accord_repair")
+    assert "held: 0 rows" in accord(pg_dsn, "relay", "held").stdout
+    # Its outbox row gone, the audit row is resolved: the pruner takes it past the retention.
+    await pg.execute(
+        "SET session_replication_role = replica;"
+        " UPDATE relay.release_audit SET at = at - interval '400 days';"
+        " SET session_replication_role = origin"
+    )
+    async with pg.transaction():
+        assert await outbox.prune_release_audit(pg, 86400.0, 100) == 1
+    assert await audit_rows(pg) == 0
