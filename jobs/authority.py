@@ -125,11 +125,13 @@ async def lift(
 
 async def check_restore(pool: asyncpg.Pool, ledger: Ledger) -> list[TenantRestore]:
     """Compare every tenant's database epoch with the ledger. Each behind it is frozen, its
-    queued and running work held, and a detection opened (each in its own short transaction;
-    idempotent). A database ahead of the ledger is recorded in the ledger as ``observed``.
-    Returns the detections this pass made or refreshed. Raises LedgerUnavailable, also for a
-    ledger that holds less of a tenant than an earlier check saw in it (0052: a missing file,
-    a wrong path, an older copy), before anything is written to it."""
+    queued, running and unknown work held (0060), and a detection opened (each in its own
+    short transaction; idempotent). A database ahead of the ledger is recorded in the ledger
+    as ``observed``. Returns the detections this pass made or refreshed. Raises
+    LedgerUnavailable, also for a ledger that holds less of a tenant than an earlier check
+    saw in it (0052: a missing file, a wrong path, an older copy), before anything is
+    written to it.
+    """
     entries, db = await _ledger_and_tenants(pool, ledger)
     restores: list[TenantRestore] = []
     async with pool.acquire() as conn:

@@ -23,7 +23,8 @@ recorded receipt instead of dispatching again, then publishes. Only what this pa
 is resumed; an ``unknown`` job whose effects were already all known (e.g. its handler failed
 after the effect) waits for a person (`accord repair resume`), so no loop reruns a job that
 keeps failing after its effect. A job its handler gave up without a retry is never resumed:
-the resolution that leaves it nothing unresolved makes it ``failed`` (0055).
+the resolution that leaves it nothing unresolved makes it ``failed`` (0055). A held job (a
+restore's, 0060) stays held whatever is resolved: a person's release decides.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ async def _resume_settled(
     tx: Tx, done: repair.EffectResolved, answer: Answer, who: str
 ) -> repair.Repaired | None:
     """Resume the job if the resolution left it ``unknown`` (resolve_effect requeues it itself
-    when nothing blocks a rerun). A refusal (another effect still unresolved, an open restore)
-    keeps the resolution and leaves the job unknown."""
+    when nothing blocks a rerun; a held job stays held). A refusal (another effect still
+    unresolved, an open restore) keeps the resolution and leaves the job unknown."""
     if done.job_state is not JobState.UNKNOWN:
         return None
     try:

@@ -147,8 +147,9 @@ async def resolve_effect(
 
 
 async def release_hold(tx: Tx, job_id: int, *, who: str, evidence: str) -> Repaired:
-    """Runs in the caller's transaction; never commits. A held job goes to queued (or unknown
-    if an effect forbids running it again). Raises RepairRefused (running, not_held, missing,
+    """Runs in the caller's transaction; never commits. A held job goes to queued, or unknown
+    if an effect forbids running it again, or failed if its handler gave it up for good and
+    nothing of it is unresolved (0060). Raises RepairRefused (running, not_held, missing,
     restore_unresolved: advance the tenant's epoch first)."""
     require_transaction(tx)
     row = await tx.fetchrow(repair_sql.RELEASE_HOLD, job_id, who, evidence)

@@ -78,8 +78,10 @@ BEGIN
     WITH h AS (
         UPDATE jobs.jobs j
         SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
-            last_error = CASE WHEN j.state = 'unknown' THEN j.last_error
-                              ELSE 'restore_detected' END,
+            -- why an unknown job was given up, and a parked job's effects_disabled (its
+            -- claim's eligibility reads it), are kept
+            last_error = CASE WHEN j.state = 'unknown' OR j.last_error = 'effects_disabled'
+                              THEN j.last_error ELSE 'restore_detected' END,
             updated_at = now()
         -- spelled as ORs: each state's partial index (queued, running, attention) serves it
         WHERE j.tenant = p_tenant
@@ -120,8 +122,12 @@ DECLARE
 BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
     SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
-    -- A new statement, hence a snapshot taken after the lock: a restore another advance
-    -- resolved while this one waited reads resolved.
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'jobs.authority_lock: tenant % has no row', p_tenant
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    -- A new statement, hence a snapshot taken after the lock (READ COMMITTED: each statement
+    -- its own): a restore another advance resolved while this one waited reads resolved.
     RETURN QUERY SELECT t.epoch, t.frozen,
                         EXISTS (SELECT 1 FROM jobs.authority_restores r
                                 WHERE r.tenant = p_tenant AND r.resolved_at IS NULL);

@@ -41,7 +41,10 @@ RESOLVE = (
 #: The repair that moves a job on, by why it waits (effects are handled one by one).
 NEXT_BY_REASON = {
     "held": "`accord repair release-hold --job {job} --who NAME --evidence REF`"
-    " (after `accord repair advance-epoch` if its tenant's restore is open)",
+    " (after `accord repair advance-epoch` if its tenant's restore is open; resolve each"
+    " effect of unknown outcome above first: released with one unresolved, it is unknown"
+    " again and `accord reconcile` may run it with nobody looking; released with a"
+    " succeeded one, it waits for `accord repair resume`; given up for good, it is failed)",
     "awaiting_resume": "every effect outcome is known: `accord repair resume --job {job}"
     " --who NAME --evidence REF` (the next run reuses the recorded receipts)",
     "unregistered_workflow": "register the class: `accord register --workflow {workflow}"

@@ -5,8 +5,10 @@
 --     receipt, or "never seen") was resumed or queued with no person looking, and what its
 --     lost history had done after the restore's point (an effect begun, a publish) ran
 --     again. Held, resolving its effect leaves it held, and a person's release decides.
---     Such a job keeps its last error (why it was unknown). Jobs already `unknown` in a
---     tenant whose restore is open are held now, counted in that restore.
+--     Such a job keeps its last error (why it was unknown), as a parked job keeps
+--     effects_disabled. At the upgrade, the `unknown` jobs of a tenant whose restore is open
+--     are held, counted in it, and so are those of a tenant whose restore was advanced
+--     already that were claimed before the advance.
 --   * jobs.repair_release_hold fails a job its handler gave up for good (final_failure,
 --     0055) with nothing unresolved, instead of queueing it.
 --   * jobs.authority_lock reads whether a restore is open after it holds the tenant's row,
@@ -41,8 +43,10 @@ BEGIN
     WITH h AS (
         UPDATE jobs.jobs j
         SET state = 'held', generation = j.generation + 1, lease_expires_at = NULL,
-            last_error = CASE WHEN j.state = 'unknown' THEN j.last_error
-                              ELSE 'restore_detected' END,
+            -- why an unknown job was given up, and a parked job's effects_disabled (its
+            -- claim's eligibility reads it), are kept
+            last_error = CASE WHEN j.state = 'unknown' OR j.last_error = 'effects_disabled'
+                              THEN j.last_error ELSE 'restore_detected' END,
             updated_at = now()
         -- spelled as ORs: each state's partial index (queued, running, attention) serves it
         WHERE j.tenant = p_tenant
@@ -79,8 +83,12 @@ DECLARE
 BEGIN
     INSERT INTO jobs.tenants (tenant) VALUES (p_tenant) ON CONFLICT DO NOTHING;
     SELECT * INTO t FROM jobs.tenants x WHERE x.tenant = p_tenant FOR UPDATE;
-    -- A new statement, hence a snapshot taken after the lock: a restore another advance
-    -- resolved while this one waited reads resolved.
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'jobs.authority_lock: tenant % has no row', p_tenant
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    -- A new statement, hence a snapshot taken after the lock (READ COMMITTED: each statement
+    -- its own): a restore another advance resolved while this one waited reads resolved.
     RETURN QUERY SELECT t.epoch, t.frozen,
                         EXISTS (SELECT 1 FROM jobs.authority_restores r
                                 WHERE r.tenant = p_tenant AND r.resolved_at IS NULL);
@@ -122,11 +130,17 @@ BEGIN
                               p_evidence, '{}'::jsonb);
 END $$;
 
+-- At the upgrade: the unknown jobs of a tenant whose restore is open (counted in it), and
+-- those of a tenant whose restore was already advanced that were claimed before its advance
+-- (an epoch below the one it advanced to: old work; nothing is claimed while one is open).
 WITH h AS (
     UPDATE jobs.jobs j
     SET state = 'held', generation = j.generation + 1, updated_at = now()
-    FROM jobs.authority_restores r
-    WHERE r.tenant = j.tenant AND r.resolved_at IS NULL AND j.state = 'unknown'
+    WHERE j.state = 'unknown'
+      AND (EXISTS (SELECT 1 FROM jobs.authority_restores r
+                   WHERE r.tenant = j.tenant AND r.resolved_at IS NULL)
+           OR j.epoch < (SELECT max(r.resolved_epoch) FROM jobs.authority_restores r
+                         WHERE r.tenant = j.tenant))
     RETURNING j.tenant
 )
 UPDATE jobs.authority_restores r SET held_jobs = r.held_jobs + c.n

@@ -508,3 +508,53 @@ async def test_0059_fails_the_jobs_given_up_for_good_that_waited_for_a_resume(
         assert resumed.state is JobState.QUEUED
     finally:
         await conn.close()
+
+
+async def test_0060_holds_the_old_unknown_jobs_of_restored_tenants(empty_pg_dsn: str) -> None:
+    """A database at 0059: an unknown job in a tenant whose restore is open, one in a tenant
+    whose restore was advanced already (claimed before the advance) beside one claimed
+    after it, and one in a tenant with no restore. 0060 holds the first two, keeping why
+    they were unknown, and counts the open restore's; the others stay unknown (controls)."""
+    conn = await asyncpg.connect(empty_pg_dsn)
+    try:
+        await migrate.migrate(conn, through=59)
+        store = Store(conn, backoff_base_s=0.0)
+        await store.register_workflow("w", "o", effects_enabled=True)
+
+        async def unknown(tenant: str, op: str) -> int:
+            async with conn.transaction():
+                done = await submit(conn, tenant=tenant, workflow="w", operation_id=op, digest="d")
+            [lease] = await store.claim("w", "o", lease_s=30)
+            await store.begin_effect(lease, "k", "i")
+            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
+            assert await store.fail(lease, "lost reply", retry=True) is JobState.UNKNOWN
+            return done.job_id
+
+        jobs = {
+            "open": await unknown("open", "a"),
+            "advanced-old": await unknown("advanced", "b"),
+            "plain": await unknown("plain", "c"),
+        }
+        advanced = await conn.fetchval(  # the epoch the advance moved to
+            "UPDATE jobs.tenants SET epoch = epoch + 1 WHERE tenant = 'advanced' RETURNING epoch"
+        )
+        jobs["advanced-new"] = await unknown("advanced", "d")
+        await conn.execute(
+            "INSERT INTO jobs.authority_restores (tenant, db_epoch, ledger_epoch, detected_by,"
+            " resolved_at, resolved_epoch) VALUES ('open', 0, 1, 't', NULL, NULL),"
+            " ('advanced', 0, 0, 't', now(), $1)",
+            advanced,
+        )
+        await migrate.migrate(conn)
+        rows = await conn.fetch("SELECT job_id, state, last_error FROM jobs.jobs")
+        by_id = {r["job_id"]: (r["state"], r["last_error"]) for r in rows}
+        assert {name: by_id[job] for name, job in jobs.items()} == {
+            "open": ("held", "lost reply"),
+            "advanced-old": ("held", "lost reply"),
+            "plain": ("unknown", "lost reply"),
+            "advanced-new": ("unknown", "lost reply"),
+        }
+        counts = dict(await conn.fetch("SELECT tenant, held_jobs FROM jobs.authority_restores"))
+        assert counts == {"open": 1, "advanced": 0}
+    finally:
+        await conn.close()
