@@ -490,7 +490,9 @@ async def discard_held(
         raise DiscardRefused("a discard needs --who and --evidence", missing="principal")
     if refused:
         raise DiscardRefused(
-            "not discarded: every named row must be held (nothing changed)",
+            "not discarded: every named row must be held (nothing changed; not_held: pending,"
+            " the relay will publish it, or published already; missing: no such event of"
+            " this tenant, or discarded or pruned already)",
             tenant=tenant,
             refused=refused,
         )
@@ -523,7 +525,8 @@ async def held_by_reason(conn: asyncpg.Connection) -> list[asyncpg.Record]:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """A held row made publishable again, and its audit row."""
+    """A held row made publishable again (``release_held``) or removed for good
+    (``discard_held``), and its audit row."""
 
     outbox_id: int
     event_id: uuid.UUID
@@ -569,6 +572,12 @@ class ReleaseAudit:
     evidence: str
     #: ``release`` (made publishable again) or ``discard`` (removed for good, 0061).
     action: str = "release"
+    #: What a discarded row's event was (its body is not kept); None for a release.
+    operation_id: str | None = None
+    type: str | None = None
+    version: int | None = None
+    digest: str | None = None
+    enqueued_at: datetime | None = None
 
     @classmethod
     def from_record(cls, r: Mapping[str, Any]) -> ReleaseAudit:

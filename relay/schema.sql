@@ -72,12 +72,15 @@ BEGIN
     WITH gone AS (
         DELETE FROM relay.outbox o
         WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids) AND o.state = 'held'
-        RETURNING o.id, o.event_id, o.last_reason, o.attempts
+        RETURNING o.id, o.event_id, o.last_reason, o.attempts, o.operation_id, o.type,
+                  o.version, o.digest, o.enqueued_at
     ), audited AS (
         INSERT INTO relay.release_audit AS a (tenant, event_id, outbox_id, held_reason,
-                                              attempts, who, db_user, db_role, evidence, action)
+                                              attempts, who, db_user, db_role, evidence, action,
+                                              operation_id, type, version, digest, enqueued_at)
         SELECT p_tenant, g.event_id, g.id, g.last_reason, g.attempts, p_who, session_user,
-               current_setting('role'), p_evidence, 'discard'
+               current_setting('role'), p_evidence, 'discard', g.operation_id, g.type,
+               g.version, g.digest, g.enqueued_at
         FROM gone g
         RETURNING a.event_id, a.outbox_id, a.audit_id
     )
@@ -299,6 +302,11 @@ CREATE TABLE relay.release_audit (
     db_role text NOT NULL,
     evidence text NOT NULL,
     action text DEFAULT 'release'::text NOT NULL,
+    operation_id text,
+    type text,
+    version integer,
+    digest text,
+    enqueued_at timestamp with time zone,
     CONSTRAINT release_audit_action_check CHECK ((action = ANY (ARRAY['release'::text, 'discard'::text]))),
     CONSTRAINT release_audit_evidence_check CHECK ((evidence <> ''::text)),
     CONSTRAINT release_audit_who_check CHECK ((who <> ''::text))
@@ -315,6 +323,12 @@ COMMENT ON TABLE relay.release_audit IS 'Append-only: one row per held outbox ro
 --
 
 COMMENT ON COLUMN relay.release_audit.action IS 'release: made publishable again (relay.release_held); discard: removed for good (relay.discard_held, 0061)';
+
+--
+-- Name: COLUMN release_audit.operation_id; Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON COLUMN relay.release_audit.operation_id IS 'A discarded row''s operation id, with its type, version, digest and enqueue time: what the event was (0061)';
 
 --
 -- Name: release_audit_audit_id_seq; Type: SEQUENCE; Schema: relay; Owner: -

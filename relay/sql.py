@@ -188,7 +188,7 @@ LIMIT $2
 # The release audit of tenant $1 (optionally of event $2), oldest first.
 RELEASE_AUDIT = """
 SELECT audit_id, at, tenant, event_id, outbox_id, held_reason, attempts, who, db_user, db_role,
-       evidence, action
+       evidence, action, operation_id, type, version, digest, enqueued_at
 FROM relay.release_audit
 WHERE tenant = $1 AND ($2::uuid IS NULL OR event_id = $2)
 ORDER BY audit_id

@@ -81,27 +81,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " role, all or nothing, with one relay.release_audit row each in the same transaction."
         " Refused (nothing changes) when a named row is missing or not held.",
     )
-    release.add_argument(
-        "--tenant", type=args.text, required=True, help="the tenant whose rows these are"
-    )
-    release.add_argument(
-        "--event-id",
-        dest="event_ids",
-        action="append",
-        required=True,
-        type=uuid.UUID,
-        metavar="ID",
-        help="the event id of a held row (`accord relay held`); repeat for more",
-    )
-    release.add_argument(
-        "--who", type=args.text, required=True, help="the person or tool releasing"
-    )
-    release.add_argument(
-        "--evidence",
-        type=args.text,
-        required=True,
-        help="a reference to why it is safe (the new binding)",
-    )
+    _named_held_rows(release, "releasing", "a reference to why it is safe (the new binding)")
     release.set_defaults(handler=handle_release)
     discard = ops.add_parser(
         "discard-held",
@@ -111,10 +91,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " (action discard) in the same transaction: for a row that will never be published."
         " Refused (nothing changes) when a named row is missing or not held.",
     )
-    discard.add_argument(
+    _named_held_rows(
+        discard, "discarding", "a reference to why it is given up (the event enqueued again, say)"
+    )
+    discard.set_defaults(handler=handle_discard)
+    parser.set_defaults(handler=handle)
+
+
+def _named_held_rows(parser: argparse.ArgumentParser, doing: str, evidence: str) -> None:
+    """The arguments of a repair of named held rows: tenant, event ids, who and evidence."""
+    parser.add_argument(
         "--tenant", type=args.text, required=True, help="the tenant whose rows these are"
     )
-    discard.add_argument(
+    parser.add_argument(
         "--event-id",
         dest="event_ids",
         action="append",
@@ -123,17 +112,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ID",
         help="the event id of a held row (`accord relay held`); repeat for more",
     )
-    discard.add_argument(
-        "--who", type=args.text, required=True, help="the person or tool discarding"
-    )
-    discard.add_argument(
-        "--evidence",
-        type=args.text,
-        required=True,
-        help="a reference to why it is given up (the event enqueued again, say)",
-    )
-    discard.set_defaults(handler=handle_discard)
-    parser.set_defaults(handler=handle)
+    parser.add_argument("--who", type=args.text, required=True, help=f"the person or tool {doing}")
+    parser.add_argument("--evidence", type=args.text, required=True, help=evidence)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:

@@ -7,10 +7,14 @@
 --     not held refuses every one, nothing changed), as the repair role, with one
 --     relay.release_audit row each (action 'discard'; the body is not kept). A row that is
 --     not held is never removed: pending rows are published, published ones pruned.
---   * relay.release_audit.action tells a release from a discard; the audit's pruner takes a
---     discard's row after the audit retention (its outbox row is gone).
+--   * relay.release_audit.action tells a release from a discard, and a discard's row keeps
+--     what the event was (operation id, type and version, digest, enqueue time: never the
+--     body); the audit's pruner takes it after the audit retention (its outbox row is gone).
 ALTER TABLE relay.release_audit ADD COLUMN action text NOT NULL DEFAULT 'release'
-    CONSTRAINT release_audit_action_check CHECK (action IN ('release', 'discard'));
+    CONSTRAINT release_audit_action_check CHECK (action IN ('release', 'discard')),
+    ADD COLUMN operation_id text, ADD COLUMN type text, ADD COLUMN version integer,
+    ADD COLUMN digest text, ADD COLUMN enqueued_at timestamptz;
+COMMENT ON COLUMN relay.release_audit.operation_id IS 'A discarded row''s operation id, with its type, version, digest and enqueue time: what the event was (0061)';
 COMMENT ON COLUMN relay.release_audit.action IS 'release: made publishable again (relay.release_held); discard: removed for good (relay.discard_held, 0061)';
 COMMENT ON TABLE relay.release_audit IS 'Append-only: one row per held outbox row an operator released (relay.release_held) or discarded (relay.discard_held)';
 
@@ -43,12 +47,15 @@ BEGIN
     WITH gone AS (
         DELETE FROM relay.outbox o
         WHERE o.tenant = p_tenant AND o.event_id = ANY (p_event_ids) AND o.state = 'held'
-        RETURNING o.id, o.event_id, o.last_reason, o.attempts
+        RETURNING o.id, o.event_id, o.last_reason, o.attempts, o.operation_id, o.type,
+                  o.version, o.digest, o.enqueued_at
     ), audited AS (
         INSERT INTO relay.release_audit AS a (tenant, event_id, outbox_id, held_reason,
-                                              attempts, who, db_user, db_role, evidence, action)
+                                              attempts, who, db_user, db_role, evidence, action,
+                                              operation_id, type, version, digest, enqueued_at)
         SELECT p_tenant, g.event_id, g.id, g.last_reason, g.attempts, p_who, session_user,
-               current_setting('role'), p_evidence, 'discard'
+               current_setting('role'), p_evidence, 'discard', g.operation_id, g.type,
+               g.version, g.digest, g.enqueued_at
         FROM gone g
         RETURNING a.event_id, a.outbox_id, a.audit_id
     )

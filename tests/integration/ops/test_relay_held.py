@@ -4,6 +4,7 @@ A type no queue binds is held as unroutable by a running relay; the real command
 and release it (audited, as the repair role); once a queue binds the type a relay publishes
 it, once. The control: releasing a row that is not held is refused, changes nothing and
 writes no audit row; a release naming a held and a not-held row releases neither.
+`accord relay discard-held` removes a held row for good, audited, the same way (0061).
 """
 
 from __future__ import annotations
@@ -257,8 +258,9 @@ async def test_a_row_held_past_its_consumers_replay_window_is_refused_not_poison
 async def test_discard_held_removes_a_held_row_for_good_and_audits_it(
     pg_dsn: str, pg: asyncpg.Connection
 ) -> None:
-    """Migration 0061. A row held for good (here: its content enqueued again after a release
-    was refused past the replay window) stayed in the outbox and the held figures for ever.
+    """Migration 0061. A row held for good (a type nothing binds again, say, or one past its
+    consumers' replay window whose content was enqueued again) stayed in the outbox and the
+    held figures for ever.
     `accord relay discard-held` removes it, as the repair role, with an audit row (action
     discard), and the release audit's pruner may take that row once it is old. Controls: a
     pending row beside it refuses the whole discard (nothing removed, no audit), the relay
@@ -305,6 +307,8 @@ async def test_discard_held_removes_a_held_row_for_good_and_audits_it(
     assert await pg.fetchval(state, pending.event_id) == "pending"  # untouched
     (audit,) = await outbox.release_audit(pg, TENANT, held.event_id)
     assert (audit.action, audit.held_reason, audit.attempts) == ("discard", "unroutable", 2)
+    assert (audit.operation_id, audit.type, audit.version) == (held.operation_id, "audit.noted", 1)
+    assert audit.digest is not None and audit.enqueued_at is not None  # what the event was
     assert (audit.who, audit.db_role) == ("ops-anna", "accord_repair")
     assert "held: 0 rows" in accord(pg_dsn, "relay", "held").stdout
     # Its outbox row gone, the audit row is resolved: the pruner takes it past the retention.
