@@ -416,6 +416,19 @@ async def test_0054_freezes_the_prune_mark_below_the_oldest_job_still_present(
         await conn.close()
 
 
+async def _unknown_job(
+    conn: asyncpg.Connection, store: Store, tenant: str, op: str, reason: str, *, retry: bool
+) -> int:
+    """A job of class ``w`` claimed, its effect ``k`` unknown, given up with ``reason``."""
+    async with conn.transaction():
+        done = await submit(conn, tenant=tenant, workflow="w", operation_id=op, digest="d")
+    [lease] = await store.claim("w", "o", lease_s=30)
+    await store.begin_effect(lease, "k", "i")
+    await store.finish_effect(lease, "k", EffectState.UNKNOWN)
+    assert await store.fail(lease, reason, retry=retry) is JobState.UNKNOWN
+    return done.job_id
+
+
 async def test_0055_keeps_the_verdict_of_jobs_the_runner_gave_up_for_good(
     empty_pg_dsn: str,
 ) -> None:
@@ -429,15 +442,8 @@ async def test_0055_keeps_the_verdict_of_jobs_the_runner_gave_up_for_good(
         await store.register_workflow("w", "o", effects_enabled=True)
         jobs: dict[str, int] = {}
         for reason, retry in (("effect_conflict", False), ("effect_unknown", True)):
-            async with conn.transaction():
-                done = await submit(
-                    conn, tenant="acme", workflow="w", operation_id=reason, digest="d"
-                )
-            [lease] = await store.claim("w", "o", lease_s=30)
-            await store.begin_effect(lease, "k", "i")
-            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
-            assert await store.fail(lease, reason, retry=retry) is JobState.UNKNOWN
-            jobs[reason] = done.job_id
+            job_id = await _unknown_job(conn, store, "acme", reason, reason, retry=retry)
+            jobs[reason] = job_id
         await migrate.migrate(conn)
         flags = dict(await conn.fetch("SELECT last_error, final_failure FROM jobs.jobs"))
         assert flags == {"effect_conflict": True, "effect_unknown": False}
@@ -469,20 +475,13 @@ async def test_0059_fails_the_jobs_given_up_for_good_that_waited_for_a_resume(
         await store.register_workflow("w", "o", effects_enabled=True)
         jobs: dict[str, int] = {}
         for reason, retry in (("effect_conflict", False), ("effect_unknown", True)):
-            async with conn.transaction():
-                done = await submit(
-                    conn, tenant="acme", workflow="w", operation_id=reason, digest="d"
-                )
-            [lease] = await store.claim("w", "o", lease_s=30)
-            await store.begin_effect(lease, "k", "i")
-            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
-            assert await store.fail(lease, reason, retry=retry) is JobState.UNKNOWN
+            job_id = await _unknown_job(conn, store, "acme", reason, reason, retry=retry)
             async with conn.transaction():
                 resolved = await repair.resolve_effect(
-                    conn, done.job_id, "k", EffectState.SUCCEEDED, who="t", evidence="receipt"
+                    conn, job_id, "k", EffectState.SUCCEEDED, who="t", evidence="receipt"
                 )
             assert resolved.job_state is JobState.UNKNOWN  # awaiting a person's resume
-            jobs[reason] = done.job_id
+            jobs[reason] = job_id
         await migrate.migrate(conn, through=58)
         stuck = "SELECT state, final_failure FROM jobs.jobs WHERE job_id = $1"
         assert tuple(await conn.fetchrow(stuck, jobs["effect_conflict"])) == ("unknown", True)
@@ -522,13 +521,7 @@ async def test_0060_holds_the_old_unknown_jobs_of_restored_tenants(empty_pg_dsn:
         await store.register_workflow("w", "o", effects_enabled=True)
 
         async def unknown(tenant: str, op: str) -> int:
-            async with conn.transaction():
-                done = await submit(conn, tenant=tenant, workflow="w", operation_id=op, digest="d")
-            [lease] = await store.claim("w", "o", lease_s=30)
-            await store.begin_effect(lease, "k", "i")
-            await store.finish_effect(lease, "k", EffectState.UNKNOWN)
-            assert await store.fail(lease, "lost reply", retry=True) is JobState.UNKNOWN
-            return done.job_id
+            return await _unknown_job(conn, store, tenant, op, "lost reply", retry=True)
 
         jobs = {
             "open": await unknown("open", "a"),
