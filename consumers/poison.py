@@ -148,27 +148,6 @@ class PoisonRecord:
     #: The ``accord-move-id`` header of a message ``accord dead-letters`` moved back.
     move_id: str | None = None
 
-    @classmethod
-    def from_record(cls, record: Any) -> PoisonRecord:
-        return cls(
-            consumer=record["consumer"],
-            queue=record["queue"],
-            reason=PoisonReason(record["reason"]),
-            detail=json.loads(record["detail"]),
-            headers=json.loads(record["headers"]),
-            body_size=record["body_size"],
-            body_sha256=record["body_sha256"],
-            redelivered=record["redelivered"],
-            delivery_count=record["delivery_count"],
-            tenant=record["tenant"],
-            operation_id=record["operation_id"],
-            event_id=record["event_id"],
-            event_type=record["event_type"],
-            message_id=record["message_id"],
-            publish_id=record["publish_id"],
-            move_id=record.get("move_id"),
-        )
-
 
 def error_detail(exc: BaseException) -> dict[str, Any]:
     """An error's structured fields (identifiers and digests), JSON-safe, for the record."""

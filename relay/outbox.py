@@ -439,14 +439,10 @@ async def release_held(
     (``consumers.inbox.admit_floor``). A row enqueued before it is refused too
     (``past_replay_window``, 0056): its ``ce-time`` is its enqueue time, and a consumer would
     refuse it as ``too_old`` at its first delivery. None: not checked."""
-    require_transaction(tx)
-    ids = list(dict.fromkeys(event_ids))
-    if not ids:
-        raise ReleaseRefused("name at least one held event id", tenant=tenant)
-    records = await tx.fetch(sql.RELEASE_HELD_AUDITED, tenant, ids, who, evidence, admit_from)
-    refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
-    if any(status == "principal_required" for status in refused.values()):
-        raise ReleaseRefused("a release needs --who and --evidence", missing="principal")
+    records, refused = await _repair_held(
+        tx, ReleaseRefused, "release", sql.RELEASE_HELD_AUDITED, tenant, event_ids, who,
+        evidence, admit_from,
+    )  # fmt: skip
     if "past_replay_window" in refused.values():
         raise ReleaseRefused(
             "not released (nothing changed): a row was enqueued before admit_from, the oldest"
@@ -480,14 +476,9 @@ async def discard_held(
     consumers' replay window whose content was enqueued again). All or nothing: raises
     DiscardRefused (naming each id that is missing or not held, or ``principal_required``)
     and changes nothing. A row that is not held is never removed."""
-    require_transaction(tx)
-    ids = list(dict.fromkeys(event_ids))
-    if not ids:
-        raise DiscardRefused("name at least one held event id", tenant=tenant)
-    records = await tx.fetch(sql.DISCARD_HELD, tenant, ids, who, evidence)
-    refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
-    if any(status == "principal_required" for status in refused.values()):
-        raise DiscardRefused("a discard needs --who and --evidence", missing="principal")
+    records, refused = await _repair_held(
+        tx, DiscardRefused, "discard", sql.DISCARD_HELD, tenant, event_ids, who, evidence
+    )
     if refused:
         raise DiscardRefused(
             "not discarded: every named row must be held (nothing changed; not_held: pending,"
@@ -497,6 +488,30 @@ async def discard_held(
             refused=refused,
         )
     return [Released(r["outbox_id"], r["event_id"], r["audit_id"]) for r in records]
+
+
+async def _repair_held(
+    tx: Tx,
+    refusal: type[ReleaseRefused | DiscardRefused],
+    verb: str,
+    statement: str,
+    tenant: str,
+    event_ids: Sequence[uuid.UUID],
+    who: str,
+    evidence: str,
+    *more: Any,
+) -> tuple[list[asyncpg.Record], dict[str, str]]:
+    """A release's or a discard's call of its SQL function: its rows, and each refused id's
+    status. Raises ``refusal`` for no id at all and for a missing principal."""
+    require_transaction(tx)
+    ids = list(dict.fromkeys(event_ids))
+    if not ids:
+        raise refusal("name at least one held event id", tenant=tenant)
+    records = await tx.fetch(statement, tenant, ids, who, evidence, *more)
+    refused = {str(r["event_id"]): r["status"] for r in records if r["status"] is not None}
+    if any(status == "principal_required" for status in refused.values()):
+        raise refusal(f"a {verb} needs --who and --evidence", missing="principal")
+    return list(records), refused
 
 
 async def stats(conn: asyncpg.Connection) -> OutboxStats:
