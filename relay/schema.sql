@@ -94,6 +94,38 @@ END $$;
 COMMENT ON FUNCTION relay.discard_held(p_tenant text, p_event_ids uuid[], p_who text, p_evidence text) IS 'Remove held outbox rows of a tenant for good (all or nothing), one relay.release_audit row each (action discard); a row that is not held is refused (0061)';
 
 --
+-- Name: outbox_guard(); Type: FUNCTION; Schema: relay; Owner: -
+--
+
+CREATE FUNCTION relay.outbox_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF pg_has_role(current_user,
+                   (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF OLD.state = 'held' THEN
+        RAISE EXCEPTION 'relay.outbox row % (event %) is held: only a person moves it on',
+            OLD.id, OLD.event_id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'as the repair role: accord relay release-held (publish it) or accord'
+                         ' relay discard-held (give it up, audited)';
+    END IF;
+    RAISE EXCEPTION 'relay.outbox row % (event %) is %: only a published row is removed',
+        OLD.id, OLD.event_id, OLD.state
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'a committed event leaves the outbox by being published (accord relay)';
+END $$;
+
+--
+-- Name: FUNCTION outbox_guard(); Type: COMMENT; Schema: relay; Owner: -
+--
+
+COMMENT ON FUNCTION relay.outbox_guard() IS 'Refuses, but to the outbox''s owner, deleting a row that is not published and changing a held row (0062)';
+
+--
 -- Name: prune_release_audit(double precision, integer); Type: FUNCTION; Schema: relay; Owner: -
 --
 
@@ -413,6 +445,18 @@ CREATE INDEX release_audit_at_idx ON relay.release_audit USING btree (at, audit_
 --
 
 CREATE INDEX release_audit_event_idx ON relay.release_audit USING btree (tenant, event_id);
+
+--
+-- Name: outbox outbox_held_kept; Type: TRIGGER; Schema: relay; Owner: -
+--
+
+CREATE TRIGGER outbox_held_kept BEFORE UPDATE ON relay.outbox FOR EACH ROW WHEN ((old.state = 'held'::text)) EXECUTE FUNCTION relay.outbox_guard();
+
+--
+-- Name: outbox outbox_unpublished_kept; Type: TRIGGER; Schema: relay; Owner: -
+--
+
+CREATE TRIGGER outbox_unpublished_kept BEFORE DELETE ON relay.outbox FOR EACH ROW WHEN ((old.state <> 'published'::text)) EXECUTE FUNCTION relay.outbox_guard();
 
 --
 -- Name: release_audit release_audit_append_only; Type: TRIGGER; Schema: relay; Owner: -

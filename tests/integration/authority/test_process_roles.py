@@ -155,6 +155,31 @@ async def test_the_relay_publishes_holds_and_prunes_but_cannot_touch_jobs_or_the
     assert await count(pg, "SELECT count(*) FROM consumers.inbox") == 1
     assert await count(pg, "SELECT count(*) FROM relay.outbox") == 1
 
+    # it removes published rows only, and never moves a held one: a committed event leaves by
+    # being published, a held one through a person (0062; the controls above: its prune, its
+    # settle holding the oversize row)
+    pending = helpers.make_event(8)
+    await helpers.enqueue_committed(pg_dsn, [pending])
+    await refused(
+        relay_conn,
+        [
+            ("DELETE FROM relay.outbox WHERE state = 'held'", ()),
+            ("UPDATE relay.outbox SET state = 'pending' WHERE state = 'held'", ()),
+            ("UPDATE relay.outbox SET attempts = 0 WHERE state = 'held'", ()),
+            (
+                "UPDATE relay.outbox SET state = 'published', published_at = now()"
+                " WHERE state = 'held'",
+                (),
+            ),
+            ("DELETE FROM relay.outbox WHERE event_id = $1", (pending.event_id,)),
+        ],
+    )
+    states = await pg.fetch("SELECT event_id, state FROM relay.outbox ORDER BY id")
+    assert [(r["event_id"], r["state"]) for r in states] == [
+        (oversize.event_id, "held"),
+        (pending.event_id, "pending"),
+    ]
+
 
 def _runtime(amqp_url: str, pg_dsn: str, topo: Topology, workflow: str) -> ConsumerRuntime:
     return ConsumerRuntime(
