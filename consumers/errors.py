@@ -68,11 +68,10 @@ class OccurredInFuture(PermanentFailure):
     """The event's enqueue time (``ce-time``) is further ahead of the database's clock than
     the inbox's prune margin (a producer's database or a publisher's clock that runs
     ahead; an ``occurred_at`` dated ahead by the application is not judged): refused, not
-    treated as new. A
-    redelivery is admitted until its date plus the window, and a job's operation key is kept
-    from when the job finished: a job submitted for it by another consumer class could lose
-    its key while a redelivery could still be admitted. Fix the producer's clock; a requeued
-    copy is admitted once the database's clock is within the margin of its date."""
+    treated as new. One up to the margin ahead is admitted, and jobs.prune keeps an operation
+    key that much past the horizon (0063), since another consumer class may admit the same
+    event a window after its date. Fix the producer's clock; a requeued copy is admitted once
+    the database's clock is within the margin of its date."""
 
     reason = "in_future"
 

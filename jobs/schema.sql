@@ -616,6 +616,12 @@ BEGIN
         WHERE job_id = p_job_id AND attempt_id = p_attempt_id;
         RETURN FOUND;
     END IF;
+    -- Hold the job, as every writer of a job's rows does (0063): jobs.prune, which takes
+    -- its batch FOR UPDATE SKIP LOCKED, passes it by, or has removed it (nothing to note).
+    PERFORM 1 FROM jobs.jobs j WHERE j.job_id = p_job_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
     INSERT INTO jobs.effect_traces (job_id, effect_key, seq, trace)
     SELECT e.job_id, e.effect_key, e.seq, p_trace FROM jobs.effects e
     WHERE e.job_id = p_job_id AND e.effect_key = p_effect_key AND e.seq = p_seq
@@ -646,6 +652,7 @@ DECLARE
     v_rows integer;
     v_consumer text;
     v_horizon double precision;
+    v_key_horizon double precision;
     v_refs text;
     v_deferred text;
 BEGIN
@@ -669,7 +676,13 @@ BEGIN
                   DETAIL = json_build_object('consumer', v_consumer, 'horizon_s', v_horizon)::text,
                   HINT = 'a redelivery could outlive its job: set the retention to at least the horizon';
     END IF;
-    v_cutoff := now() - make_interval(secs => p_retention_s);
+    -- An event's enqueue time may run ahead of this clock by the inbox's future tolerance
+    -- (its prune margin, 0063): one class may finish the job that long before another class
+    -- admits the same event for the last time. The key is kept that much longer, so the
+    -- margin a late submit relies on is never spent on a clock ahead.
+    SELECT max(h.horizon_s + w.margin_s) INTO v_key_horizon
+    FROM consumers.replay_horizons h JOIN consumers.replay_windows w USING (consumer);
+    v_cutoff := now() - make_interval(secs => greatest(p_retention_s, v_key_horizon));
     -- Step 1: lock one batch of candidates, oldest first; a row another transaction holds
     -- (a submit returning it, a stale fence, a repair) is skipped, never waited on.
     SELECT array_agg(c.job_id) INTO v_ids FROM (
@@ -770,8 +783,10 @@ BEGIN
     ) SELECT count(*) INTO v_rows FROM gone;
     v_audit := v_audit + v_rows;
     -- Tombstones one more retention after their job went (a worker down longer than that
-    -- reports its begins of such attempts as evidence, for a person to acknowledge), and
-    -- acknowledged journal evidence past the audit retention (0054).
+    -- reports its begins of such attempts as evidence, for a person to acknowledge). Journal
+    -- evidence is never removed (0063): an acknowledged note is the only thing that lets a
+    -- journal drop its begin, at that journal's next start or rotation, which may come after
+    -- any retention (a worker stopped, or idle); notes come only from what a restore lost.
     WITH doomed AS (
         SELECT t.attempt_id FROM jobs.pruned_attempts t
         WHERE t.pruned_at < v_cutoff
@@ -782,17 +797,6 @@ BEGIN
         DELETE FROM jobs.pruned_attempts t USING doomed d WHERE t.attempt_id = d.attempt_id
         RETURNING 1
     ) SELECT count(*) INTO v_tombstones FROM gone;
-    WITH doomed AS (
-        SELECT v.evidence_id FROM jobs.journal_evidence v
-        WHERE v.acknowledged_at < now() - make_interval(secs => p_audit_retention_s)
-        ORDER BY v.acknowledged_at
-        LIMIT p_limit - v_audit
-        FOR UPDATE OF v SKIP LOCKED
-    ), gone AS (
-        DELETE FROM jobs.journal_evidence v USING doomed d WHERE v.evidence_id = d.evidence_id
-        RETURNING 1
-    ) SELECT count(*) INTO v_rows FROM gone;
-    v_audit := v_audit + v_rows;
     PERFORM set_config('accord.prune', '', true);
     -- Another schema's deferred foreign key to a removed job fails here, by name: the
     -- deferrable references to jobs.jobs are checked now, then set back to their declared
@@ -816,7 +820,7 @@ END $$;
 -- Name: FUNCTION prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer); Type: COMMENT; Schema: jobs; Owner: -
 --
 
-COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone, acknowledged journal evidence), oldest first; counts per table, tombstones included (0031, 0042, 0054)';
+COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon and kept past it by the inbox''s future tolerance (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone; never journal evidence), oldest first; counts per table, tombstones included (0031, 0042, 0054, 0063)';
 
 --
 -- Name: pruning(); Type: FUNCTION; Schema: jobs; Owner: -

@@ -450,8 +450,10 @@ async def release_held(
             " margin for the publish: ACCORD_INBOX_REPLAY_WINDOW_S and each consumer's, in"
             " accord status); published, it would be refused as too_old. It stays held;"
             " enqueue its content again as a new event with the same operation id (a"
-            " consumer that applied it takes that for a duplicate), then discard the held"
-            " row (`accord relay discard-held`)",
+            " consumer still holding the operation takes that for a duplicate; one that"
+            " applied it more than its window ago takes it as new, and a job it submits"
+            " meets the job's operation key), then discard the held row (`accord relay"
+            " discard-held`)",
             tenant=tenant,
             refused=refused,
             admit_from=admit_from.isoformat() if admit_from is not None else None,

@@ -32,6 +32,9 @@ DAY = 86400.0
 WINDOW_S = 7 * DAY
 HORIZON_S = WINDOW_S + PRUNE_MARGIN_S
 RETENTION_S = HORIZON_S  # the shortest retention the settings allow
+# Once a consumer declared its window, a key outlives the horizon by the inbox's future
+# tolerance (the prune margin) too, whatever the retention (0063).
+KEY_HORIZON_S = HORIZON_S + PRUNE_MARGIN_S
 AUDIT_S = 90 * DAY
 LONG_AGO_S = 10 * 365 * DAY
 
@@ -184,12 +187,12 @@ async def test_the_database_refuses_a_retention_inside_a_declared_replay_horizon
         await consumer_inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, WINDOW_S))
         await consumer_inbox.declare_window(conn, Consumer("ledger", CATALOG, DAY))
     first = await finish(jobs, "op-at-horizon")
-    await age(jobs.pool, first, HORIZON_S + 60)
+    await age(jobs.pool, first, KEY_HORIZON_S + 60)
     # control: a retention of the longest horizon itself removes the old job
     assert await prune(jobs.pool, retention_s=HORIZON_S) == Pruned(jobs=1, effects=1)
 
     second = await finish(jobs, "op-inside-horizon")
-    await age(jobs.pool, second, HORIZON_S + 60)
+    await age(jobs.pool, second, KEY_HORIZON_S + 60)
     before = await rows_of(jobs.pool, second)
     with pytest.raises(RetentionTooShort) as caught:
         await prune(jobs.pool, retention_s=HORIZON_S - 1)
@@ -219,6 +222,44 @@ def test_a_replay_window_that_cannot_work_is_refused_at_the_boundary() -> None:
     for window in (0.0, -1.0, float("inf"), float("nan"), 1e12):
         with pytest.raises(ConfigError, match="replay window"):
             Consumer(WORKFLOW, CATALOG, window)
+
+
+async def test_a_key_outlives_the_horizon_by_the_tolerance_for_an_event_dated_ahead(
+    jobs: Jobs,
+) -> None:
+    """0063. An event may be dated (its producer's clock) up to the prune margin ahead of this
+    one: a class admits it that early and finishes its job at once, and another class may
+    admit the same event a whole window after its date. That class's submit, later in the
+    transaction that admitted the event, finds the job, even with a prune between the two
+    and a retention of exactly the horizon (before 0063 the key was gone: a second job ran
+    the work again). Control: once the job is older than the horizon and that tolerance, it
+    goes."""
+    async with jobs.pool.acquire() as conn:
+        await consumer_inbox.declare_window(conn, Consumer(WORKFLOW, CATALOG, WINDOW_S))
+    job_id = await finish(jobs, "op-dated-ahead")
+    # finished a tolerance before the event's date, now the whole window past that date
+    await age(jobs.pool, job_id, HORIZON_S + 5)
+    ledger = Consumer("ledger", CATALOG, replay_window_s=WINDOW_S)
+    event = report(tenant=TENANT).model_copy(
+        update={
+            "operation_id": "op-dated-ahead",
+            "occurred_at": datetime.now(UTC) - timedelta(seconds=WINDOW_S - 5),
+        }
+    )
+    async with jobs.pool.acquire() as conn, conn.transaction():
+        assert await reserve(conn, ledger, event, Delivery(redelivered=False))
+        assert await prune(jobs.pool, retention_s=RETENTION_S) == Pruned()
+        done = await submit(
+            conn,
+            tenant=TENANT,
+            workflow=WORKFLOW,
+            operation_id="op-dated-ahead",
+            digest="d-op-dated-ahead",  # the fixture's
+            payload={},
+        )
+    assert (done.job_id, done.created) == (job_id, False)
+    await age(jobs.pool, job_id, KEY_HORIZON_S + 60)
+    assert await prune(jobs.pool, retention_s=RETENTION_S) == Pruned(jobs=1, effects=1)
 
 
 async def test_a_declared_window_past_a_century_is_refused_by_the_database(jobs: Jobs) -> None:
@@ -623,14 +664,14 @@ async def test_two_batches_in_one_transaction_leave_the_caller_s_deferred_constr
             await conn.execute("INSERT INTO app.child VALUES (2)")
 
 
-async def test_tombstones_last_one_more_retention_and_acknowledged_evidence_the_audit_s(
+async def test_tombstones_last_one_more_retention_and_journal_evidence_is_kept(
     jobs: Jobs,
 ) -> None:
     """0054. A pruned job leaves one tombstone per attempt whose effects went (a journaled
     begin of that attempt may then go); the tombstone itself goes one retention after, in a
-    later batch (control: a younger one stays). A journal evidence note goes once acknowledged
-    longer ago than the audit retention (controls: one acknowledged recently, and one never
-    acknowledged however old, stay)."""
+    later batch (control: a younger one stays). Journal evidence notes stay, acknowledged or
+    not, however old (0063: a journal that still carries the begin drops it only on seeing
+    the acknowledged note, at its next start or rotation; test_restart shows the start)."""
     gone, later = await finish(jobs, "gone"), await finish(jobs, "later")
     attempts = {
         r["job_id"]: r["attempt_id"]
@@ -661,10 +702,10 @@ async def test_tombstones_last_one_more_retention_and_acknowledged_evidence_the_
                 None if acknowledged_ago is None else 1,
             )
         )
-    assert await prune(jobs.pool) == Pruned(audit=1, tombstones=1)
+    assert await prune(jobs.pool) == Pruned(tombstones=1)
     assert [r["attempt_id"] for r in await jobs.pool.fetch(tombstones)] == [attempts[later]]
     kept = await jobs.pool.fetch("SELECT evidence_id FROM jobs.journal_evidence ORDER BY 1")
-    assert [r["evidence_id"] for r in kept] == notes[1:]
+    assert [r["evidence_id"] for r in kept] == notes
     # a batch that removed as many tombstones as it may is full: the next one runs at once
     await jobs.pool.execute(
         "INSERT INTO jobs.pruned_attempts (attempt_id, pruned_at)"

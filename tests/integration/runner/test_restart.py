@@ -592,6 +592,15 @@ async def test_a_restore_s_evidence_outlives_the_prune_of_a_job_that_took_its_id
         None,
     )
     assert [v.evidence_id for v in await _journal_evidence(rig)] == [late.evidence_id]
+    # The worker does not start again until after the audit retention: the acknowledged note
+    # is still there for its start (0063; before, the prune removed it, and the start noted
+    # the begin again, unacknowledged, for a person to recheck).
+    await rig.pool.execute(
+        "UPDATE jobs.journal_evidence SET acknowledged_at = now() - interval '2 days'"
+        " WHERE evidence_id = $1",
+        first.evidence_id,
+    )
+    await rig.prune_past_retention([])  # an audit retention of one day
     # acknowledged: let go at the next start, and nothing left to report after it
     assert await start() == []
     assert scan_journal(rig.journal_path("w")).records == ()
