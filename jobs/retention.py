@@ -78,8 +78,10 @@ async def prune(tx: Tx, *, retention_s: float, audit_retention_s: float, limit: 
     (0039), so the caller's own deferred constraints stay deferred and several batches may
     share one transaction. Removes one bounded batch (at
     most ``limit`` jobs, oldest first, skipping rows other transactions hold) of finished,
-    resolved jobs older than ``retention_s`` with everything that was theirs, and of repair
-    audit rows older than ``audit_retention_s`` whose job is gone. Callers loop, one short
+    resolved jobs older than ``retention_s`` (and than the longest declared replay horizon
+    plus the largest declared margin, the inbox's tolerance for a clock ahead, 0063) with
+    everything that was theirs, and of repair audit rows older than ``audit_retention_s``
+    whose job is gone. Callers loop, one short
     transaction per batch, while ``Pruned.full(limit)``.
 
     Raises ConfigError for values that cannot work (see ``check``), RetentionTooShort (a

@@ -677,10 +677,11 @@ BEGIN
                   HINT = 'a redelivery could outlive its job: set the retention to at least the horizon';
     END IF;
     -- An event's enqueue time may run ahead of this clock by the inbox's future tolerance
-    -- (its prune margin, 0063): one class may finish the job that long before another class
-    -- admits the same event for the last time. The key is kept that much longer, so the
-    -- margin a late submit relies on is never spent on a clock ahead.
-    SELECT max(h.horizon_s + w.margin_s) INTO v_key_horizon
+    -- (its prune margin, which each consumer declares, 0063): one class may finish the job
+    -- that long before another class admits the same event for the last time, a horizon
+    -- after its date. The key is kept that much longer, so the margin a late submit relies
+    -- on is never spent on a clock ahead; the two classes may be any two consumers.
+    SELECT max(h.horizon_s) + max(w.margin_s) INTO v_key_horizon
     FROM consumers.replay_horizons h JOIN consumers.replay_windows w USING (consumer);
     v_cutoff := now() - make_interval(secs => greatest(p_retention_s, v_key_horizon));
     -- Step 1: lock one batch of candidates, oldest first; a row another transaction holds
@@ -766,7 +767,8 @@ BEGIN
     ) SELECT count(*) INTO v_rows FROM gone;
     v_audit := v_audit + v_rows;
     -- Repair audit rows past their own retention, once their job is gone (a job still kept
-    -- keeps its repair history) and unless a restore record names them.
+    -- keeps its repair history) and unless a restore record or a journal evidence note (kept
+    -- for good, 0063: who acknowledged it) names them.
     WITH doomed AS (
         SELECT a.audit_id FROM jobs.repair_audit a
         WHERE a.at < now() - make_interval(secs => p_audit_retention_s)
@@ -774,6 +776,7 @@ BEGIN
                OR NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = a.job_id))
           AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
                           WHERE r.resolved_audit = a.audit_id)
+          AND NOT EXISTS (SELECT 1 FROM jobs.journal_evidence v WHERE v.audit_id = a.audit_id)
         ORDER BY a.at, a.audit_id
         LIMIT p_limit - v_audit
         FOR UPDATE OF a SKIP LOCKED
@@ -2252,6 +2255,12 @@ CREATE INDEX jobs_running_idx ON jobs.jobs USING btree (lease_expires_at) WHERE 
 --
 
 CREATE INDEX jobs_tenant_frozen_idx ON jobs.jobs USING btree (tenant) WHERE tenant_frozen;
+
+--
+-- Name: journal_evidence_audit_idx; Type: INDEX; Schema: jobs; Owner: -
+--
+
+CREATE INDEX journal_evidence_audit_idx ON jobs.journal_evidence USING btree (audit_id) WHERE (audit_id IS NOT NULL);
 
 --
 -- Name: journal_evidence_open_idx; Type: INDEX; Schema: jobs; Owner: -

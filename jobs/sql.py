@@ -206,13 +206,15 @@ EFFECT_TRACE = (
 )
 
 # Keep the trace context $5 of attempt $2 of job $1 (no key), or of its effect $3 seq $4;
-# only the attempt holding the job writes (tracing only; jobs.note_trace, jobs/schema.sql).
+# only the attempt holding the job writes (tracing only; jobs.note_trace, jobs/schema.sql;
+# it holds the job FOR KEY SHARE, so the pruner never leaves its trace behind, 0063).
 NOTE_TRACE = "SELECT jobs.note_trace($1, $2, $3, $4, $5::jsonb)"
 
 # -- retention (jobs.retention; jobs.prune in jobs/schema.sql) -------------------------------
 
-# Remove one batch of at most $3 finished, resolved jobs older than $1 seconds (with their key,
-# effects, traces, escalations and result manifest) and of repair audit rows older than $2.
+# Remove one batch of at most $3 finished, resolved jobs older than $1 seconds and than the key
+# horizon (0063; with their key, effects, traces, escalations and result manifest) and of
+# repair audit rows older than $2.
 PRUNE = (
     "SELECT jobs_pruned, effects_pruned, results_pruned, audit_pruned, tombstones_pruned"
     " FROM jobs.prune($1, $2, $3)"

@@ -5,7 +5,8 @@
 --     another admits the same event up to the horizon later. With a retention at exactly the
 --     horizon (the least jobs.prune allows) the key could go just as the second class admitted
 --     the event, and its submit, later in the same transaction, created a second job: the work
---     ran twice. The key (with the job) is now kept max(horizon + margin) over the consumers;
+--     ran twice. The key (with the job) is now kept the longest horizon plus the largest
+--     declared margin (the admission's tolerance, declared by each consumer);
 --     the refusal of a retention shorter than the horizon is unchanged.
 --   * jobs.note_trace holds the job (FOR KEY SHARE) before it records an effect's trace: it
 --     read the effect row without a lock, and racing jobs.prune it left a trace row whose job
@@ -13,7 +14,8 @@
 --   * Acknowledged journal evidence is no longer removed after the audit retention: a worker
 --     whose journal still carried the begin (stopped, or idle and never rotating since)
 --     found no note at its next start and noted the begin again, unacknowledged, for a person
---     to recheck (0054). Notes come only from what a restore lost, not from traffic.
+--     to recheck (0054). Notes come only from what a restore lost, not from traffic. The
+--     repair audit row of a note's acknowledgement (who, with what evidence) stays with it.
 
 CREATE OR REPLACE FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) RETURNS TABLE(jobs_pruned integer, effects_pruned integer, results_pruned integer, audit_pruned integer, tombstones_pruned integer)
     LANGUAGE plpgsql SECURITY DEFINER
@@ -58,10 +60,11 @@ BEGIN
                   HINT = 'a redelivery could outlive its job: set the retention to at least the horizon';
     END IF;
     -- An event's enqueue time may run ahead of this clock by the inbox's future tolerance
-    -- (its prune margin, 0063): one class may finish the job that long before another class
-    -- admits the same event for the last time. The key is kept that much longer, so the
-    -- margin a late submit relies on is never spent on a clock ahead.
-    SELECT max(h.horizon_s + w.margin_s) INTO v_key_horizon
+    -- (its prune margin, which each consumer declares, 0063): one class may finish the job
+    -- that long before another class admits the same event for the last time, a horizon
+    -- after its date. The key is kept that much longer, so the margin a late submit relies
+    -- on is never spent on a clock ahead; the two classes may be any two consumers.
+    SELECT max(h.horizon_s) + max(w.margin_s) INTO v_key_horizon
     FROM consumers.replay_horizons h JOIN consumers.replay_windows w USING (consumer);
     v_cutoff := now() - make_interval(secs => greatest(p_retention_s, v_key_horizon));
     -- Step 1: lock one batch of candidates, oldest first; a row another transaction holds
@@ -147,7 +150,8 @@ BEGIN
     ) SELECT count(*) INTO v_rows FROM gone;
     v_audit := v_audit + v_rows;
     -- Repair audit rows past their own retention, once their job is gone (a job still kept
-    -- keeps its repair history) and unless a restore record names them.
+    -- keeps its repair history) and unless a restore record or a journal evidence note (kept
+    -- for good, 0063: who acknowledged it) names them.
     WITH doomed AS (
         SELECT a.audit_id FROM jobs.repair_audit a
         WHERE a.at < now() - make_interval(secs => p_audit_retention_s)
@@ -155,6 +159,7 @@ BEGIN
                OR NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = a.job_id))
           AND NOT EXISTS (SELECT 1 FROM jobs.authority_restores r
                           WHERE r.resolved_audit = a.audit_id)
+          AND NOT EXISTS (SELECT 1 FROM jobs.journal_evidence v WHERE v.audit_id = a.audit_id)
         ORDER BY a.at, a.audit_id
         LIMIT p_limit - v_audit
         FOR UPDATE OF a SKIP LOCKED
@@ -225,3 +230,6 @@ DELETE FROM jobs.effect_traces t
 WHERE NOT EXISTS (SELECT 1 FROM jobs.jobs j WHERE j.job_id = t.job_id);
 
 COMMENT ON FUNCTION jobs.prune(p_retention_s double precision, p_audit_retention_s double precision, p_limit integer) IS 'Remove one bounded batch of finished, resolved jobs older than the retention, never shorter than the longest declared replay horizon and kept past it by the inbox''s future tolerance (with their key, effects, traces, escalations and result manifest, leaving a tombstone per attempt whose effects go), of tombstones one retention old, and of audit rows older than the audit retention (resolved restore records, registration audit rows but each class''s newest, repair audit rows whose job is gone; never journal evidence), oldest first; counts per table, tombstones included (0031, 0042, 0054, 0063)';
+
+CREATE INDEX journal_evidence_audit_idx ON jobs.journal_evidence (audit_id)
+    WHERE audit_id IS NOT NULL;

@@ -262,6 +262,24 @@ async def test_a_key_outlives_the_horizon_by_the_tolerance_for_an_event_dated_ah
     assert await prune(jobs.pool, retention_s=RETENTION_S) == Pruned(jobs=1, effects=1)
 
 
+async def test_the_key_tolerance_is_the_largest_margin_any_consumer_declared(
+    jobs: Jobs,
+) -> None:
+    """0063. The class that admits an event early and the one that admits it late may be two
+    consumers that declared different margins: the key is kept the longest horizon plus the
+    largest margin, not each consumer's own horizon plus its own margin (control: past
+    that, it goes)."""
+    declare = "SELECT consumers.declare_window($1, $2, $3)"
+    await jobs.pool.execute(declare, WORKFLOW, WINDOW_S, 60.0)  # the longest horizon
+    await jobs.pool.execute(declare, "ledger", DAY, PRUNE_MARGIN_S)  # the largest margin
+    job_id = await finish(jobs, "op-two-margins")
+    longest = WINDOW_S + 60.0
+    await age(jobs.pool, job_id, longest + 60.0 + 5)  # past the report class's own sum
+    assert await prune(jobs.pool, retention_s=longest) == Pruned()
+    await age(jobs.pool, job_id, longest + PRUNE_MARGIN_S + 60)
+    assert await prune(jobs.pool, retention_s=longest) == Pruned(jobs=1, effects=1)
+
+
 async def test_a_declared_window_past_a_century_is_refused_by_the_database(jobs: Jobs) -> None:
     """0051: a window of 1e12 s, declared by a process or by hand, made every reserve of the
     consumer fail (22008), its inbox prune fail and jobs.prune refuse every retention."""
@@ -419,6 +437,17 @@ async def test_repair_audit_rows_leave_after_their_own_retention_once_their_job_
     old_kept = await jobs.pool.fetchval(insert, "resume", TENANT, kept, AUDIT_S + 60)
     old_epoch = await jobs.pool.fetchval(insert, "advance_epoch", TENANT, None, AUDIT_S + 60)
     named = await jobs.pool.fetchval(insert, "advance_epoch", TENANT, None, AUDIT_S + 60)
+    acknowledged = await jobs.pool.fetchval(
+        insert, "acknowledge_evidence", TENANT, None, AUDIT_S + 60
+    )
+    await jobs.pool.execute(  # the note is kept for good, and so is who acknowledged it (0063)
+        "INSERT INTO jobs.journal_evidence (job_id, effect_key, seq, attempt_id, tenant,"
+        " runner_id, acknowledged_at, audit_id) VALUES (1, 'charge', 1, gen_random_uuid(), $1,"
+        " 'w', now() - make_interval(secs => $2), $3)",
+        TENANT,
+        AUDIT_S + 60,
+        acknowledged,
+    )
     await jobs.pool.execute(
         "INSERT INTO jobs.authority_restores (tenant, db_epoch, ledger_epoch, detected_by,"
         " resolved_at, resolved_epoch, resolved_audit) VALUES ($1, 1, 2, 'test', now(), 3, $2)",
@@ -432,7 +461,7 @@ async def test_repair_audit_rows_leave_after_their_own_retention_once_their_job_
     await age(jobs.pool, gone, RETENTION_S + 60)
     assert await prune(jobs.pool) == Pruned(jobs=1, audit=2)
     left = {r[0] for r in await jobs.pool.fetch("SELECT audit_id FROM jobs.repair_audit")}
-    assert left == {young_gone, old_kept, named}
+    assert left == {young_gone, old_kept, named, acknowledged}
     assert old_epoch not in left
 
 
