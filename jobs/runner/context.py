@@ -29,6 +29,7 @@ from accord.jobs.errors import (
     EffectUndeclared,
     FenceLost,
     IdempotencyKeyMismatch,
+    ObjectNotFound,
     ReceiptInvalid,
     ResultMismatch,
 )
@@ -376,7 +377,8 @@ class JobContext:
 
     async def _refresh(self, object_key: str) -> None:
         """Restart the object's age before a manifest row names it, however long ago it was
-        put: the collector keeps it through the publish (its retention is at least a lease).
+        put: the collector keeps it through the publish (its retention is at least a lease);
+        a publish does it at each of its tries, since a later one may come a lease after.
         Raises ObjectNotFound if it was collected meanwhile: the job is retried, and its
         handler puts it again."""
         await anyio.to_thread.run_sync(self._objects.touch, object_key)
@@ -413,8 +415,6 @@ class JobContext:
         survives) or EffectsUnresolved.
         """
         result = None if object_key is None else (check_key(object_key), _digest(object_key))
-        if object_key is not None:
-            await self._refresh(object_key)
         span = _TRACER.start_span(
             f"publish {self._lease.workflow}",
             attributes={
@@ -428,16 +428,21 @@ class JobContext:
             self._publishing = object_key
 
             async def committed(error: Exception) -> bool:
-                return (
-                    isinstance(error, FenceLost)
-                    and error.fields.get("failed_check") == "state"
-                    and await write_back.published_before(self._store, self._lease)
+                refused = isinstance(error, ObjectNotFound) or (
+                    isinstance(error, FenceLost) and error.fields.get("failed_check") == "state"
                 )
+                return refused and await write_back.published_before(self._store, self._lease)
 
             own = None if callback is None else write_back.own_errors(callback)
+
+            async def once() -> None:
+                if object_key is not None:  # at each try: a retry may come a lease later
+                    await self._refresh(object_key)
+                await self._store.publish(self._lease, own, result=result)
+
             try:
                 await write_back.again_unless_committed(
-                    lambda: self._store.publish(self._lease, own, result=result),
+                    once,
                     what="publish",
                     lease=self._lease,
                     committed=committed,

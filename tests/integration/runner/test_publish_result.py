@@ -232,3 +232,32 @@ async def test_a_publish_restarts_its_object_s_age_so_a_run_longer_than_the_rete
     assert (
         await rig.pool.fetchval("SELECT count(*) FROM public.marks WHERE job_id = $1", job_id) == 0
     )
+
+
+async def test_a_publish_tried_again_restarts_its_object_s_age_at_each_try(plain: Rig) -> None:
+    """A publish whose try the server cancels (a statement timeout: tried again) may commit
+    a later try a lease or more after the first; each try restarts the object's age, so a
+    collection during the later try keeps it. Before, only the first try did, and the
+    manifest row could name an object the collector had removed meanwhile."""
+    rig = plain
+    retention = 60.0
+    key = rig.objects.put(b"a report whose publish was tried again")
+    collected: list[str] = []
+    tries = 0
+    job_id, ctx = await _claimed(rig, "tried-again")
+
+    async def callback(tx: Tx) -> None:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            age(rig.objects, key, 3600)  # the next try comes long after this one's start
+            await tx.execute("SET LOCAL statement_timeout = '10ms'")
+            await tx.execute("SELECT pg_sleep(1)")  # QueryCanceledError: tried again
+        await _mark(job_id)(tx)
+        collected.extend(collect_garbage(rig.objects, set(), retention))
+
+    await ctx.publish(callback, object_key=key)
+    assert tries == 2 and collected == []
+    assert rig.objects.get(key) == b"a report whose publish was tried again"
+    assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
+    assert await rig.state(job_id) == JobState.SUCCEEDED
