@@ -33,6 +33,7 @@ from accord.jobs.authority import AuthorityGate
 from accord.jobs.errors import (
     EffectConflict,
     EffectIntentInvalid,
+    EffectsDisabled,
     EffectsUnresolved,
     EffectUndeclared,
     FenceLost,
@@ -69,18 +70,25 @@ HANDLER_DEFECTS = (
 )
 
 
-def handler_defect(error: BaseException | None) -> Exception | None:
-    """The handler's own defect in ``error``: itself, or the first one inside an exception
-    group (a handler's own task group raises its children's errors as one). A retry runs
-    the same code and meets it again, so its job fails without one."""
-    if isinstance(error, HANDLER_DEFECTS):
+def first_in(
+    error: BaseException | None, types: type[Exception] | tuple[type[Exception], ...]
+) -> Exception | None:
+    """``error`` if it is one of ``types``, else the first of them inside an exception group
+    (a handler's own task group raises its children's errors as one); None if neither."""
+    if isinstance(error, types):
         return error
     if isinstance(error, BaseExceptionGroup):
-        found: BaseException | None = error.subgroup(HANDLER_DEFECTS)
+        found: BaseException | None = error.subgroup(types)
         while isinstance(found, BaseExceptionGroup):
             found = found.exceptions[0]
-        return found if isinstance(found, HANDLER_DEFECTS) else None
+        return found if isinstance(found, types) else None
     return None
+
+
+def handler_defect(error: BaseException | None) -> Exception | None:
+    """The handler's own defect in ``error`` (itself, or inside an exception group). A retry
+    runs the same code and meets it again, so its job fails without one."""
+    return first_in(error, HANDLER_DEFECTS)
 
 
 __all__ = ["Ending", "Finished", "Handler", "Registered", "Worker", "WorkerConfig", "WorkerStats"]
@@ -520,12 +528,16 @@ class Worker:
             return await self._complete(ctx, store)
         if error is None:
             return await self._give_up(ctx, store, Ending.DEADLINE, "deadline")
-        if isinstance(error, JournalBroken):  # the worker's fault, not the job's: it stops
-            return await self._give_up(ctx, store, Ending.STOPPED, error_reason(error))
+        broken = first_in(error, JournalBroken)
+        if broken is not None:  # the worker's fault, not the job's: it stops
+            return await self._give_up(ctx, store, Ending.STOPPED, error_reason(broken))
         defect = handler_defect(error)
         if defect is not None:  # a retry would meet it again: failed at once
             return await self._give_up(ctx, store, Ending.FAILED, error_reason(defect), retry=False)
-        return await self._give_up(ctx, store, Ending.FAILED, error_reason(error))
+        # Effects disabled, however deep in a group: the job is parked until they are enabled
+        # (jobs.fail parks on that reason alone), not retried to poison.
+        parked = first_in(error, EffectsDisabled)
+        return await self._give_up(ctx, store, Ending.FAILED, error_reason(parked or error))
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""

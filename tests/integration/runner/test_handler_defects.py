@@ -280,3 +280,45 @@ async def test_a_defect_raised_inside_the_handler_s_own_task_group_fails_the_job
             assert row["last_error"] == "idempotency_key_mismatch"
         else:
             assert row["state"] != "failed" and row["attempts"] >= 2  # control: retried
+
+
+async def test_effects_disabled_inside_the_handler_s_own_task_group_parks_the_job(
+    rig: Rig,
+) -> None:
+    """A handler beginning two effects at once in a task group of its own, its class
+    registered with effects disabled: both are refused at begin_effect and the worker gets
+    an exception group. Before, it read as a transient failure ("handler:ExceptionGroup"),
+    retried with backoff to poison; now the job is parked as a lone refusal parks it, until
+    effects are enabled (control: the same handler enabled publishes)."""
+
+    async def sent() -> Success:
+        return Success("receipt")
+
+    async def handler(ctx: JobContext) -> None:
+        async def one(key: str) -> None:
+            await ctx.effect(key, {"to": key}, sent)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "mail.a")
+            tg.start_soon(one, "mail.b")
+
+    for enabled in (False, True):
+        workflow = f"grouped-effects-{'on' if enabled else 'off'}"
+        await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=enabled)
+        job = await rig.submit_job(f"{workflow}-1", workflow)
+        worker = rig.worker({workflow: (handler, 10.0)}, journal=workflow)
+        async with running(worker):
+
+            async def ended(job: int = job) -> bool:
+                row = await rig.job(job)
+                return row["state"] == "succeeded" or row["last_error"] is not None
+
+            await wait_for(ended)
+        row = await rig.job(job)
+        if enabled:  # control: both effects sent, the job done
+            assert (row["state"], row["last_error"]) == ("succeeded", None)
+            continue
+        assert (row["state"], row["last_error"]) == ("queued", "effects_disabled")
+        assert await rig.pool.fetchval(
+            "SELECT run_after = 'infinity' FROM jobs.jobs WHERE job_id = $1", job
+        )
