@@ -441,6 +441,7 @@ class Worker:
         hard_deadline = claimed_at + registered.timeout_s
         scope = anyio.CancelScope(deadline=min(hard_deadline, claimed_at + self.config.lease_s))
         error: Exception | None = None
+        returned = False  # the handler returned, its own deadline not reached
         try:
             # Inside the try: a stop that cancels this round trip (the first await of the
             # attempt) gives the job back at once, as it does a running handler's, instead
@@ -451,23 +452,29 @@ class Worker:
                 try:
                     with scope:
                         await registered.handler(ctx)
+                    returned = not scope.cancelled_caught
                 except Exception as exc:  # noqa: BLE001 - recorded below: the failure policy
                     error = exc
                 tg.cancel_scope.cancel()  # stop the heartbeat
         except anyio.get_cancelled_exc_class():
             # Shutdown cancelled the handler: record that honestly before going. A broken
             # journal ends the worker too, and may cancel a job before its own append fails:
-            # the reason is then the journal's, as if that append had raised. A defect the
-            # handler raised before the stop landed (while its heartbeat wound down) keeps
-            # its verdict: failed, not given back to meet the same defect again.
+            # the reason is then the journal's, as if that append had raised. What the
+            # handler ended with before the stop landed (while its heartbeat wound down)
+            # keeps its verdict: a defect fails the job, not given back to meet it again;
+            # a return completes it, not given back to be run again (or left unknown after
+            # a succeeded effect).
             broken, defect = self._journal.broken, handler_defect(error)
+            settled = not ctx.published and ctx.fence_lost is None
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
                 if broken is not None:
                     finished = await self._give_up(ctx, store, Ending.STOPPED, error_reason(broken))
-                elif defect is not None and not ctx.published and ctx.fence_lost is None:
+                elif defect is not None and settled:
                     finished = await self._give_up(
                         ctx, store, Ending.FAILED, error_reason(defect), retry=False
                     )
+                elif returned and settled:
+                    finished = await self._complete(ctx, store)
                 else:
                     finished = await self._give_up(ctx, store, Ending.STOPPED, "worker_stopped")
                 self._ended(ctx.lease, finished, span, seen)

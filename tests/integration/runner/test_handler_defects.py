@@ -197,38 +197,50 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
     """The handler meets a defect of its own (a key of its own making), and a stop (now)
     lands while its attempt's heartbeat is still winding down (a renew in flight, held
     here until the stop). Before, the stop's ending (worker_stopped, with a retry) replaced
-    the defect's verdict and the job was queued to meet it again; now it is failed.
-    Control: a stop while a handler still runs gives its job back."""
-    winding, stopped = anyio.Event(), anyio.Event()
+    the defect's verdict and the job was queued to meet it again; now it is failed. A
+    handler that returned, after an effect that succeeded, is completed the same way (before,
+    given back: the succeeded effect forbids a rerun, so the job waited, unknown, for a
+    person). Control: a stop while a handler still runs gives its job back."""
+    events: dict[str, anyio.Event] = {}
     heartbeat = Worker._heartbeat
 
     async def slow_to_end(self: Worker, *args: Any) -> None:
         try:
             await heartbeat(self, *args)
         finally:
-            winding.set()
+            events["winding"].set()
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await stopped.wait()  # the stop lands while this attempt winds down
+                await events["stopped"].wait()  # the stop lands while this attempt winds down
 
     monkeypatch.setattr(Worker, "_heartbeat", slow_to_end)
-    running_now = anyio.Event()
 
     async def defect(ctx: JobContext) -> None:
         await ctx.effect("mail.send", {"to": "a"}, _never_sent, idempotency_key="mine")
 
+    async def sent() -> Success:
+        return Success("receipt")
+
+    async def returns(ctx: JobContext) -> None:
+        await ctx.effect("mail.send", {"to": "a"}, sent)
+
     async def long(ctx: JobContext) -> None:
-        running_now.set()
+        events["running"].set()
         await anyio.sleep(60)
 
-    for workflow, handler, started in (("defect", defect, winding), ("long", long, running_now)):
+    for workflow, handler, started in (
+        ("defect", defect, "winding"),
+        ("returns", returns, "winding"),
+        ("long", long, "running"),
+    ):
+        events.update(winding=anyio.Event(), stopped=anyio.Event(), running=anyio.Event())
         await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
         job = await rig.submit_job(f"{workflow}-1", workflow)
         worker = rig.worker({workflow: (handler, 30.0)}, journal=workflow)
         async with running(worker):
             with anyio.fail_after(20):
-                await started.wait()
+                await events[started].wait()
             worker.stop(now=True)
-            stopped.set()
+            events["stopped"].set()
 
             async def ended(job: int = job) -> bool:
                 return await rig.state(job) != "running"
@@ -237,6 +249,8 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
         row = await rig.job(job)
         if workflow == "defect":
             assert (row["state"], row["last_error"]) == ("failed", "idempotency_key_mismatch")
+        elif workflow == "returns":
+            assert (row["state"], row["last_error"]) == ("succeeded", None)
         else:
             assert (row["state"], row["last_error"]) == ("queued", "worker_stopped")
 
