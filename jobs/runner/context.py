@@ -207,13 +207,15 @@ class JobContext:
             return await self._reuse(ref, start.receipt)
         span.add_event(telemetry.EVENT_EFFECT_BEGUN)
         seq = start.seq
-        carrier = telemetry.span_headers(span) if telemetry.exporting() else {}
-        if carrier:  # exported: a later reconcile's resolution links to this effect's span
-            with contextlib.suppress(*DB_RETRY_LATER):
-                await self._store.note_trace(lease, carrier, key, seq)
         self.trail.begun.append(ref)
         self.trail.unresolved[ref] = EffectState.PENDING
+        carrier = telemetry.span_headers(span) if telemetry.exporting() else {}
+        detail = "trace note"  # what was in the way, should the call never start
         try:
+            if carrier:  # exported: a later reconcile's resolution links to this effect's span
+                with contextlib.suppress(*DB_RETRY_LATER):
+                    await self._store.note_trace(lease, carrier, key, seq)
+            detail = "journal"
             await self._journal(
                 EffectBegin(
                     **_claim_fields(lease),
@@ -224,8 +226,9 @@ class JobContext:
                 )
             )
         except BaseException:
-            # The call never started: nothing was dispatched, so say exactly that.
-            await self._record(ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail="journal"))
+            # The call never started (the journal failed, or a stop, the deadline or a lost
+            # lease cancelled the attempt first): nothing was dispatched, so say exactly that.
+            await self._record(ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail=detail))
             raise
         return await self._dispatch(ref, call)
 

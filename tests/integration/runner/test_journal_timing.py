@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState
 from accord.jobs.runner import JobContext, Success
+from accord.schemas import telemetry
 from tests.integration.runner.conftest import Rig
 
 pytestmark = pytest.mark.timeout(60)
@@ -158,3 +160,43 @@ async def test_the_begin_names_the_provider_key_even_when_the_handler_did_not(
         await ctx.effect("mail.send", {"to": "d"}, call, **given)
         [begin] = [r for r in journal.records if str(r.type) == "effect_begin"]
         assert begin.idempotency_key == key
+
+
+async def test_an_attempt_cancelled_while_it_notes_the_effect_s_trace_dispatched_nothing(
+    timed: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With spans exported, the effect's trace context is noted in the database between its
+    begin and its journaled begin; a stop, the deadline or a lost lease may cancel the
+    attempt there. Nothing was dispatched: the effect is recorded failed_before_dispatch,
+    and its ref is in the attempt's trail. Before, it stayed pending and out of the trail,
+    and the job went unknown for a provider lookup or a person (control: not cancelled, the
+    same effect is sent and recorded)."""
+    monkeypatch.setattr(telemetry, "exporting", lambda: True)
+    monkeypatch.setattr(telemetry, "span_headers", lambda span: {"traceparent": "00-x"})
+    note_trace = timed.store.note_trace
+    slow = {"on": True}
+
+    async def held(*args: Any, **kwargs: Any) -> bool:
+        if slow["on"]:
+            await anyio.sleep(60)
+        return await note_trace(*args, **kwargs)
+
+    monkeypatch.setattr(timed.store, "note_trace", held)
+    sent: list[str] = []
+
+    async def call() -> Success:
+        sent.append("sent")
+        return Success("receipt-1")
+
+    ctx = await _context(timed, "cancelled-at-trace", Journal())
+    with anyio.move_on_after(0.5):
+        await ctx.effect("mail.send", {"to": "a"}, call)
+    effects = (await timed.store.job(ctx.lease.job_id)).effects
+    assert sent == [] and [(e.effect_key, e.state) for e in effects] == [
+        ("mail.send", EffectState.FAILED_BEFORE_DISPATCH)
+    ]
+    assert [ref.effect_key for ref in ctx.trail.begun] == ["mail.send"]
+    slow["on"] = False  # control
+    again = await _context(timed, "noted-at-trace", Journal())
+    assert (await again.effect("mail.send", {"to": "a"}, call)).receipt == "receipt-1"
+    assert sent == ["sent"]
