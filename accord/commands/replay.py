@@ -2,8 +2,12 @@
 
 Re-delivers the retained outbox events (published or pending) of the projection's types, in order,
 under the ``accord_projection`` principal, which cannot submit jobs or begin effects.
-Exit 0 when every event applied; 1 when the database refused any (each one is listed and
-recorded in ops.replay_refusals); 2 on an error (unknown projection, window exceeded, ...).
+Exit 0 when every event applied; 1 when any was not (each one is listed and recorded in
+ops.replay_refusals, the run going on past it, as the live consumer poisons it and goes on:
+a handler that reached past the principal, a statement PostgreSQL refused for the event's
+content, an event that no longer decodes with the catalog); 2 on an error (unknown
+projection, window exceeded, a handler's own error, ...); 75 when a deadlock or a timeout
+was met again and again (ReplayInterrupted: run it again later).
 """
 
 from __future__ import annotations
@@ -100,11 +104,11 @@ async def _main(
     for r in summary.refusals:
         print(
             f"refused: outbox_id={r.outbox_id} tenant={r.tenant} operation_id={r.operation_id}"
-            f" event_id={r.event_id} type={r.event_type} sqlstate={r.sqlstate}"
+            f" event_id={r.event_id} type={r.event_type} reason={r.reason} sqlstate={r.sqlstate}"
         )
     print(
         f"replay run {summary.run_id} workflow={summary.workflow}"
         f" since={summary.since.isoformat()} events={summary.events} applied={summary.applied}"
         f" refused={summary.refused} skipped={summary.skipped}"
     )
-    return 1 if summary.refused else 0
+    return 1 if summary.refused or summary.skipped else 0

@@ -10,6 +10,7 @@ from accord.ops.errors import (
     ProjectionPrincipalLost,
     RebuildIncomplete,
     ReplayHandlerFailed,
+    ReplayInterrupted,
     ReplayWindowExceeded,
     UnknownProjection,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "RebuildIncomplete",
     "Refusal",
     "ReplayHandlerFailed",
+    "ReplayInterrupted",
     "ReplaySummary",
     "ReplayWindowExceeded",
     "StatusCollector",

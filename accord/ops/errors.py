@@ -6,6 +6,8 @@ AccordError
     ├── InvalidSince              --since is neither an ISO timestamp nor a duration
     ├── ReplayWindowExceeded      --since is older than the outbox retains events
     ├── RebuildIncomplete         a rebuild would delete rows whose events it cannot apply
+    ├── ReplayHandlerFailed       a projection handler's own error (its batch undone)
+    ├── ReplayInterrupted         a deadlock or a timeout met again and again (run it again)
     └── ProjectionPrincipalLost   a handler left the projection principal (batch undone)
 """
 
@@ -57,6 +59,16 @@ class ReplayHandlerFailed(OpsError):
     handler and run again."""
 
     reason = "replay_handler_failed"
+
+
+class ReplayInterrupted(OpsError):
+    """A projection handler's statement met a deadlock, a serialization failure, a lock or a
+    statement timeout at each of its tries (the server's state, not the event's: caused by a
+    ServiceUnavailable, so the command exits 75). Its batch was rolled back and the run stays
+    unfinished; after a rebuild's reset the projection holds part of its rows until a run
+    again (a rebuild, or a replay since the same time) completes."""
+
+    reason = "replay_interrupted"
 
 
 class ProjectionPrincipalLost(OpsError):

@@ -8,6 +8,13 @@ Invariants:
   in the same transaction: never silently dropped. Before committing a batch, replay checks
   the transaction still runs as the principal (a handler cannot quietly ``RESET ROLE``).
   This guards against mistakes, not against hostile code running in the same process.
+- What the live consumer poisons, replay records and passes (0064): a handler's statement
+  that PostgreSQL refuses for the event's content (SQLSTATE class 22, 23 or 42, as
+  ``consumers.verdicts`` judges it) and an event that no longer decodes with the catalog are
+  recorded in ``ops.replay_refusals`` with the consumer's poison reason, and the run goes on:
+  a rebuild ends with every other event applied, never stopped part way for good at an event
+  it would stop at again. A deadlock, a lock or a statement timeout is tried again on the
+  event's savepoint (TRIES in all), then ReplayInterrupted (run it again later).
 - Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``; pending
   ones are read too, held ones not), read in one REPEATABLE READ snapshot through a cursor, in
   outbox order. A ``since`` older than the retention window, or at or before the latest event
@@ -31,21 +38,31 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import asyncpg
 
+from accord.consumers.errors import DataException, IntegrityViolation, StatementRefused
+from accord.consumers.verdicts import database_refusal
 from accord.ops import sql
 from accord.ops.errors import (
     InvalidSince,
     ProjectionPrincipalLost,
     RebuildIncomplete,
     ReplayHandlerFailed,
+    ReplayInterrupted,
     ReplayWindowExceeded,
 )
 from accord.ops.projections import Projection
 from accord.schemas import wire
 from accord.schemas.db import DB_CONNECTION_LOST
-from accord.schemas.errors import InvalidEvent, MalformedMessage, UnknownEventType
-from accord.schemas.events import Catalog, Event
+from accord.schemas.errors import (
+    EventError,
+    InvalidEvent,
+    MalformedMessage,
+    ServiceUnavailable,
+    UnknownEventType,
+)
+from accord.schemas.events import Catalog, Event, versioned_type
 from accord.schemas.settings import MAX_DURATION_S
 
 PRINCIPAL = "accord_projection"
@@ -53,6 +70,24 @@ REFUSED = "insufficient_privilege"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _UNDECODABLE = (MalformedMessage, UnknownEventType, InvalidEvent)
+#: What a handler's statement may meet that says nothing of the event (a deadlock or a
+#: serialization failure, a lock or statement timeout): its savepoint is tried again, TRIES
+#: times in all, RETRY_DELAY_S apart and more each time.
+_TRANSIENT = (
+    asyncpg.TransactionRollbackError,
+    asyncpg.LockNotAvailableError,
+    asyncpg.QueryCanceledError,
+)
+TRIES = 3
+RETRY_DELAY_S = 0.1
+#: Every reason a refusal is recorded with (ops.replay_refusals_reason_check mirrors it).
+REASONS = frozenset(
+    {
+        REFUSED,
+        *(kind.reason for kind in (DataException, IntegrityViolation, StatementRefused)),
+        *(kind.reason for kind in _UNDECODABLE),
+    }
+)
 
 
 def parse_since(text: str) -> datetime | float:
@@ -74,15 +109,18 @@ def parse_since(text: str) -> datetime | float:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """One event whose handler was refused by the database (identifiers only)."""
+    """One event not applied (identifiers only): its handler reached past the principal
+    (``insufficient_privilege``), PostgreSQL refused its statement for the event's content
+    (the live consumer's poison reason), or it no longer decodes (``sqlstate`` None)."""
 
     outbox_id: int
     tenant: str
     operation_id: str
     event_id: uuid.UUID
     event_type: str
-    sqlstate: str
+    sqlstate: str | None
     message: str
+    reason: str = REFUSED
 
 
 @dataclass(slots=True)
@@ -94,9 +132,9 @@ class ReplaySummary:
     since: datetime
     events: int = 0
     applied: int = 0
-    refused: int = 0
-    skipped: int = 0  # rows that no longer decode with this catalog (live: poison)
-    refusals: list[Refusal] = field(default_factory=list)
+    refused: int = 0  # refusals of the handlers' statements (``refusals``)
+    skipped: int = 0  # rows that no longer decode with this catalog (live: poison; recorded)
+    refusals: list[Refusal] = field(default_factory=list)  # both, in outbox order
 
 
 def _decode(record: Mapping[str, Any], catalog: Catalog) -> Event:
@@ -274,6 +312,8 @@ async def _apply(
     check, then (as the owner again) the refusal records; all commit together."""
     refusals: list[Refusal] = []
     applied = skipped = 0
+    # a rebuild's first batch commits with its run: rolled back together
+    run_id = None if reset else summary.run_id
     async with writer.transaction():
         await writer.execute(sql.SET_PROJECTION_ROLE)
         if reset:
@@ -281,30 +321,15 @@ async def _apply(
         for record in records:
             try:
                 event = _decode(record, catalog)
-            except _UNDECODABLE:
+            except _UNDECODABLE as exc:
+                refusals.append(_undecodable(record, exc))
                 skipped += 1
                 continue
-            handler = projection.handlers.get(event)
-            try:
-                async with writer.transaction():
-                    await handler(writer, event)
-            except asyncpg.InsufficientPrivilegeError as exc:
-                refusals.append(_refusal(record, event, exc))
-            except DB_CONNECTION_LOST:
-                raise  # the connection's, not the handler's
-            except Exception as exc:
-                raise ReplayHandlerFailed(
-                    workflow=projection.workflow,
-                    # a rebuild's first batch commits with its run: rolled back together
-                    run_id=None if reset else summary.run_id,
-                    outbox_id=record["id"],
-                    tenant=event.tenant,
-                    operation_id=event.operation_id,
-                    error=type(exc).__name__,
-                    sqlstate=getattr(exc, "sqlstate", None),
-                ) from exc
-            else:
+            refused = await _apply_one(writer, projection, record, event, run_id)
+            if refused is None:
                 applied += 1
+            else:
+                refusals.append(refused)
         role = await writer.fetchval(sql.CURRENT_ROLE)
         if role != PRINCIPAL:
             raise ProjectionPrincipalLost(workflow=projection.workflow, role=role)
@@ -313,22 +338,88 @@ async def _apply(
             await writer.execute(
                 sql.RECORD_REFUSAL, summary.run_id, projection.workflow, refusal.tenant,
                 refusal.operation_id, refusal.event_id, refusal.event_type, refusal.outbox_id,
-                REFUSED, refusal.sqlstate, refusal.message,
+                refusal.reason, refusal.sqlstate, refusal.message,
             )  # fmt: skip
     summary.events += len(records)
     summary.applied += applied
     summary.skipped += skipped
-    summary.refused += len(refusals)
+    summary.refused += len(refusals) - skipped
     summary.refusals.extend(refusals)
 
 
-def _refusal(record: Mapping[str, Any], event: Event, exc: asyncpg.PostgresError) -> Refusal:
+async def _apply_one(
+    writer: Any,
+    projection: Projection,
+    record: Mapping[str, Any],
+    event: Event,
+    run_id: int | None,
+) -> Refusal | None:
+    """``event``'s handler under a savepoint of its own: None once applied, or the Refusal
+    to record (its savepoint rolled back). Raises ReplayInterrupted when a deadlock or a
+    timeout is met TRIES times, ReplayHandlerFailed for the handler's own error."""
+    handler = projection.handlers.get(event)
+    for attempt in range(1, TRIES + 1):
+        try:
+            async with writer.transaction():
+                await handler(writer, event)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            return _refusal(record, event, REFUSED, exc.sqlstate, str(exc))
+        except DB_CONNECTION_LOST:
+            raise  # the connection's, not the handler's
+        except _TRANSIENT as exc:
+            if attempt < TRIES:
+                await anyio.sleep(RETRY_DELAY_S * attempt)
+                continue
+            busy = ServiceUnavailable(service="postgresql", error=type(exc).__name__)
+            busy.__cause__ = exc
+            raise ReplayInterrupted(
+                workflow=projection.workflow, run_id=run_id, outbox_id=record["id"],
+                tenant=event.tenant, operation_id=event.operation_id,
+                error=type(exc).__name__, sqlstate=exc.sqlstate, tries=TRIES,
+            ) from busy  # fmt: skip
+        except Exception as exc:
+            refused = database_refusal(exc)
+            if refused is not None:  # names of the constraint, table and column, never values
+                sqlstate = str(refused.fields.get("sqlstate"))
+                return _refusal(record, event, refused.reason, sqlstate, str(refused))
+            raise ReplayHandlerFailed(
+                workflow=projection.workflow,
+                run_id=run_id,
+                outbox_id=record["id"],
+                tenant=event.tenant,
+                operation_id=event.operation_id,
+                error=type(exc).__name__,
+                sqlstate=getattr(exc, "sqlstate", None),
+            ) from exc
+        return None
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _refusal(
+    record: Mapping[str, Any], event: Event, reason: str, sqlstate: str, message: str
+) -> Refusal:
     return Refusal(
         outbox_id=record["id"],
         tenant=event.tenant,
         operation_id=event.operation_id,
         event_id=event.event_id,
         event_type=event.ce_type,
-        sqlstate=str(exc.sqlstate),
-        message=str(exc),
+        sqlstate=str(sqlstate),
+        message=message,
+        reason=reason,
+    )
+
+
+def _undecodable(record: Mapping[str, Any], exc: EventError) -> Refusal:
+    """A row that no longer decodes with the catalog: recorded by what the outbox row says
+    (its type and version as stored), the error's type only (its text may quote the body)."""
+    return Refusal(
+        outbox_id=record["id"],
+        tenant=record["tenant"],
+        operation_id=record["operation_id"],
+        event_id=record["event_id"],
+        event_type=versioned_type(record["type"], record["version"]),
+        sqlstate=None,
+        message=type(exc).__name__,
+        reason=exc.reason,
     )

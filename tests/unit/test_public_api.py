@@ -239,6 +239,7 @@ EXPECTED: dict[str, set[str]] = {
         "Projection",
         "ProjectionPrincipalLost",
         "ReplayHandlerFailed",
+        "ReplayInterrupted",
         "RebuildIncomplete",
         "Refusal",
         "ReplaySummary",

@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accord.cli import temporary
 from accord.consumers import Consumer, ConsumerRuntime, Delivery, Handlers, RuntimeConfig, reserve
 from accord.consumers import sql as consumer_sql
 from accord.demo.app import PROJECTION as REPORT_PROJECTION
@@ -28,6 +29,7 @@ from accord.ops import (
     ProjectionPrincipalLost,
     RebuildIncomplete,
     ReplayHandlerFailed,
+    ReplayInterrupted,
     ReplayWindowExceeded,
     UnknownProjection,
     collect_status,
@@ -324,6 +326,82 @@ async def test_a_handler_s_own_failure_is_a_typed_refusal_naming_the_event_not_i
     assert await pg.fetchval("SELECT count(*) FROM ops.replay_runs WHERE finished_at IS NULL") == 1
     summary = await do_replay(pg_dsn, demo_app.projection_of(REPORT_PROJECTION))
     assert summary.applied == 3
+
+
+async def test_a_rebuild_records_what_postgresql_refuses_for_its_content_and_goes_on(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A handler's statement PostgreSQL refuses for the event's content (SQLSTATE class 22,
+    23 or 42: the live consumer poisons such an event and goes on) is recorded with the
+    consumer's poison reason, and the rebuild goes on: every other event is applied, the run
+    finished. Before, the run stopped at the first one with ReplayHandlerFailed, after the
+    reset had committed with the first batch: the projection held part of its rows, and a
+    run again stopped at the same event. An event that no longer decodes is recorded too
+    (reason by its error, no SQLSTATE), and `accord replay` exits 1 for either."""
+    batch = [published(n) for n in range(12)]
+    await mark_published(pg, batch)
+
+    async def refused_content(tx: Any, event: Event) -> None:
+        await tx.execute("SELECT 1 / 0")  # 22012: the same every time
+
+    summary = await do_replay(pg_dsn, greedy(refused_content, every=4), rebuild=True, batch=5)
+    refused = {"pub-0", "pub-4", "pub-8"}
+    assert (summary.events, summary.applied, summary.refused) == (12, 9, 3)
+    assert {(r.operation_id, r.reason, r.sqlstate) for r in summary.refusals} == {
+        (op, "data_exception", "22012") for op in refused
+    }
+    rows = await pg.fetch("SELECT operation_id FROM demo_projection.published_reports")
+    assert {r["operation_id"] for r in rows} == {e.operation_id for e in batch} - refused
+    ledger = await pg.fetch(
+        "SELECT operation_id, reason, sqlstate FROM ops.replay_refusals WHERE run_id = $1",
+        summary.run_id,
+    )
+    assert {tuple(r) for r in ledger} == {(op, "data_exception", "22012") for op in refused}
+    run = await pg.fetchrow("SELECT * FROM ops.replay_runs WHERE run_id = $1", summary.run_id)
+    assert run["finished_at"] is not None and run["refused"] == 3
+
+    # an event that no longer decodes: recorded, the others applied, the command exits 1
+    await pg.execute(
+        "UPDATE relay.outbox SET body = 'not json'::bytea WHERE operation_id = 'pub-5'"
+    )
+    done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "2h")
+    assert done.returncode == 1, done.stderr
+    assert "operation_id=pub-5" in done.stdout and "reason=malformed sqlstate=None" in done.stdout
+    assert "applied=11 refused=0 skipped=1" in done.stdout
+    [(reason, sqlstate)] = await pg.fetch(
+        "SELECT reason, sqlstate FROM ops.replay_refusals WHERE operation_id = 'pub-5'"
+    )
+    assert (reason, sqlstate) == ("malformed", None)
+
+
+async def test_a_deadlock_or_a_timeout_is_tried_again_then_interrupts_the_run(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """A statement timeout (the server's state, not the event's) is tried again on the
+    event's savepoint: met once, every event is applied; met at every try, the run stops
+    with ReplayInterrupted, which the command reports as temporary (exit 75), its batch
+    rolled back (control: the first case)."""
+    batch = [published(n) for n in range(6)]
+    await mark_published(pg, batch)
+    tries: dict[str, int] = {}
+
+    def timing_out(times: int) -> Callable[[Any, Event], Awaitable[None]]:
+        async def slow(tx: Any, event: Event) -> None:
+            tries[event.operation_id] = tries.get(event.operation_id, 0) + 1
+            if tries[event.operation_id] <= times:
+                await tx.execute("SET LOCAL statement_timeout = '10ms'")
+                await tx.execute("SELECT pg_sleep(1)")
+
+        return slow
+
+    summary = await do_replay(pg_dsn, greedy(timing_out(1), every=3))
+    assert (summary.applied, summary.refused, tries) == (6, 0, {"pub-0": 2, "pub-3": 2})
+    tries.clear()
+    with pytest.raises(ReplayInterrupted) as stopped:
+        await do_replay(pg_dsn, greedy(timing_out(99), every=3))
+    assert stopped.value.fields["error"] == "QueryCanceledError"
+    assert (stopped.value.fields["operation_id"], tries) == ("pub-0", {"pub-0": 3})
+    assert temporary(stopped.value)
 
 
 async def test_replay_older_than_retention_is_refused(pg_dsn: str, pg: asyncpg.Connection) -> None:

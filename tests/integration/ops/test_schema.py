@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from accord.ops import InvalidSince, WaitReason, parse_since, sql
-from accord.ops.replay import PRINCIPAL, REFUSED
+from accord.ops.replay import PRINCIPAL, REASONS
 
 STATEMENTS = sorted(
     (name, value) for name, value in vars(sql).items() if name.isupper() and isinstance(value, str)
@@ -40,7 +40,7 @@ async def test_refusal_reason_mirrors_its_check(pg: asyncpg.Connection) -> None:
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE conname = 'replay_refusals_reason_check'"
     )
-    assert set(re.findall(r"'([a-z_]+)'", definition)) == {REFUSED}
+    assert set(re.findall(r"'([a-z_]+)'", definition)) == REASONS
 
 
 async def test_projection_principal_privileges(pg: asyncpg.Connection) -> None:
