@@ -57,7 +57,18 @@ port = count(minimum=0, maximum=65535)
 
 
 def text(value: str) -> str:
-    """A non-empty string (surrounding blanks do not count)."""
+    """A non-empty string (surrounding blanks do not count) that PostgreSQL can hold: no NUL
+    character, and UTF-8 throughout (Python keeps an argument's bytes that the locale could
+    not decode as lone surrogates, which no database encoding takes)."""
     if not value.strip():
         raise argparse.ArgumentTypeError("must not be empty")
+    if "\x00" in value:
+        raise argparse.ArgumentTypeError("must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not UTF-8 text (bytes the terminal's encoding did not decode)"
+        ) from None
     return value

@@ -75,7 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--state", choices=[s.value for s in JobState], help="only jobs in this state"
     )
     listing.add_argument("--tenant", type=args.text, help="only this tenant's jobs")
-    listing.add_argument("--workflow", metavar="CLASS", help="only jobs of this workflow class")
+    listing.add_argument(
+        "--workflow", type=args.text, metavar="CLASS", help="only jobs of this workflow class"
+    )
     listing.add_argument(
         "--limit",
         type=args.count(),

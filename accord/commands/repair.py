@@ -83,14 +83,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     resolve.add_argument(
         "--job", type=args.job_id, required=True, help="the job id (accord jobs list)"
     )
-    resolve.add_argument("--key", required=True, help="the effect key")
+    resolve.add_argument("--key", type=args.text, required=True, help="the effect key")
     resolve.add_argument(
         "--outcome",
         required=True,
         choices=[EffectState.SUCCEEDED.value, EffectState.FAILED_BEFORE_DISPATCH.value],
         help="succeeded (the provider accepted it) or failed_before_dispatch (never sent)",
     )
-    resolve.add_argument("--receipt", default=None, help="the provider's receipt, if any")
+    resolve.add_argument(
+        "--receipt", type=args.text, default=None, help="the provider's receipt, if any"
+    )
     _principal(resolve)
     for name, text in (
         ("release-hold", "release a held job (after its tenant's epoch was advanced)"),

@@ -64,7 +64,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--workflow", required=True, help="the application's job class")
     parser.add_argument(
-        "--owner", default=None, help="the registered queue owner (default: the class's owner)"
+        "--owner",
+        type=args.text,
+        default=None,
+        help="the registered queue owner (default: the class's owner)",
     )
     parser.add_argument(
         "--concurrency",

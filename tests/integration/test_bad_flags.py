@@ -66,6 +66,26 @@ FLAGS = [
     # before year 1 once in UTC: asyncpg could not send it (an OverflowError's traceback)
     ("replay", "--workflow", "report_projection", "--since", "0001-01-01T00:30:00+01:00"),
     ("demo", "--n", "0"),
+    # bytes the locale did not decode (Python's lone surrogates), or a NUL: no database text
+    # takes them (before: asyncpg's encoding error, a traceback, exit 1)
+    ("jobs", "list", "--tenant", "acme\udcff"),
+    ("jobs", "list", "--workflow", "\udcffreport"),
+    ("register", "--workflow", "report", "--owner", "w\udcff"),
+    (
+        "repair",
+        "resolve-effect",
+        "--job",
+        "1",
+        "--outcome",
+        "succeeded",
+        "--who",
+        "a",
+        "--evidence",
+        "b",
+        "--key",
+        "k\udcff",
+    ),
+    ("worker", "--workflow", "report", "--owner", "\udcff"),
 ]
 
 

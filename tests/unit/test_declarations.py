@@ -151,3 +151,13 @@ def test_counts_and_ids_from_the_command_line_are_in_range(text: str) -> None:
     assert args.port("0") == 0 and args.port("65535") == 65535
     with pytest.raises(argparse.ArgumentTypeError):
         args.port("65536")
+
+
+@pytest.mark.parametrize("text", ["", "  ", "a\x00b", "acme\udcff", "\ud800"])
+def test_text_from_the_command_line_is_text_postgresql_holds(text: str) -> None:
+    """No NUL (a programmatic ``main([...])`` can pass one), no byte the locale did not
+    decode (a lone surrogate): refused as a usage error, not met by asyncpg after the start
+    (control: accents and other scripts are text)."""
+    with pytest.raises(argparse.ArgumentTypeError):
+        args.text(text)
+    assert args.text("Zoë 東京") == "Zoë 東京"
