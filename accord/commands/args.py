@@ -67,7 +67,7 @@ def text(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
         raise argparse.ArgumentTypeError(
             f"{shown!r} is not UTF-8 text (bytes the terminal's encoding did not decode)"
         ) from None
