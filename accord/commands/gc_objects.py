@@ -5,11 +5,12 @@ retention whatever the rows say: a worker puts its result object *before* the fe
 that references it commits. Each try of that publish first restarts the object's clock (and
 fails if the object is gone; before 2026-12-05 only its first try did, and a publish tried
 again for longer than the retention could name a collected object), so the retention must
-exceed one try of a publish, not the handler's whole run since its put. A retention shorter than a job's lease is refused: it could take the object
-of a publish in flight. The lease is the longest of ``ACCORD_JOB_LEASE_S`` and every lease
-the application (``--app`` or ``ACCORD_APP``, when given) declares for its jobs; a worker
-started with a longer ``--lease-s`` of its own needs a retention at least that long.
-Re-putting existing content restarts an object's clock too.
+exceed one try of a publish, not the handler's whole run since its put. A retention shorter
+than a job's lease is refused: it could take the object of a publish in flight. The lease is
+the longest of ``ACCORD_JOB_LEASE_S`` and every lease the application (``--app`` or
+``ACCORD_APP``, when given) declares for its jobs; a worker started with a longer
+``--lease-s`` of its own needs a retention at least that long. Re-putting existing content
+restarts an object's clock too.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Exit 0 when every event applied; 1 when any was not (each one is listed and reco
 ops.replay_refusals, the run going on past it, as the live consumer poisons it and goes on:
 a handler that reached past the principal, a statement PostgreSQL refused for the event's
 content, an event that no longer decodes with the catalog); 2 on an error (unknown
-projection, window exceeded, a handler's own error, ...); 75 when a deadlock or a timeout
-was met again and again (ReplayInterrupted: run it again later).
+projection, window exceeded, a handler's own error or a schema it does not match, a rebuild
+whose first batch applied nothing, ...); 75 when a deadlock, a timeout or a database taking
+no writes was met again and again (ReplayInterrupted: run it again later).
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ async def _main(
     for r in summary.refusals:
         print(
             f"refused: outbox_id={r.outbox_id} tenant={r.tenant} operation_id={r.operation_id}"
-            f" event_id={r.event_id} type={r.event_type} reason={r.reason} sqlstate={r.sqlstate}"
+            f" event_id={r.event_id} type={r.event_type} reason={r.reason}"
+            + (f" sqlstate={r.sqlstate}" if r.sqlstate else "")
         )
     print(
         f"replay run {summary.run_id} workflow={summary.workflow}"

@@ -63,7 +63,9 @@ def families(report: StatusReport) -> list[Metric]:
     # Every reported state appears (0 when empty) so an alert on a state never sees a gap.
     totals = [(s, r.count(s)) for s in REPORTED_STATES]
     refusals = CounterMetricFamily(
-        "accord_replay_refusals", "Replay events refused under the projection principal",
+        "accord_replay_refusals",
+        "Replay events not applied, by reason: refused under the projection principal, refused"
+        " by PostgreSQL for their content, or no longer decodable (0064)",
         labels=["workflow", "reason"],
     )  # fmt: skip
     for x in r.replay_refusals:

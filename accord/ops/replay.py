@@ -9,12 +9,17 @@ Invariants:
   the transaction still runs as the principal (a handler cannot quietly ``RESET ROLE``).
   This guards against mistakes, not against hostile code running in the same process.
 - What the live consumer poisons, replay records and passes (0064): a handler's statement
-  that PostgreSQL refuses for the event's content (SQLSTATE class 22, 23 or 42, as
+  that PostgreSQL refuses for the event's content (SQLSTATE class 22 or 23, as
   ``consumers.verdicts`` judges it) and an event that no longer decodes with the catalog are
   recorded in ``ops.replay_refusals`` with the consumer's poison reason, and the run goes on:
   a rebuild ends with every other event applied, never stopped part way for good at an event
-  it would stop at again. A deadlock, a lock or a statement timeout is tried again on the
-  event's savepoint (TRIES in all), then ReplayInterrupted (run it again later).
+  it would stop at again. Class 42 (a missing table or column, a syntax error) is the
+  handler's or the schema's defect, whatever the event: ReplayHandlerFailed. A rebuild whose
+  first batch applied none of its events is refused (RebuildIncomplete) before its reset
+  commits: a defect refusing every event would otherwise leave an empty projection. A
+  deadlock, a lock or statement timeout, a database taking no writes or out of resources is
+  tried again on the event's savepoint (TRIES in all), then ReplayInterrupted (run it again
+  later).
 - Events come from ``relay.outbox`` (published rows are kept for ``relay_retention_s``; pending
   ones are read too, held ones not), read in one REPEATABLE READ snapshot through a cursor, in
   outbox order. A ``since`` older than the retention window, or at or before the latest event
@@ -41,7 +46,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from accord.consumers.errors import DataException, IntegrityViolation, StatementRefused
+from accord.consumers.errors import DataException, IntegrityViolation
 from accord.consumers.verdicts import database_refusal
 from accord.ops import sql
 from accord.ops.errors import (
@@ -77,14 +82,19 @@ _TRANSIENT = (
     asyncpg.TransactionRollbackError,
     asyncpg.LockNotAvailableError,
     asyncpg.QueryCanceledError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.InsufficientResourcesError,
 )
+#: The content refusals a replay records and passes (the live consumer poisons them too);
+#: class 42 (StatementRefused) is a handler's or a schema's defect here.
+_CONTENT = (DataException, IntegrityViolation)
 TRIES = 3
 RETRY_DELAY_S = 0.1
 #: Every reason a refusal is recorded with (ops.replay_refusals_reason_check mirrors it).
 REASONS = frozenset(
     {
         REFUSED,
-        *(kind.reason for kind in (DataException, IntegrityViolation, StatementRefused)),
+        *(kind.reason for kind in _CONTENT),
         *(kind.reason for kind in _UNDECODABLE),
     }
 )
@@ -330,6 +340,18 @@ async def _apply(
                 applied += 1
             else:
                 refusals.append(refused)
+        if reset and records and applied == 0:
+            # Rolled back with the reset: nothing of the projection changed.
+            first = refusals[0]
+            raise RebuildIncomplete(
+                "the rebuild's first batch applied none of its events: a handler or schema"
+                " defect refusing every event would leave the projection empty; nothing"
+                " changed (the events and why each was refused: a replay without --rebuild)",
+                refused=len(refusals),
+                first_reason=first.reason,
+                first_sqlstate=first.sqlstate,
+                first_outbox_id=first.outbox_id,
+            )
         role = await writer.fetchval(sql.CURRENT_ROLE)
         if role != PRINCIPAL:
             raise ProjectionPrincipalLost(workflow=projection.workflow, role=role)
@@ -379,7 +401,7 @@ async def _apply_one(
             ) from busy  # fmt: skip
         except Exception as exc:
             refused = database_refusal(exc)
-            if refused is not None:  # names of the constraint, table and column, never values
+            if isinstance(refused, _CONTENT):  # names of constraint, table, column; no values
                 sqlstate = str(refused.fields.get("sqlstate"))
                 return _refusal(record, event, refused.reason, sqlstate, str(refused))
             raise ReplayHandlerFailed(

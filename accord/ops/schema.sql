@@ -147,14 +147,14 @@ CREATE TABLE ops.replay_refusals (
     sqlstate text,
     message text NOT NULL,
     refused_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT replay_refusals_reason_check CHECK ((reason = ANY (ARRAY['insufficient_privilege'::text, 'data_exception'::text, 'integrity_violation'::text, 'statement_refused'::text, 'malformed'::text, 'unknown_type'::text, 'invalid_event'::text])))
+    CONSTRAINT replay_refusals_reason_check CHECK ((reason = ANY (ARRAY['insufficient_privilege'::text, 'data_exception'::text, 'integrity_violation'::text, 'malformed'::text, 'unknown_type'::text, 'invalid_event'::text])))
 );
 
 --
 -- Name: COLUMN replay_refusals.reason; Type: COMMENT; Schema: ops; Owner: -
 --
 
-COMMENT ON COLUMN ops.replay_refusals.reason IS 'insufficient_privilege: the handler reached past the projection principal; data_exception, integrity_violation, statement_refused: PostgreSQL refused its statement for the event''s content (the live consumer poisons these); malformed, unknown_type, invalid_event: the event no longer decodes with the catalog (0064)';
+COMMENT ON COLUMN ops.replay_refusals.reason IS 'insufficient_privilege: the handler reached past the projection principal; data_exception, integrity_violation: PostgreSQL refused its statement for the event''s content (the live consumer poisons these); malformed, unknown_type, invalid_event: the event no longer decodes with the catalog (0064)';
 
 --
 -- Name: replay_refusals_id_seq; Type: SEQUENCE; Schema: ops; Owner: -

@@ -30,6 +30,7 @@ from accord.jobs.errors import (
     FenceLost,
     IdempotencyKeyMismatch,
     ObjectNotFound,
+    ObjectStoreUnavailable,
     ReceiptInvalid,
     ResultMismatch,
 )
@@ -440,7 +441,12 @@ class JobContext:
 
             async def once() -> None:
                 if object_key is not None:  # at each try: a retry may come a lease later
-                    await self._refresh(object_key)
+                    try:
+                        await self._refresh(object_key)
+                    except ObjectNotFound:
+                        raise
+                    except OSError as exc:  # the disk's, not the database's: not tried again
+                        raise ObjectStoreUnavailable(key=object_key, detail=str(exc)) from exc
                 await self._store.publish(self._lease, own, result=result)
 
             try:

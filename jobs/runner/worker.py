@@ -21,6 +21,7 @@ span, jobs.runner.attempts.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -452,7 +453,13 @@ class Worker:
                 try:
                     with scope:
                         await registered.handler(ctx)
-                    returned = not scope.cancelled_caught
+                    # Not a return the deadline or a stop forced (a handler that swallowed the
+                    # cancellation returns as well; an effective deadline of -inf means a
+                    # cancellation is pending here).
+                    returned = (
+                        not scope.cancelled_caught
+                        and anyio.current_effective_deadline() != -math.inf
+                    )
                 except Exception as exc:  # noqa: BLE001 - recorded below: the failure policy
                     error = exc
                 tg.cancel_scope.cancel()  # stop the heartbeat
@@ -467,7 +474,9 @@ class Worker:
             broken, defect = self._journal.broken, handler_defect(error)
             settled = not ctx.published and ctx.fence_lost is None
             with anyio.move_on_after(self.config.record_timeout_s, shield=True):
-                if broken is not None:
+                if ctx.published:  # it published before the stop: done, nothing to give up
+                    finished = self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
+                elif broken is not None:
                     finished = await self._give_up(ctx, store, Ending.STOPPED, error_reason(broken))
                 elif defect is not None and settled:
                     finished = await self._give_up(

@@ -366,12 +366,45 @@ async def test_a_rebuild_records_what_postgresql_refuses_for_its_content_and_goe
     )
     done = run_cli(pg_dsn, "replay", "--workflow", REPORT_PROJECTION, "--since", "2h")
     assert done.returncode == 1, done.stderr
-    assert "operation_id=pub-5" in done.stdout and "reason=malformed sqlstate=None" in done.stdout
+    assert "operation_id=pub-5" in done.stdout and "reason=malformed\n" in done.stdout
     assert "applied=11 refused=0 skipped=1" in done.stdout
     [(reason, sqlstate)] = await pg.fetch(
         "SELECT reason, sqlstate FROM ops.replay_refusals WHERE operation_id = 'pub-5'"
     )
     assert (reason, sqlstate) == ("malformed", None)
+
+
+async def test_a_rebuild_that_a_defect_refuses_everywhere_changes_nothing(
+    pg_dsn: str, pg: asyncpg.Connection
+) -> None:
+    """What refuses every event is the handler's or the schema's defect, not the events'
+    content: a missing table (class 42) ends the run with ReplayHandlerFailed, and a content
+    refusal met by every event of a rebuild's first batch is refused with RebuildIncomplete;
+    either way the reset is rolled back with the first batch and the projection keeps its
+    rows (before the review of 0064, both were recorded and passed: the reset committed and
+    the rebuild left an empty projection). Control: the honest rebuild."""
+    batch = [published(n) for n in range(6)]
+    await mark_published(pg, batch)
+    honest = demo_app.projection_of(REPORT_PROJECTION)
+    assert (await do_replay(pg_dsn, honest)).applied == 6
+    count = "SELECT count(*) FROM demo_projection.published_reports"
+
+    async def missing_table(tx: Any, event: Event) -> None:
+        await tx.execute("INSERT INTO demo_projection.no_such_table VALUES (1)")  # 42P01
+
+    async def refused_content(tx: Any, event: Event) -> None:
+        await tx.execute("SELECT 1 / 0")
+
+    with pytest.raises(ReplayHandlerFailed) as failed:
+        await do_replay(pg_dsn, greedy(missing_table, every=1), rebuild=True, batch=4)
+    assert failed.value.fields["sqlstate"] == "42P01" and failed.value.fields["run_id"] is None
+    assert await pg.fetchval(count) == 6
+    with pytest.raises(RebuildIncomplete) as incomplete:
+        await do_replay(pg_dsn, greedy(refused_content, every=1), rebuild=True, batch=4)
+    assert incomplete.value.fields["refused"] == 4
+    assert incomplete.value.fields["first_reason"] == "data_exception"
+    assert await pg.fetchval(count) == 6
+    assert (await do_replay(pg_dsn, honest, rebuild=True)).applied == 6  # control
 
 
 async def test_a_deadlock_or_a_timeout_is_tried_again_then_interrupts_the_run(

@@ -11,6 +11,7 @@ Each beside its control: the derived key, a plain intent, the same intent again.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from accord.jobs import (
 from accord.jobs.repair import resolve_effect
 from accord.jobs.runner import (
     EffectUnknown,
+    Ending,
     FailedBeforeDispatch,
     Handler,
     JobContext,
@@ -200,7 +202,9 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
     the defect's verdict and the job was queued to meet it again; now it is failed. A
     handler that returned, after an effect that succeeded, is completed the same way (before,
     given back: the succeeded effect forbids a rerun, so the job waited, unknown, for a
-    person). Control: a stop while a handler still runs gives its job back."""
+    person), and one that published is reported published. Control: a stop while a handler
+    still runs gives its job back, as it does when the handler returns because the stop
+    cancelled it (a return the stop forced, not work done)."""
     events: dict[str, anyio.Event] = {}
     heartbeat = Worker._heartbeat
 
@@ -227,10 +231,21 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
         events["running"].set()
         await anyio.sleep(60)
 
+    async def swallows(ctx: JobContext) -> None:
+        """Returns when the stop cancels it: a return the stop forced, not work done."""
+        events["running"].set()
+        with contextlib.suppress(anyio.get_cancelled_exc_class()):
+            await anyio.sleep(60)
+
+    async def publishes(ctx: JobContext) -> None:
+        await ctx.publish()
+
     for workflow, handler, started in (
         ("defect", defect, "winding"),
         ("returns", returns, "winding"),
+        ("publishes", publishes, "winding"),
         ("long", long, "running"),
+        ("swallows", swallows, "running"),
     ):
         events.update(winding=anyio.Event(), stopped=anyio.Event(), running=anyio.Event())
         await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
@@ -249,8 +264,10 @@ async def test_a_stop_landing_after_a_defect_keeps_the_defect_s_verdict(
         row = await rig.job(job)
         if workflow == "defect":
             assert (row["state"], row["last_error"]) == ("failed", "idempotency_key_mismatch")
-        elif workflow == "returns":
+        elif workflow in ("returns", "publishes"):
             assert (row["state"], row["last_error"]) == ("succeeded", None)
+            # published before the stop: reported so, not as a fence the give-up met
+            assert worker.stats.endings[str(Ending.PUBLISHED)] == 1, worker.stats.endings
         else:
             assert (row["state"], row["last_error"]) == ("queued", "worker_stopped")
 

@@ -8,12 +8,18 @@ anything is written (ObjectKeyInvalid); without ``object_key`` the callback's
 
 from __future__ import annotations
 
+import anyio
 import asyncpg
 import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import FenceLost, JobState
-from accord.jobs.errors import ObjectKeyInvalid, ObjectNotFound, ResultMismatch
+from accord.jobs.errors import (
+    ObjectKeyInvalid,
+    ObjectNotFound,
+    ObjectStoreUnavailable,
+    ResultMismatch,
+)
 from accord.jobs.models import Lease
 from accord.jobs.runner import Ending, JobContext
 from accord.jobs.runner.objects import collect_garbage
@@ -261,3 +267,24 @@ async def test_a_publish_tried_again_restarts_its_object_s_age_at_each_try(plain
     assert rig.objects.get(key) == b"a report whose publish was tried again"
     assert await _manifest(rig.pool, job_id) == [(key, key.removeprefix("sha256-"))]
     assert await rig.state(job_id) == JobState.SUCCEEDED
+
+
+async def test_an_object_store_that_fails_is_not_tried_again_until_the_deadline(
+    plain: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk under the object store failing (a permission, a read-only or broken file
+    system) at a publish's refresh is the store's error, typed, raised at once: not an OSError
+    the publish's retry takes for a lost connection and tries again until the handler's
+    deadline (control: the publish tried again for a lost database answer, above)."""
+    rig = plain
+    key = rig.objects.put(b"on a disk that fails")
+    job_id, ctx = await _claimed(rig, "disk-fails")
+
+    def broken(key: str) -> None:
+        raise PermissionError(13, "Permission denied", key)
+
+    monkeypatch.setattr(rig.objects, "touch", broken)
+    with anyio.fail_after(5), pytest.raises(ObjectStoreUnavailable):
+        await ctx.publish(_mark(job_id), object_key=key)
+    assert not ctx.published and await rig.state(job_id) == JobState.RUNNING
+    assert await _manifest(rig.pool, job_id) == []
