@@ -129,6 +129,53 @@ class EventType:
         return versioned_type(self.name, self.version)
 
 
+def _payload_keys(model: type[BaseModel]) -> dict[str, tuple[str, ...]]:
+    """Each field of ``model`` by the keys a payload may carry it under: its alias (or
+    validation alias) when it has one, its name when the model validates by name too; none
+    for an alias that is not one key (``AliasChoices``, ``AliasPath``)."""
+    config = model.model_config
+    by_name = bool(config.get("populate_by_name") or config.get("validate_by_name"))
+    by_alias = config.get("validate_by_alias", True) is not False
+    keys: dict[str, tuple[str, ...]] = {}
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias if field.validation_alias is not None else field.alias
+        if alias is None or alias == name or not by_alias:
+            keys[name] = (name,)
+        elif isinstance(alias, str):
+            keys[name] = (alias, name) if by_name else (alias,)
+        else:
+            keys[name] = (name,) if by_name else ()
+    return keys
+
+
+def _check_material(entry: EventType, material: tuple[str, ...]) -> None:
+    """ValueError unless each name in ``material`` is the one key payloads carry its
+    field under: the digest reads the payload by those keys, so a field name whose payloads
+    use an alias (or a field carried under two names) would drop out of the digest, and a
+    changed meaning would read as a duplicate."""
+    keys = _payload_keys(entry.model)
+    owner = {key: name for name, carried in keys.items() for key in carried}
+    known = sorted(set(keys) | set(owner))
+    unknown = sorted(m for m in material if m not in keys and m not in owner)
+    if not material or unknown:
+        raise ValueError(
+            f"{entry.ce_type}: material must name fields of {entry.model.__name__}"
+            f" ({', '.join(known)}); {unknown or 'it names none'}"
+        )
+    for m in material:
+        field = owner.get(m, m)
+        carried = keys[field]
+        if carried != (m,):
+            names = " or ".join(map(repr, carried)) or "no one key"
+            how = (
+                f"payloads carry it as {carried[0]!r}: name that"
+                if len(carried) == 1
+                else f"payloads may carry it under {names}: give it one name (no"
+                " validate_by_name, a plain string alias)"
+            )
+            raise ValueError(f"{entry.ce_type}: material {m!r} names field {field!r}; {how}")
+
+
 class Catalog:
     """The registered event types; an unknown type or version is UnknownEventType."""
 
@@ -147,14 +194,7 @@ class Catalog:
         if key in self._entries:
             raise ValueError(f"{entry.ce_type} is already registered")
         if entry.material is not None:
-            fields = entry.model.model_fields
-            known = set(fields) | {f.alias for f in fields.values() if f.alias}
-            unknown = sorted(set(entry.material) - known)
-            if not entry.material or unknown:
-                raise ValueError(
-                    f"{entry.ce_type}: material must name fields of {entry.model.__name__}"
-                    f" ({', '.join(sorted(known))}); {unknown or 'it names none'}"
-                )
+            _check_material(entry, entry.material)
         self._entries[key] = entry
 
     def __iter__(self) -> Any:

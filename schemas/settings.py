@@ -34,6 +34,10 @@ MAX_LEASE_S = 86_400.0
 TOPOLOGY_PREFIX = r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
+#: RabbitMQ's largest message (max_message_size's own ceiling, 512 MiB).
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
 class Settings(BaseSettings):
     """accord's configuration (environment prefix ``ACCORD_``)."""
 
@@ -53,8 +57,10 @@ class Settings(BaseSettings):
     # Declare the topology at start (idempotent); false: only check it passively, so the
     # processes need no configure permission on the broker (deploy/rabbitmq/definitions.json).
     topology_declare: bool = True
-    relay_batch: int = Field(default=200, gt=0)
-    relay_in_flight: int = Field(default=256, gt=0)
+    # Upper bounds on counts too: a count past what its statement or the broker takes passed
+    # the settings and failed at run time (a LIMIT of 1e20 at the first claim).
+    relay_batch: int = Field(default=200, gt=0, le=10_000)
+    relay_in_flight: int = Field(default=256, gt=0, le=100_000)
     relay_publish_timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     relay_lease_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
     relay_poll_s: float = Field(default=1.0, gt=0, le=MAX_DURATION_S)
@@ -68,12 +74,12 @@ class Settings(BaseSettings):
     relay_prune_batch: int = Field(default=1000, gt=0, le=10_000)
     relay_prune_every_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     # Returns before a row is held as unroutable (a binding may appear a moment later).
-    relay_unroutable_attempts: int = Field(default=3, gt=0)
+    relay_unroutable_attempts: int = Field(default=3, gt=0, le=1000)
     # Hold rows larger than this before publishing (0: only the broker's own limit).
-    relay_max_message_bytes: int = Field(default=0, ge=0)
+    relay_max_message_bytes: int = Field(default=0, ge=0, le=MAX_MESSAGE_BYTES)
     inbox_replay_window_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=MAX_DURATION_S)
     consumer_prefetch: int = Field(default=64, gt=0, le=65535)  # AMQP: a short
-    consumer_batch: int = Field(default=64, gt=0)
+    consumer_batch: int = Field(default=64, gt=0, le=65535)
     # After a batch's first delivery, wait this long for more to share its transaction and ack
     # (0: take what already arrived).
     consumer_batch_linger_s: float = Field(default=0.01, ge=0, le=MAX_DURATION_S)
@@ -81,7 +87,7 @@ class Settings(BaseSettings):
     # The tenants a consumer serves, comma-separated ("*" for all); none means refuse to start.
     consumer_tenants: str = ""
     # A consumer poisons a message body larger than this (typed reason too_large), unread.
-    consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    consumer_max_body_bytes: int = Field(default=256 * 1024, gt=0, le=MAX_MESSAGE_BYTES)
     # A message that failed transiently is requeued after this long at its first delivery,
     # doubling with each delivery counted, at most 5 s (0: at once; consumers.batch's
     # RETRY_BACKOFF_MAX_S: a first wait above it would be that cap at every delivery).
@@ -106,7 +112,7 @@ class Settings(BaseSettings):
     # A worker seals its journal's live segment once this much was written to it (and at its
     # start), carrying forward only unresolved effects: a start reads about this much at most,
     # plus twice what is unresolved.
-    journal_segment_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    journal_segment_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=2**31)
     ledger_path: str = "var/authority.ledger"
     # The ledger in a separate PostgreSQL database instead of ledger_path (several hosts).
     ledger_pg_dsn: str = ""

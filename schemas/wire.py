@@ -255,6 +255,23 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
+def json_media_type(content_type: str) -> bool:
+    """Whether ``content_type`` says JSON in UTF-8 as RFC 9110 spells it: the media type in
+    any case, with parameters, a ``charset`` only utf-8 (``application/json; charset=utf-8``
+    from another CloudEvents producer is JSON; ``text/plain`` or a latin-1 charset is not)."""
+    media, *params = content_type.split(";")
+    if media.strip().lower() != CONTENT_TYPE:
+        return False
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
 def from_amqp(
     body: bytes, headers: Mapping[str, Any] | None, content_type: str | None = CONTENT_TYPE
 ) -> Inbound:
@@ -268,7 +285,7 @@ def from_amqp(
         raise MalformedMessage(problem="missing_header", headers=missing)
     if attrs["specversion"] != SPECVERSION:
         raise MalformedMessage(problem="bad_specversion", specversion=attrs["specversion"])
-    if content_type not in (None, "", CONTENT_TYPE):
+    if content_type not in (None, "", CONTENT_TYPE) and not json_media_type(content_type):
         raise MalformedMessage(problem="bad_content_type", content_type=content_type)
     type_, version = split_versioned_type(attrs["type"])
     if not _DECIMAL.fullmatch(attrs["authepoch"]):

@@ -105,6 +105,10 @@ SETTINGS = [
     ("relay", "ACCORD_AMQP_URL", ""),
     ("relay", "ACCORD_TOPOLOGY_PREFIX", "has space"),
     ("relay", "ACCORD_TOPOLOGY_PREFIX", "x" * 300),
+    # a count past what its statement takes (it failed at the first claim, a traceback)
+    ("relay", "ACCORD_RELAY_BATCH", "1e20"),
+    ("relay", "ACCORD_RELAY_IN_FLIGHT", "100000000000000000000"),
+    ("consume", "ACCORD_CONSUMER_MAX_BODY_BYTES", "1e12"),
 ]
 
 

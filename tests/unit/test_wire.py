@@ -163,6 +163,8 @@ GOOD_BODY, _ = wire_headers()
         (GOOD_BODY, None, "application/json", "missing_header"),
         (GOOD_BODY, broken({"ce-specversion": "0.3"}), "application/json", "bad_specversion"),
         (GOOD_BODY, broken({}), "text/plain", "bad_content_type"),
+        (GOOD_BODY, broken({}), "application/json; charset=latin-1", "bad_content_type"),
+        (GOOD_BODY, broken({}), "application/jsonp", "bad_content_type"),
         (GOOD_BODY, broken({"ce-authepoch": "-1"}), "application/json", "bad_header"),
         (GOOD_BODY, broken({"ce-id": b"\xff\xfe"}), "application/json", "bad_header"),
         (GOOD_BODY, broken({"ce-id": 42}), "application/json", "bad_header"),
@@ -183,6 +185,8 @@ GOOD_BODY, _ = wire_headers()
         "no-headers",
         "specversion",
         "content-type",
+        "content-type-latin-1",
+        "content-type-jsonp",
         "authepoch",
         "header-not-utf8",
         "header-not-text",
@@ -408,3 +412,16 @@ def test_a_trace_header_that_cannot_be_read_is_dropped_never_refusing_the_event(
     inbound = from_amqp(body, {**headers, **odd})
     assert inbound.event == e
     assert name not in inbound.trace
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "APPLICATION/JSON", "application/json; charset=utf-8",
+     'application/json;charset="UTF-8"', "", None],
+)  # fmt: skip
+def test_json_in_utf8_however_spelt_is_accepted(content_type: str | None) -> None:
+    """Another CloudEvents producer may spell the media type with a charset or in capitals:
+    the same JSON (before, poisoned bad_content_type; control: text/plain and a latin-1
+    charset are still refused, above)."""
+    body, headers = wire_headers()
+    assert from_amqp(body, headers, content_type).event == from_amqp(body, headers).event
