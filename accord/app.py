@@ -133,6 +133,15 @@ class JobClass:
     effects: tuple[str, ...] = ()
 
 
+def _names(given: Sequence[str], what: str, declared: str) -> tuple[str, ...]:
+    """``given`` as a tuple; AppInvalid for one string, which ``tuple()`` would split into its
+    letters (``tenants="acme"`` served tenants a, c, m and e, and poisoned acme's events)."""
+    if isinstance(given, str | bytes):
+        raise AppInvalid(f"{what} takes a sequence of strings, not one string", name=declared,
+                         given=str(given))  # fmt: skip
+    return tuple(given)
+
+
 @dataclass
 class App:
     """What accord runs for one application. Build it at import time; pass it with
@@ -179,7 +188,13 @@ class App:
                 delivery_limit=delivery_limit,
             )
         return self._add_consumer(
-            ConsumerClass(workflow, Handlers(workflow), tuple(tenants), queue, delivery_limit)
+            ConsumerClass(
+                workflow,
+                Handlers(workflow),
+                _names(tenants, "tenants", workflow),
+                queue,
+                delivery_limit,
+            )
         )
 
     def projection(
@@ -191,7 +206,12 @@ class App:
         if not reset:
             raise AppInvalid("a projection needs the statements that empty it", workflow=workflow)
         return self._add_consumer(
-            ConsumerClass(workflow, Handlers(workflow), tuple(tenants), reset=tuple(reset))
+            ConsumerClass(
+                workflow,
+                Handlers(workflow),
+                _names(tenants, "tenants", workflow),
+                reset=_names(reset, "reset", workflow),
+            )
         )
 
     def _add_consumer(self, declared: ConsumerClass) -> Handlers:
@@ -227,7 +247,13 @@ class App:
             if workflow in self.jobs:
                 raise AppInvalid("this job class is declared twice", workflow=workflow)
             self.jobs[workflow] = JobClass(
-                workflow, handler, owner, timeout_s, max_attempts, lease_s, tuple(effects)
+                workflow,
+                handler,
+                owner,
+                timeout_s,
+                max_attempts,
+                lease_s,
+                _names(effects, "effects", workflow),
             )
             return handler
 
@@ -239,7 +265,7 @@ class App:
         """Declare an effect provider owning ``owns`` (keys, or prefixes ending in a dot)."""
         if any(p.name == name for p in self.providers):
             raise AppInvalid("this provider is declared twice", provider=name)
-        declared = Provider(name, tuple(owns), lookup)
+        declared = Provider(name, _names(owns, "owns", name), lookup)
         self.providers.append(declared)
         return declared
 
@@ -360,6 +386,13 @@ class App:
         """Check the declarations against each other; AppInvalid names the first problem."""
         queues: dict[str, str] = {}
         for declared in self.consumers.values():
+            if not tuple(declared.handlers):  # its queue would be bound to nothing: ready, idle
+                raise AppInvalid(
+                    "a consumer class handles no event type (are its handlers' module imported"
+                    " by the application's?)",
+                    app=self.name,
+                    workflow=declared.workflow,
+                )
             for versioned in declared.handlers:
                 try:
                     self.catalog.get(*split_versioned_type(versioned))

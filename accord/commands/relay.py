@@ -119,6 +119,14 @@ def _named_held_rows(parser: argparse.ArgumentParser, doing: str, evidence: str)
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     app = require_app(args, settings)
     check_retention(settings)  # the relay prunes the release audit (audit_retention_s)
+    if 0 < settings.relay_max_message_bytes < app.max_payload_bytes:
+        raise ConfigError(
+            "ACCORD_RELAY_MAX_MESSAGE_BYTES is below the payload its producers may enqueue"
+            " (App max_payload_bytes): such events would commit, then be held as oversize"
+            " for good",
+            relay_max_message_bytes=settings.relay_max_message_bytes,
+            max_payload_bytes=app.max_payload_bytes,
+        )
     relays: list[Relay] = []  # the one this process runs, once made (its readiness reads it)
     with runtime.metrics(settings, checks=readiness_checks(settings, app, relays)):
         return int(runtime.run(_main, settings, app, relays, service=True))

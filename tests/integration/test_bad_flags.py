@@ -109,6 +109,8 @@ SETTINGS = [
     ("relay", "ACCORD_RELAY_BATCH", "1e20"),
     ("relay", "ACCORD_RELAY_IN_FLIGHT", "100000000000000000000"),
     ("consume", "ACCORD_CONSUMER_MAX_BODY_BYTES", "1e12"),
+    # below the application's payload limit: such events would commit, then be held for good
+    ("relay", "ACCORD_RELAY_MAX_MESSAGE_BYTES", "1000"),
 ]
 
 

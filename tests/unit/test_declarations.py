@@ -201,3 +201,33 @@ def test_text_from_the_command_line_is_text_postgresql_holds(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         args.text(text)
     assert args.text("Zoë 東京") == "Zoë 東京"
+
+
+@pytest.mark.parametrize(
+    "declare",
+    [
+        lambda app: app.consumer("billing", tenants="acme"),
+        lambda app: app.projection("ledger", reset="DELETE FROM ledger"),
+        lambda app: app.job("ship", owner="w", effects="mail.")(_job),
+        lambda app: app.provider("mailer", owns="mail."),
+    ],
+    ids=["tenants", "reset", "effects", "owns"],
+)
+def test_one_string_where_names_are_declared_is_refused(declare: Any) -> None:
+    """``tuple("acme")`` is a, c, m, e: a consumer declared with ``tenants="acme"`` served
+    four one-letter tenants and poisoned acme's events as another tenant's. Refused when
+    declared (control: the same as a tuple)."""
+    with pytest.raises(AppInvalid, match="not one string"):
+        declare(App("shop", catalog=catalog()))
+    App("shop", catalog=catalog()).consumer("billing", tenants=("acme",))  # control
+
+
+def test_a_consumer_class_that_handles_nothing_is_refused() -> None:
+    """Its queue would be declared bound to no event type, and its process ready and idle
+    (its handlers' module not imported): refused by validate (control: with one handler)."""
+    app = App("shop", catalog=catalog())
+    app.consumer("orders")
+    with pytest.raises(AppInvalid, match="handles no event type"):
+        app.validate()
+    app.consumers["orders"].handlers.on("order.placed", 1)(_ignore)
+    app.validate()
