@@ -199,11 +199,7 @@ class JobContext:
         (the evidence a lookup needs, whoever asks, whatever the database holds by then)."""
         lease = self._lease
         digest = intent_digest(lease, key, intent)
-        try:
-            start = await self._store.start_effect(lease, key, digest)
-        except DB_RETRY_LATER as exc:
-            await self._begin_unanswered(key, exc)
-            raise
+        start = await self._store.start_effect(lease, key, digest)
         ref = EffectRef(lease.job_id, key, start.seq)
         span.set_attribute(telemetry.ATTR_EFFECT_SEQ, start.seq)
         if start.reused:
@@ -236,35 +232,6 @@ class JobContext:
             await self._record(ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail=detail))
             raise
         return await self._dispatch(ref, call)
-
-    async def _begin_unanswered(self, key: str, error: BaseException) -> None:
-        """The begin's answer was lost (a connection, a busy server): it may have committed
-        a pending record of this attempt that nothing was sent for. Such a record is recorded
-        failed_before_dispatch and FailedBeforeDispatch raised (the key may begin again);
-        without one (the begin never committed) this returns and the error stands. Before,
-        the record stayed pending and the job went unknown for a lookup or a person."""
-        lease = self._lease
-        seqs: list[int] = []
-        with anyio.move_on_after(self._record_timeout_s, shield=True):
-            job = await write_back.job_of(self._store, lease)
-            seqs = [
-                e.seq
-                for e in job.effects
-                if e.effect_key == key
-                and e.attempt_id == lease.attempt_id
-                and e.state is EffectState.PENDING
-            ]
-        if not seqs:  # never begun, or the lookup itself did not answer: the error stands
-            return
-        ref = EffectRef(lease.job_id, key, seqs[-1])
-        self.trail.begun.append(ref)
-        self.trail.unresolved[ref] = EffectState.PENDING
-        await self._record(
-            ref, Outcome(EffectState.FAILED_BEFORE_DISPATCH, detail="begin's answer lost")
-        )
-        raise FailedBeforeDispatch(
-            job_id=ref.job_id, effect_key=key, seq=ref.seq, cause=type(error).__name__
-        ) from error
 
     async def _reuse(self, ref: EffectRef, receipt: str | None) -> Success:
         """An earlier attempt's recorded success: journal that it was reused, dispatch nothing."""

@@ -84,7 +84,7 @@ async def published_before(store: Store, lease: Lease) -> bool:
     """Whether the job succeeded at this lease's generation: only this attempt's publish
     makes it so (any other attempt runs at a later generation), so a try refused on the
     job's state after one whose answer was lost committed."""
-    job = await job_of(store, lease)
+    job = await _job(store, lease)
     return job.state is JobState.SUCCEEDED and job.generation == lease.generation
 
 
@@ -92,7 +92,7 @@ async def given_up_before(store: Store, lease: Lease, reason: str) -> JobState |
     """The state this attempt's give-up left the job in, when a try whose answer was lost
     committed it; else None. At this lease's generation only this attempt's ``fail`` ends
     the run and writes its reason (rescue, cancel and repair move the generation on)."""
-    job = await job_of(store, lease)
+    job = await _job(store, lease)
     if (
         job.generation == lease.generation
         and job.state is not JobState.RUNNING
@@ -105,7 +105,7 @@ async def given_up_before(store: Store, lease: Lease, reason: str) -> JobState |
 async def recorded_before(store: Store, lease: Lease, key: str, seq: int, state: str) -> bool:
     """Whether this attempt's record ``(key, seq)`` holds ``state``: a finish refused as
     not pending after one whose answer was lost committed."""
-    job = await job_of(store, lease)
+    job = await _job(store, lease)
     return any(
         e.effect_key == key and e.seq == seq and e.attempt_id == lease.attempt_id
         and str(e.state) == state
@@ -113,8 +113,7 @@ async def recorded_before(store: Store, lease: Lease, key: str, seq: int, state:
     )  # fmt: skip
 
 
-async def job_of(store: Store, lease: Lease) -> JobView:
-    """The job's row and effect records, read again until it answers."""
+async def _job(store: Store, lease: Lease) -> JobView:
     return await again(lambda: store.job(lease.job_id), what="the job's row", lease=lease)
 
 

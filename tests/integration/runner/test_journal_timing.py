@@ -13,7 +13,7 @@ import pytest
 
 from accord.demo import DEFAULT_OWNER
 from accord.jobs import EffectState
-from accord.jobs.runner import FailedBeforeDispatch, JobContext, Success
+from accord.jobs.runner import JobContext, Success
 from accord.schemas import telemetry
 from tests.integration.runner.conftest import Rig
 
@@ -200,46 +200,3 @@ async def test_an_attempt_cancelled_while_it_notes_the_effect_s_trace_dispatched
     again = await _context(timed, "noted-at-trace", Journal())
     assert (await again.effect("mail.send", {"to": "a"}, call)).receipt == "receipt-1"
     assert sent == ["sent"]
-
-
-async def test_a_begin_whose_answer_was_lost_after_its_commit_is_recorded_not_sent(
-    timed: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The connection goes between the begin's commit and its answer: the pending record
-    exists, and nothing was sent. It is recorded failed_before_dispatch and the handler gets
-    FailedBeforeDispatch (the key may begin again). Before, the lost connection's error went
-    up, the record stayed pending and the job went unknown for a lookup or a person. Control:
-    lost before its commit (no record), the connection's error stands and nothing is left."""
-    start_effect = timed.store.start_effect
-    when: dict[str, str] = {}
-
-    async def lossy(*args: Any, **kwargs: Any) -> Any:
-        if when.get("lose") == "before":
-            raise ConnectionResetError("the connection went before the begin")
-        started = await start_effect(*args, **kwargs)
-        if when.get("lose") == "after":
-            raise ConnectionResetError("the connection went after the begin's commit")
-        return started
-
-    monkeypatch.setattr(timed.store, "start_effect", lossy)
-    sent: list[str] = []
-
-    async def call() -> Success:
-        sent.append("sent")
-        return Success("receipt-1")
-
-    when["lose"] = "after"
-    ctx = await _context(timed, "lost-after-commit", Journal())
-    with pytest.raises(FailedBeforeDispatch):
-        await ctx.effect("mail.send", {"to": "a"}, call)
-    effects = (await timed.store.job(ctx.lease.job_id)).effects
-    assert sent == [] and [(e.effect_key, e.state) for e in effects] == [
-        ("mail.send", EffectState.FAILED_BEFORE_DISPATCH)
-    ]
-    when["lose"] = "before"  # control
-    again = await _context(timed, "lost-before-commit", Journal())
-    with pytest.raises(ConnectionResetError):
-        await again.effect("mail.send", {"to": "a"}, call)
-    assert sent == [] and list((await timed.store.job(again.lease.job_id)).effects) == []
-    when.clear()  # and the same key begins again, and is sent, on the first job
-    assert (await ctx.effect("mail.send", {"to": "a"}, call)).receipt == "receipt-1"
