@@ -61,7 +61,7 @@ from accord.schemas.events import (
     split_versioned_type,
     valid_tenant,
 )
-from accord.schemas.settings import MAX_LEASE_S
+from accord.schemas.settings import MAX_LEASE_S, MAX_MESSAGE_BYTES
 from accord.schemas.topology import DEFAULT_DELIVERY_LIMIT, Topology, WorkflowQueue
 
 JobHandler = Callable[[JobContext], Awaitable[None]]
@@ -163,8 +163,14 @@ class App:
             raise AppInvalid(
                 "an application name is lowercase letters, digits and _", name=self.name
             )
-        if type(self.max_payload_bytes) is not int or self.max_payload_bytes < 1:
-            raise AppInvalid("max_payload_bytes is a positive number of bytes", name=self.name)
+        if type(self.max_payload_bytes) is not int or not (
+            1 <= self.max_payload_bytes <= MAX_MESSAGE_BYTES
+        ):  # a consumer's body limit (ACCORD_CONSUMER_MAX_BODY_BYTES) stops there too
+            raise AppInvalid(
+                f"max_payload_bytes is a number of bytes from 1 to {MAX_MESSAGE_BYTES}"
+                " (RabbitMQ's largest message)",
+                name=self.name,
+            )
         if self.name == migrate.ACCORD:
             raise AppInvalid("'accord' is accord's own migration component", name=self.name)
         if self.migrations is not None:
@@ -386,13 +392,6 @@ class App:
         """Check the declarations against each other; AppInvalid names the first problem."""
         queues: dict[str, str] = {}
         for declared in self.consumers.values():
-            if not tuple(declared.handlers):  # its queue would be bound to nothing: ready, idle
-                raise AppInvalid(
-                    "a consumer class handles no event type (are its handlers' module imported"
-                    " by the application's?)",
-                    app=self.name,
-                    workflow=declared.workflow,
-                )
             for versioned in declared.handlers:
                 try:
                     self.catalog.get(*split_versioned_type(versioned))

@@ -47,6 +47,12 @@ def config_from(args: argparse.Namespace, settings: Settings, app: App) -> Runti
     horizon."""
     check_retention(settings)
     declared = app.consumer_class(args.workflow)
+    if not tuple(declared.handlers):  # its queue bound to nothing: ready, and idle for ever
+        raise ConfigError(
+            "the consumer class handles no event type: is the module of its handlers imported"
+            " by the application's?",
+            workflow=args.workflow,
+        )
     tenants = served_tenants(args.tenant, settings, declared.tenants)
     if not tenants:
         raise ConfigError(

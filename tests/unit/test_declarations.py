@@ -171,6 +171,8 @@ def test_the_application_s_payload_limit_is_the_one_its_enqueue_holds_to() -> No
         App("shop", catalog=catalog(), max_payload_bytes=100).prepare(event)
     with pytest.raises(AppInvalid):
         App("shop", catalog=catalog(), max_payload_bytes=0)
+    with pytest.raises(AppInvalid):  # past what a consumer's body limit may be
+        App("shop", catalog=catalog(), max_payload_bytes=512 * 1024 * 1024 + 1)
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-1", "1e300", "x", ""])
@@ -222,12 +224,16 @@ def test_one_string_where_names_are_declared_is_refused(declare: Any) -> None:
     App("shop", catalog=catalog()).consumer("billing", tenants=("acme",))  # control
 
 
-def test_a_consumer_class_that_handles_nothing_is_refused() -> None:
+def test_a_consumer_class_that_handles_nothing_is_refused_by_accord_consume() -> None:
     """Its queue would be declared bound to no event type, and its process ready and idle
-    (its handlers' module not imported): refused by validate (control: with one handler)."""
+    (its handlers' module not imported): `accord consume` refuses it. The application still
+    loads (a class retired by removing its handlers keeps `accord dead-letters`); control:
+    with one handler it is configured."""
     app = App("shop", catalog=catalog())
     app.consumer("orders")
-    with pytest.raises(AppInvalid, match="handles no event type"):
-        app.validate()
-    app.consumers["orders"].handlers.on("order.placed", 1)(_ignore)
     app.validate()
+    args = argparse.Namespace(workflow="orders", tenant=["acme"])
+    with pytest.raises(ConfigError, match="handles no event type"):
+        consume.config_from(args, Settings(), app)
+    app.consumers["orders"].handlers.on("order.placed", 1)(_ignore)
+    assert consume.config_from(args, Settings(), app).workflow == "orders"
