@@ -442,9 +442,7 @@ class JobContext:
             async def once() -> None:
                 if object_key is not None:  # at each try: a retry may come a lease later
                     try:
-                        await self._refresh(object_key)
-                    except ObjectNotFound:
-                        raise
+                        await self._refresh(object_key)  # ObjectNotFound: collected meanwhile
                     except OSError as exc:  # the disk's, not the database's: not tried again
                         raise ObjectStoreUnavailable(key=object_key, detail=str(exc)) from exc
                 await self._store.publish(self._lease, own, result=result)
