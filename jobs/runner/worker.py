@@ -539,6 +539,8 @@ class Worker:
         if ctx.fence_lost is not None or isinstance(error, FenceLost):
             lost = ctx.fence_lost or error
             reason = lost.fields.get("failed_check") if isinstance(lost, FenceLost) else None
+            if reason == "state" and await self._published_meanwhile(ctx, store):
+                return self._finished(ctx, Ending.PUBLISHED, JobState.SUCCEEDED, None)
             return self._finished(ctx, Ending.FENCE_LOST, None, str(reason))
         if error is None and not scope.cancelled_caught:
             return await self._complete(ctx, store)
@@ -554,6 +556,15 @@ class Worker:
         # (jobs.fail parks on that reason alone), not retried to poison.
         parked = first_in(error, EffectsDisabled)
         return await self._give_up(ctx, store, Ending.FAILED, error_reason(parked or error))
+
+    async def _published_meanwhile(self, ctx: JobContext, store: Store) -> bool:
+        """Whether this attempt's own publish committed though its answer never came back (a
+        renewal that met the job's new state cancelled the handler while the commit's answer
+        was on its way): then the attempt published, and is not counted a lost fence. False
+        when the job's row cannot be read within the record timeout."""
+        with anyio.move_on_after(self.config.record_timeout_s, shield=True):
+            return await write_back.published_before(store, ctx.lease)
+        return False
 
     async def _complete(self, ctx: JobContext, store: Store) -> Finished:
         """The handler returned without publishing: that means done, without a result."""

@@ -353,3 +353,34 @@ async def test_effects_disabled_inside_the_handler_s_own_task_group_parks_the_jo
         assert await rig.pool.fetchval(
             "SELECT run_after = 'infinity' FROM jobs.jobs WHERE job_id = $1", job
         )
+
+
+async def test_a_publish_whose_first_answer_was_lost_is_counted_published(rig: Rig) -> None:
+    """A publish that committed while its answer was lost (here: the job published through
+    the store itself, then the context's publish refused on the job's state) is this
+    attempt's own: the attempt is counted published, not a lost fence (the database was
+    right either way). Control: a job cancelled under its handler is a lost fence."""
+
+    async def published_elsewhere(ctx: JobContext) -> None:
+        await rig.store.publish(ctx.lease)  # the commit whose answer the context never saw
+        await ctx.publish()
+
+    async def cancelled(ctx: JobContext) -> None:
+        await rig.store.cancel(ctx.lease.job_id, reason="a person")
+        await ctx.publish()
+
+    for workflow, handler, state, ending in (
+        ("answer-lost", published_elsewhere, "succeeded", Ending.PUBLISHED),
+        ("cancelled", cancelled, "canceled", Ending.FENCE_LOST),
+    ):
+        await rig.store.register_workflow(workflow, DEFAULT_OWNER, effects_enabled=True)
+        job = await rig.submit_job(f"{workflow}-1", workflow)
+        worker = rig.worker({workflow: (handler, 10.0)}, journal=workflow)
+        async with running(worker):
+
+            async def ended(job: int = job, worker: Worker = worker) -> bool:
+                return await rig.state(job) != "running" and sum(worker.stats.endings.values()) > 0
+
+            await wait_for(ended)
+        assert await rig.state(job) == state
+        assert dict(worker.stats.endings) == {str(ending): 1}, worker.stats.endings
