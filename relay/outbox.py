@@ -31,12 +31,12 @@ from accord.relay.errors import (
     JoinedStatementInvalid,
     ReleaseRefused,
 )
-from accord.relay.statement import split_with
 from accord.schemas import telemetry
 from accord.schemas.db import DB_CONNECTION_LOST, Tx, require_transaction, rows_affected
 from accord.schemas.errors import ConfigError, PayloadTooLarge
 from accord.schemas.events import DEFAULT_MAX_PAYLOAD_BYTES, Catalog, Event
 from accord.schemas.settings import duration_ok
+from accord.schemas.statement import split_with
 
 
 class OutboxState(StrEnum):
@@ -241,7 +241,7 @@ _CHECK = "accord_joined_check"
 async def _joined(tx: Tx, statement: str, n: int) -> str:
     """The joined statement for a domain statement, checked once per process and statement
     text. A statement with its own WITH list has that list put first in the joined one (a
-    data-modifying CTE may stand only at the top level; relay.statement finds where the list
+    data-modifying CTE may stand only at the top level; schemas.statement finds where the list
     ends). Refused with JoinedStatementInvalid (never cached), the caller's transaction
     still usable: a statement other than INSERT, UPDATE or DELETE after any WITH list (a
     SELECT would enqueue with no write); a statement PostgreSQL refuses alone; one whose

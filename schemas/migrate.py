@@ -8,7 +8,9 @@ Invariant: the ledger lists exactly the files applied, per component, each with 
 of its text when applied. A changed applied file is refused (MigrationTampered); an unknown
 applied version is refused (SchemaAhead); a pending file numbered below an applied one of
 its chain is refused (it would apply out of order); each pending file is applied in its own
-transaction together with its ledger row, so a failed file leaves nothing half-applied.
+transaction together with its ledger row, so a failed file leaves nothing half-applied; a
+pending file that begins or ends a transaction itself (``BEGIN``, ``COMMIT``, ...) is refused
+before any file is applied, since its COMMIT would commit part of it alone (MigrationFailed).
 Files are plain SQL that psql can run.
 """
 
@@ -36,6 +38,7 @@ from accord.schemas.errors import (
     SchemaBehind,
     ServiceUnavailable,
 )
+from accord.schemas.statement import transaction_control
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 ACCORD = "accord"
@@ -236,6 +239,7 @@ async def migrate(
             await _adopt_retired(conn)
         status = await _verify(conn, chains)
         pending = dict(status.pending_by_component)
+        _refuse_transaction_control(chains, pending)
         applied: list[tuple[str, int]] = []
         for chain in chains:
             for migration in chain.migrations:
@@ -263,6 +267,26 @@ async def migrate(
         return applied
     finally:
         await conn.execute(sql.UNLOCK, sql.MIGRATION_LOCK_KEY)
+
+
+def _refuse_transaction_control(
+    chains: Sequence[Chain], pending: dict[str, tuple[int, ...]]
+) -> None:
+    """MigrationFailed, before anything is applied, for a pending file that begins or ends a
+    transaction itself: each file is applied in one transaction of its own, and a COMMIT in
+    it would commit what came before alone (an error after it then left the file half
+    applied, with no ledger row, and every later migrate failing on what did commit)."""
+    for chain in chains:
+        for migration in chain.migrations:
+            if migration.version not in pending[chain.component]:
+                continue
+            control = transaction_control(migration.text)
+            if control is not None:
+                raise MigrationFailed(
+                    applying=f"{chain.component} {migration.version:04d}_{migration.name}",
+                    detail=f"the file runs {control} itself: accord applies each file in one"
+                    " transaction of its own (remove the file's BEGIN/COMMIT)",
+                )
 
 
 @contextmanager

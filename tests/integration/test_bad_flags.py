@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -162,6 +163,48 @@ def test_a_migration_whose_sql_fails_is_named(pg_dsn: str, tmp_path: Path) -> No
     env = {"ACCORD_PG_DSN": pg_dsn, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
     done = accord("migrate", "--app", "badmig:app", env=env)
     refused(done, "MigrationFailed", "badmig 0001_typo", "42601")
+
+
+def test_a_migration_file_that_commits_itself_is_refused_before_anything_applies(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A file written for psql (BEGIN; ...; COMMIT;) in a chain accord applies one file per
+    transaction: its COMMIT would commit what came before it alone, and an error after it
+    left the file half applied with no ledger row (every later migrate then failed on what
+    did commit). Refused naming the file and the statement, before any file of the run is
+    applied (control: without the COMMIT the chain applies)."""
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_table.sql").write_text("CREATE TABLE commits_t (id int);\n")
+    second = migrations / "0002_commits.sql"
+    second.write_text("ALTER TABLE commits_t ADD x int;\nCOMMIT;\nCREATE INDEX ON commits_t (x);\n")
+    (tmp_path / "commitmig.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from pydantic import BaseModel
+        from accord import App, Catalog, EventType
+
+        class Placed(BaseModel):
+            order_id: str
+
+        app = App("commitmig", catalog=Catalog([EventType("order.placed", 1, Placed)]),
+                  migrations=Path({str(migrations)!r}))
+    """))  # fmt: skip
+    env = {"ACCORD_PG_DSN": pg_dsn, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    done = accord("migrate", "--app", "commitmig:app", env=env)
+    refused(done, "MigrationFailed", "commitmig 0002_commits", "COMMIT")
+
+    async def table() -> object:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            return await conn.fetchval("SELECT to_regclass('public.commits_t')")
+        finally:
+            await conn.close()
+
+    assert anyio.run(table) is None  # not even the first file
+    second.write_text("ALTER TABLE commits_t ADD x int;\nCREATE INDEX ON commits_t (x);\n")
+    done = accord("migrate", "--app", "commitmig:app", env=env)
+    assert done.returncode == 0, done.stderr  # control
+    assert anyio.run(table) is not None
 
 
 async def test_reconcile_refuses_a_settle_that_would_trust_never_seen_at_once(

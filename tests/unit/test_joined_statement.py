@@ -1,4 +1,4 @@
-"""Where a domain statement's own WITH list ends (relay.statement.split_with): only the
+"""Where a domain statement's own WITH list ends (schemas.statement.split_with): only the
 lexical rules that decide where a top-level word can be. PostgreSQL judges the rest when
 the joined statement is prepared (tests/integration/relay/test_enqueue_joined.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from accord.relay.statement import split_with
+from accord.schemas.statement import split_with
 
 MAIN = "UPDATE t SET a = 1 WHERE id = $1 RETURNING id"
 

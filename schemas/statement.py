@@ -1,6 +1,8 @@
-"""A caller's SQL statement read just far enough to join it to the outbox row: its own WITH
-list (hoisted in front of the joined statement's, since a data-modifying CTE may stand only
-at the top level) and the statement after it.
+"""SQL text read just far enough for two questions: where a caller's statement's own WITH
+list ends, to join it to the outbox row (``split_with``: the list is hoisted in front of the
+joined statement's, since a data-modifying CTE may stand only at the top level); and whether
+a migration file begins or ends a transaction itself (``transaction_control``: each file is
+applied in one transaction of its own, and a COMMIT in it would commit part of the file).
 
 Only the lexical rules that decide where a top-level word can be are followed, as
 PostgreSQL's scanner (src/backend/parser/scan.l) states them: its whitespace, comments
@@ -125,3 +127,78 @@ def _skip_quoted(s: str, i: int, quote: str, *, backslash: bool) -> int:
         else:
             i += 1
     return n
+
+
+# Statements that begin, end or abort a transaction (with PREPARE TRANSACTION, below).
+_TRANSACTION = frozenset({"begin", "start", "commit", "end", "rollback", "abort"})
+
+
+def transaction_control(script: str, *, standard_strings: bool = True) -> str | None:
+    """The first statement of ``script`` (several statements, as a migration file holds them)
+    that begins, ends or aborts a transaction, by its first words (``BEGIN``, ``START
+    TRANSACTION``, ``COMMIT``, ``END``, ``ROLLBACK`` but ``ROLLBACK TO``, ``ABORT``, ``PREPARE
+    TRANSACTION``); None when there is none. Quoted text, comments, dollar quotes (PL/pgSQL
+    bodies) and the statements of a ``BEGIN ATOMIC`` body (a SQL-standard function body, read
+    through to its ``END``) never count."""
+    i, n = 0, len(script)
+    start, depth, atomic = True, 0, 0  # the next word begins a statement; ( ); BEGIN ATOMIC
+    while i < n:
+        c = script[i]
+        if c in _SPACE:
+            i += 1
+            continue
+        if script.startswith("--", i) or script.startswith("/*", i):
+            i = _skip_blank(script, i)
+            continue
+        if c == ";":
+            start = start or depth == 0
+            i += 1
+            continue
+        word = _WORD.match(script, i)
+        if word is None:
+            i = _skip_other(script, i, standard_strings)
+            depth += {"(": 1, ")": -1}.get(c, 0)
+            start = False
+            continue
+        text, i = word.group().lower(), word.end()
+        if text == "e" and script.startswith("'", i):
+            i, start = _skip_string(script, i, backslash=True), False
+            continue
+        after = _next_word(script, i)
+        if start and atomic and text == "end":
+            atomic -= 1
+        elif text == "begin" and after == "atomic":
+            atomic += 1
+        elif start and not atomic and _controls(text, after):
+            return f"{text} {after}".upper() if text in ("start", "prepare") else text.upper()
+        start = False
+    return None
+
+
+def _controls(word: str, after: str) -> bool:
+    """Whether a statement beginning with ``word`` ``after`` begins, ends or aborts a
+    transaction (``ROLLBACK TO`` returns to a savepoint; ``PREPARE`` alone names a query)."""
+    if word == "rollback":
+        return after != "to"
+    if word in ("start", "prepare"):
+        return after == "transaction"
+    return word in _TRANSACTION
+
+
+def _skip_other(s: str, i: int, standard_strings: bool) -> int:
+    """The index after the quoted text, dollar quote or single character at ``i``."""
+    c = s[i]
+    if c == "'":
+        return _skip_string(s, i, backslash=not standard_strings)
+    if c == '"':
+        return _skip_quoted(s, i, '"', backslash=False)
+    if c == "$" and (dollar := _DOLLAR.match(s, i)) is not None:
+        end = s.find(dollar.group(), dollar.end())
+        return len(s) if end < 0 else end + len(dollar.group())
+    return i + 1
+
+
+def _next_word(s: str, i: int) -> str:
+    """The word after ``i`` (blanks and comments skipped), lower-case; '' when none."""
+    word = _WORD.match(s, _skip_blank(s, i))
+    return word.group().lower() if word is not None else ""
