@@ -144,12 +144,10 @@ def test_gc_objects_refuses_a_directory_that_is_not_there(pg_dsn: str, tmp_path:
     assert done.returncode == 0, done.stderr[-1500:]
 
 
-def test_a_migration_whose_sql_fails_is_named(pg_dsn: str, tmp_path: Path) -> None:
-    """Before: a PostgresSyntaxError traceback naming neither the file nor the application."""
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_typo.sql").write_text("CREATE TABLE typo_t (id int;\n")
-    (tmp_path / "badmig.py").write_text(textwrap.dedent(f"""
+def app_with_migrations(tmp_path: Path, name: str, migrations: Path, pg_dsn: str) -> dict[str, str]:
+    """An application module ``name`` (its migration chain in ``migrations``) written under
+    ``tmp_path``; the environment that runs `accord` for it."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(f"""
         from pathlib import Path
         from pydantic import BaseModel
         from accord import App, Catalog, EventType
@@ -157,10 +155,18 @@ def test_a_migration_whose_sql_fails_is_named(pg_dsn: str, tmp_path: Path) -> No
         class Placed(BaseModel):
             order_id: str
 
-        app = App("badmig", catalog=Catalog([EventType("order.placed", 1, Placed)]),
+        app = App({name!r}, catalog=Catalog([EventType("order.placed", 1, Placed)]),
                   migrations=Path({str(migrations)!r}))
     """))  # fmt: skip
-    env = {"ACCORD_PG_DSN": pg_dsn, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    return {"ACCORD_PG_DSN": pg_dsn, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+
+
+def test_a_migration_whose_sql_fails_is_named(pg_dsn: str, tmp_path: Path) -> None:
+    """Before: a PostgresSyntaxError traceback naming neither the file nor the application."""
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_typo.sql").write_text("CREATE TABLE typo_t (id int;\n")
+    env = app_with_migrations(tmp_path, "badmig", migrations, pg_dsn)
     done = accord("migrate", "--app", "badmig:app", env=env)
     refused(done, "MigrationFailed", "badmig 0001_typo", "42601")
 
@@ -178,18 +184,7 @@ def test_a_migration_file_that_commits_itself_is_refused_before_anything_applies
     (migrations / "0001_table.sql").write_text("CREATE TABLE commits_t (id int);\n")
     second = migrations / "0002_commits.sql"
     second.write_text("ALTER TABLE commits_t ADD x int;\nCOMMIT;\nCREATE INDEX ON commits_t (x);\n")
-    (tmp_path / "commitmig.py").write_text(textwrap.dedent(f"""
-        from pathlib import Path
-        from pydantic import BaseModel
-        from accord import App, Catalog, EventType
-
-        class Placed(BaseModel):
-            order_id: str
-
-        app = App("commitmig", catalog=Catalog([EventType("order.placed", 1, Placed)]),
-                  migrations=Path({str(migrations)!r}))
-    """))  # fmt: skip
-    env = {"ACCORD_PG_DSN": pg_dsn, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    env = app_with_migrations(tmp_path, "commitmig", migrations, pg_dsn)
     done = accord("migrate", "--app", "commitmig:app", env=env)
     refused(done, "MigrationFailed", "commitmig 0002_commits", "COMMIT")
 
